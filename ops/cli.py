@@ -1,0 +1,86 @@
+"""`kfactory`: the one command line of Kernel Factory.
+
+Each group of subcommands lives in its own `ops/*_cmd.py` module with a
+`register(app)` function; this module only assembles them and turns failures
+into one clear line (a traceback only with `--debug`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from ops.errors import UserError
+
+COMMAND_MODULES = (
+    "ops.server_cmd",
+    "ops.sql_cmd",
+    "ops.events_cmd",
+    "ops.actor_cmd",
+    "ops.bench_cmd",
+    "ops.run_cmd",
+    "ops.problems_cmd",
+    "ops.check_cmd",
+)
+
+app = typer.Typer(
+    name="kfactory",
+    help=(
+        "Kernel Factory: a swarm of actors on NATS that writes, verifies and benchmarks "
+        "compute kernels, recording every fact as an event in DuckDB.\n\n"
+        "Start with `kfactory run` (everything embedded on this machine), or "
+        "`kfactory server` plus `kfactory actor ROLE --nats URL` on other hosts."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_debug = False
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks and debug logs."),
+) -> None:
+    global _debug
+    _debug = debug
+    from ops.logging import configure_logging
+
+    configure_logging(debug=debug)
+
+
+for _name in COMMAND_MODULES:
+    try:
+        _module = importlib.import_module(_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != _name:
+            raise
+        continue
+    _module.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `kfactory` console script."""
+    try:
+        app(args=argv)  # standalone: usage errors and --help exit through SystemExit
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        print("kfactory: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # every failure becomes one line unless --debug
+        if _debug:
+            raise
+        if isinstance(exc, UserError):
+            print(f"kfactory: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"kfactory: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

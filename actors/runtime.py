@@ -1,0 +1,180 @@
+"""The runtime every role shares: subscribe to event types, handle, emit, stop cleanly.
+
+An actor declares the event types it `reacts_to` and implements `handle`. The runtime
+binds the role's durable consumer (instances of a role compete for the work), decodes
+each message, calls `handle` inside a structlog context (campaign, role, instance),
+publishes what it returns with causation and correlation ids, and only then acks.
+Reactions get ids derived from their cause, so a redelivered message that is handled
+again yields the same events, which the bus and the store deduplicate.
+
+On SIGTERM or SIGINT the in-flight message is finished within a grace period or left
+for redelivery; nothing is acked that was not done.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import os
+import signal
+from typing import Any, ClassVar, TypeVar
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from bus.connection import connect, jetstream
+from bus.consumer import PoisonMessage, WorkConsumer
+from bus.streams import ensure_events_stream
+from bus.subjects import check_token, type_filters
+from eventstore.codec import InvalidEvent, decode
+from eventstore.emitter import Emitter
+from eventstore.events import (
+    SYSTEM_CAMPAIGN,
+    ActorRef,
+    ActorStarted,
+    ActorStopped,
+    Event,
+    new_event,
+)
+from eventstore.failures import dead_letter_event
+from eventstore.ids import derived_event_id
+
+log = structlog.get_logger("actors.runtime")
+
+E = TypeVar("E", bound=Event)
+
+
+class Reactions:
+    """What a handler emits in response to one event; ids derive from that event."""
+
+    def __init__(self, cause: Event, actor: ActorRef) -> None:
+        self.cause = cause
+        self.actor = actor
+        self.events: list[Event] = []
+
+    def emit(self, cls: type[E], *, campaign_id: str | None = None, **payload: Any) -> E:
+        event = new_event(
+            cls,
+            campaign_id=campaign_id or self.cause.campaign_id,
+            actor=self.actor,
+            cause=self.cause,
+            event_id=derived_event_id(self.cause.event_id, self.actor.role, len(self.events)),
+            **payload,
+        )
+        self.events.append(event)
+        return event
+
+
+class Actor(abc.ABC):
+    """One role. Subclasses set `role` and `reacts_to` and implement `handle`."""
+
+    role: ClassVar[str]
+    reacts_to: ClassVar[tuple[type[Event], ...]]
+    #: Consumers are per role, and per target when the role only serves one device.
+    target: str | None = None
+    max_deliver: int = 5
+    ack_wait: float = 30.0
+
+    @abc.abstractmethod
+    async def handle(self, event: Event, out: Reactions) -> None:
+        """React to one event by calling `out.emit(...)`; raise to have it retried."""
+
+    @property
+    def durable_name(self) -> str:
+        name = f"kf-{self.role}" + (f"-{self.target}" if self.target else "")
+        return check_token(name.replace(":", "-"), "consumer name")
+
+
+class ActorRuntime:
+    def __init__(self, actor: Actor, nc: Client, instance: str | None = None) -> None:
+        self.actor = actor
+        self.ref = ActorRef.here(actor.role, instance)
+        self._nc = nc
+        self._js = jetstream(nc)
+        self._emitter = Emitter(self._js)
+        self.handled = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await ensure_events_stream(self._js)
+        types = [cls.__name__ for cls in self.actor.reacts_to]
+        consumer = WorkConsumer(
+            self._js,
+            self.actor.durable_name,
+            type_filters(types, self.actor.target),
+            self._on_message,
+            self._dead_letter,
+            max_deliver=self.actor.max_deliver,
+            ack_wait=self.actor.ack_wait,
+        )
+        await self._emitter.emit(
+            new_event(
+                ActorStarted,
+                campaign_id=SYSTEM_CAMPAIGN,
+                actor=self.ref,
+                reacts_to=types,
+                pid=os.getpid(),
+            )
+        )
+        with structlog.contextvars.bound_contextvars(
+            role=self.ref.role, instance=self.ref.instance
+        ):
+            log.info("actor started", reacts_to=types, consumer=consumer.durable)
+            try:
+                await consumer.run(stop)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(
+                        self._emitter.emit(
+                            new_event(ActorStopped, campaign_id=SYSTEM_CAMPAIGN, actor=self.ref)
+                        ),
+                        timeout=5,
+                    )
+                log.info("actor stopped", handled=self.handled)
+
+    async def _on_message(self, message: Msg) -> None:
+        try:
+            event = decode(message.data)
+        except InvalidEvent as exc:
+            raise PoisonMessage(f"not a valid event: {exc}") from exc
+        out = Reactions(event, self.ref)
+        with structlog.contextvars.bound_contextvars(campaign=event.campaign_id):
+            await self.actor.handle(event, out)
+            if out.events:
+                await self._emitter.emit_many(out.events)
+        self.handled += 1
+
+    async def _dead_letter(self, message: Msg, reason: str) -> None:
+        metadata = message.metadata
+        await self._emitter.emit(
+            dead_letter_event(
+                self.ref,
+                metadata.consumer,
+                message.subject,
+                message.data,
+                metadata.sequence.stream,
+                int(metadata.timestamp.timestamp() * 1000),
+                metadata.num_delivered,
+                reason,
+            )
+        )
+
+
+async def run_actor(
+    actor: Actor, nats_url: str, instance: str | None = None, handle_signals: bool = True
+) -> None:
+    """Run one actor until SIGTERM or SIGINT (the `kfactory actor` process body)."""
+    stop = asyncio.Event()
+    if handle_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    nc = await connect(nats_url, f"kf-{actor.role}")
+    try:
+        await ActorRuntime(actor, nc, instance).run(stop)
+    finally:
+        await nc.drain()
+
+
+__all__ = ["Actor", "ActorRuntime", "PoisonMessage", "Reactions", "run_actor"]

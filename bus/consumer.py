@@ -1,0 +1,171 @@
+"""Competing work consumers: explicit acks, `in_progress()` while busy, bounded deliveries.
+
+A message that fails on its last allowed delivery goes to the dead-letter callback
+with the reason and is then terminated; one whose handler died with its process on
+the last delivery is reported by the server's max-deliveries advisory instead
+(`watch_exhausted`). Either way nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import nats.errors
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig
+
+from bus.streams import ensure_consumer, work_consumer_config
+from bus.subjects import STREAM
+
+log = structlog.get_logger("bus.consumer")
+
+Handler = Callable[[Msg], Awaitable[None]]
+DeadLetter = Callable[[Msg, str], Awaitable[None]]
+ExhaustedCallback = Callable[["ExhaustedMessage"], Awaitable[None]]
+
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    asyncio.TimeoutError,
+    nats.errors.TimeoutError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
+class PoisonMessage(Exception):
+    """Raised by a handler for a message no retry can fix: it is dead-lettered at once."""
+
+
+@dataclass(frozen=True)
+class ExhaustedMessage:
+    """A message the server stopped redelivering because it ran out of deliveries."""
+
+    consumer: str
+    stream_seq: int
+    deliveries: int
+    subject: str
+    data: bytes
+    published_ms: int
+
+
+class WorkConsumer:
+    """One instance of a role's durable pull consumer; instances share the work."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        durable: str,
+        filter_subjects: list[str],
+        handler: Handler,
+        dead_letter: DeadLetter,
+        *,
+        max_deliver: int = 5,
+        ack_wait: float = 30.0,
+        grace: float = 10.0,
+    ) -> None:
+        self.durable = durable
+        self.config: ConsumerConfig = work_consumer_config(
+            durable, filter_subjects, max_deliver=max_deliver, ack_wait=ack_wait
+        )
+        self._js = js
+        self._handler = handler
+        self._dead_letter = dead_letter
+        self._max_deliver = max_deliver
+        self._ack_wait = ack_wait
+        self._grace = grace
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Handle messages one at a time until `stop` is set."""
+        await ensure_consumer(self._js, self.config)
+        subscription = await self._js.pull_subscribe_bind(durable=self.durable, stream=STREAM)
+        try:
+            while not stop.is_set():
+                try:
+                    messages = await subscription.fetch(1, timeout=1.0)
+                except _TRANSIENT:
+                    continue  # idle, or the server is away: nats-py reconnects on its own
+                for message in messages:
+                    await self._process(message, stop)
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _process(self, message: Msg, stop: asyncio.Event) -> None:
+        handling: asyncio.Task[None] = asyncio.ensure_future(self._handler(message))
+        keep_alive = asyncio.create_task(self._keep_alive(message))
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({handling, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not handling.done():
+                await asyncio.wait({handling}, timeout=self._grace)
+            if not handling.done():
+                handling.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await handling
+                log.info("left for redelivery on shutdown", consumer=self.durable)
+                with contextlib.suppress(Exception):
+                    await message.nak()
+                return
+        finally:
+            keep_alive.cancel()
+            stopping.cancel()
+        error = handling.exception()
+        if error is None:
+            await message.ack()
+            return
+        await self._failed(
+            message, f"{type(error).__name__}: {error}", isinstance(error, PoisonMessage)
+        )
+
+    async def _failed(self, message: Msg, reason: str, poison: bool) -> None:
+        delivered = message.metadata.num_delivered
+        if not poison and delivered < self._max_deliver:
+            log.warning("handler failed; will retry", consumer=self.durable, reason=reason)
+            await message.nak(delay=min(0.5 * 2**delivered, 30.0))
+            return
+        if not poison:
+            reason = f"{reason} (gave up after {delivered} deliveries)"
+        try:
+            await self._dead_letter(message, reason)
+        except Exception as exc:  # the advisory watcher reports it instead
+            log.error("dead-letter publish failed", consumer=self.durable, error=str(exc))
+            return
+        await message.term()
+
+    async def _keep_alive(self, message: Msg) -> None:
+        while True:
+            await asyncio.sleep(self._ack_wait / 3)
+            with contextlib.suppress(*_TRANSIENT):
+                await message.in_progress()
+
+
+async def watch_exhausted(nc: Client, js: JetStreamContext, callback: ExhaustedCallback) -> None:
+    """Report every message of KF_EVENTS that exhausted a consumer's deliveries."""
+
+    async def on_advisory(advisory: Msg) -> None:
+        try:
+            body = json.loads(advisory.data)
+            original = await js.get_msg(STREAM, int(body["stream_seq"]))
+            await callback(
+                ExhaustedMessage(
+                    consumer=str(body["consumer"]),
+                    stream_seq=int(body["stream_seq"]),
+                    deliveries=int(body["deliveries"]),
+                    subject=original.subject or "",
+                    data=original.data or b"",
+                    published_ms=int(original.time.timestamp() * 1000) if original.time else 0,
+                )
+            )
+        except Exception as exc:
+            log.error("could not report an exhausted message", error=str(exc))
+
+    await nc.subscribe(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{STREAM}.*", cb=on_advisory)

@@ -1,0 +1,75 @@
+"""Request/reply over the NATS micro services API (discoverable with `nats micro ls`)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import structlog
+from nats.aio.client import Client
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import EndpointConfig, Service
+
+from bus.subjects import service_subject
+
+log = structlog.get_logger("bus.service")
+
+Endpoint = Callable[[bytes], Awaitable[bytes]]
+
+ERROR_HEADER = "Nats-Service-Error"
+ERROR_CODE_HEADER = "Nats-Service-Error-Code"
+
+
+class ServiceError(RuntimeError):
+    """The service answered with an error (`code` follows HTTP conventions)."""
+
+    def __init__(self, code: int, description: str) -> None:
+        super().__init__(description)
+        self.code = code
+
+
+class RequestRefused(Exception):
+    """Raised by an endpoint to answer with a 400 and a clear description."""
+
+
+async def serve(
+    nc: Client, name: str, version: str, endpoints: dict[str, Endpoint], description: str = ""
+) -> Service:
+    """Start a micro service whose endpoints answer on `kf.svc.<name>.<endpoint>`."""
+    service = await add_service(nc, name=name, version=version, description=description)
+    for endpoint, handler in endpoints.items():
+        await service.add_endpoint(
+            EndpointConfig(
+                name=endpoint,
+                subject=service_subject(name, endpoint),
+                handler=_responder(handler),
+            )
+        )
+    return service
+
+
+def _responder(handler: Endpoint) -> Callable[[Request], Awaitable[None]]:
+    async def respond(request: Request) -> None:
+        try:
+            reply = await handler(request.data)
+        except RequestRefused as exc:
+            await request.respond_error("400", str(exc))
+            return
+        except Exception as exc:
+            log.exception("service endpoint failed")
+            await request.respond_error("500", f"{type(exc).__name__}: {exc}")
+            return
+        await request.respond(reply)
+
+    return respond
+
+
+async def request(
+    nc: Client, service: str, endpoint: str, data: bytes, timeout: float = 10.0
+) -> bytes:
+    """Ask a service; raises ServiceError when it answers with an error."""
+    reply = await nc.request(service_subject(service, endpoint), data, timeout=timeout)
+    headers = reply.headers or {}
+    if ERROR_HEADER in headers:
+        raise ServiceError(int(headers.get(ERROR_CODE_HEADER, "500")), headers[ERROR_HEADER])
+    return reply.data

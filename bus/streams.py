@@ -1,0 +1,75 @@
+"""Idempotent declarations of the event stream and the durable consumers on it."""
+
+from __future__ import annotations
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    ConsumerInfo,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    StreamInfo,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+
+from bus.subjects import ALL_EVENTS, STREAM
+
+DUPLICATE_WINDOW_S = 300.0
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+
+
+def events_stream_config(max_age_days: float = 30.0) -> StreamConfig:
+    return StreamConfig(
+        name=STREAM,
+        description="Kernel Factory events (the DuckDB store is the durable record)",
+        subjects=[ALL_EVENTS],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        max_age=max_age_days * 86400,
+        max_msg_size=MAX_EVENT_BYTES,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        allow_direct=True,
+    )
+
+
+async def ensure_events_stream(js: JetStreamContext) -> StreamInfo:
+    """Create KF_EVENTS, or bring an existing one to the current configuration."""
+    config = events_stream_config()
+    try:
+        await js.stream_info(STREAM)
+    except NotFoundError:
+        try:
+            return await js.add_stream(config)
+        except BadRequestError:  # created concurrently by another process
+            pass
+    return await js.update_stream(config)
+
+
+def work_consumer_config(
+    durable: str,
+    filter_subjects: list[str],
+    *,
+    max_deliver: int,
+    ack_wait: float,
+) -> ConsumerConfig:
+    """A pull consumer whose instances compete for messages, one message each at a time."""
+    return ConsumerConfig(
+        durable_name=durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subjects=filter_subjects,
+        max_deliver=max_deliver,
+        ack_wait=ack_wait,
+        max_ack_pending=10_000,
+        max_waiting=512,
+    )
+
+
+async def ensure_consumer(js: JetStreamContext, config: ConsumerConfig) -> ConsumerInfo:
+    """Create or update a durable consumer on KF_EVENTS (safe to call from every instance)."""
+    return await js.add_consumer(STREAM, config)

@@ -1,0 +1,98 @@
+"""Bytes <-> events. The JSON bytes an event is published with are its canonical form:
+the store keeps them verbatim and hashes them into the chain.
+
+Old schemas are upgraded on read by upcasters registered per (type, schema).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from eventstore.events import EVENT_TYPES, MAX_EVENT_BYTES, AnyEvent, Event
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+class InvalidEvent(ValueError):
+    """Bytes that do not decode to a known, complete event."""
+
+
+class Upcasters:
+    """Functions that lift a raw event dict from schema N to N+1, per event type."""
+
+    def __init__(self) -> None:
+        self._steps: dict[tuple[str, int], Upcaster] = {}
+
+    def register(self, event_type: str, from_schema: int) -> Callable[[Upcaster], Upcaster]:
+        def add(step: Upcaster) -> Upcaster:
+            self._steps[(event_type, from_schema)] = step
+            return step
+
+        return add
+
+    def upcast(self, raw: dict[str, Any]) -> dict[str, Any]:
+        event_type = raw.get("type")
+        cls = EVENT_TYPES.get(event_type) if isinstance(event_type, str) else None
+        if cls is None:
+            return raw
+        schema = raw.get("schema", 1)
+        while isinstance(schema, int) and schema < cls.SCHEMA:
+            step = self._steps.get((cls.__name__, schema))
+            if step is None:
+                raise InvalidEvent(f"no upcaster for {cls.__name__} schema {schema}")
+            raw = {**step(raw), "schema": schema + 1}
+            schema += 1
+        return raw
+
+
+UPCASTERS = Upcasters()
+
+
+def encode(event: Event) -> bytes:
+    data = _encoder.encode(event)
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidEvent(
+            f"{event.type} is {len(data)} bytes, over the {MAX_EVENT_BYTES}-byte event cap"
+        )
+    return data
+
+
+def decode(data: bytes, upcasters: Upcasters = UPCASTERS) -> Event:
+    """Decode one event, upgrading an old schema; raises InvalidEvent with the reason."""
+    try:
+        event: Event = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        return _decode_slow(data, exc, upcasters)
+    if event.schema != type(event).SCHEMA:
+        return _decode_slow(data, None, upcasters)
+    return event
+
+
+def _decode_slow(data: bytes, error: msgspec.DecodeError | None, upcasters: Upcasters) -> Event:
+    try:
+        raw = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise InvalidEvent(f"not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InvalidEvent(f"expected a JSON object, got {type(raw).__name__}")
+    if raw.get("type") not in EVENT_TYPES:
+        raise InvalidEvent(f"unknown event type {raw.get('type')!r}")
+    upgraded = upcasters.upcast(raw)
+    if upgraded is raw and error is not None:
+        raise InvalidEvent(str(error))
+    try:
+        event: Event = msgspec.convert(upgraded, AnyEvent)
+    except msgspec.ValidationError as exc:
+        raise InvalidEvent(str(exc)) from exc
+    return event
+
+
+def decode_many(payloads: list[bytes], upcasters: Upcasters = UPCASTERS) -> list[Event]:
+    """Decode stored events (the replay path)."""
+    return [decode(p, upcasters) for p in payloads]

@@ -1,0 +1,230 @@
+"""The DuckDB event store. One process owns the file read-write (the recorder); queries
+from everyone else reach it over request/reply, or open the file read-only when no
+owner runs.
+
+Rows go in as Arrow micro-batches inside one transaction per batch; `event_id` has a
+unique index, so a batch that repeats a stored event is detected by the database and
+re-sequenced without it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import msgspec
+import pyarrow as pa
+
+from eventstore.sql_guard import check_read_only
+from eventstore.store import EventStore, RawRow, Row
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS events (
+    position       BIGINT      NOT NULL,  -- gap-free global order, from 1
+    event_id       VARCHAR     NOT NULL,
+    campaign_id    VARCHAR     NOT NULL,
+    type           VARCHAR     NOT NULL,
+    schema         INTEGER     NOT NULL,
+    ts             TIMESTAMPTZ NOT NULL,
+    actor_role     VARCHAR     NOT NULL,
+    actor_instance VARCHAR     NOT NULL,
+    actor_host     VARCHAR     NOT NULL,
+    causation_id   VARCHAR,
+    correlation_id VARCHAR,
+    stream_seq     BIGINT,                -- KF_EVENTS sequence it arrived with
+    payload        JSON        NOT NULL,  -- the canonical event bytes, hashed in the chain
+    chain_hash     BLOB        NOT NULL   -- sha256(payload || previous hash in the campaign)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS events_event_id ON events (event_id);
+CREATE TABLE IF NOT EXISTS store_cursor (
+    id        INTEGER PRIMARY KEY,
+    last_seq  BIGINT NOT NULL               -- last KF_EVENTS sequence recorded
+);
+"""
+
+_ARROW_SCHEMA = pa.schema(
+    [
+        ("position", pa.int64()),
+        ("event_id", pa.string()),
+        ("campaign_id", pa.string()),
+        ("type", pa.string()),
+        ("schema", pa.int32()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+        ("actor_role", pa.string()),
+        ("actor_instance", pa.string()),
+        ("actor_host", pa.string()),
+        ("causation_id", pa.string()),
+        ("correlation_id", pa.string()),
+        ("stream_seq", pa.int64()),
+        ("payload", pa.string()),
+        ("chain_hash", pa.binary()),
+    ]
+)
+
+
+class StoreLocked(RuntimeError):
+    """Another process owns the DuckDB file."""
+
+
+class QueryResult(msgspec.Struct, frozen=True):
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+    truncated: bool = False
+
+
+def open_connection(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise StoreLocked(
+                f"{path} is in use by another process (a running `kfactory server` owns it); "
+                "query it through the server with --nats URL"
+            ) from exc
+        raise
+
+
+class DuckDBEventStore(EventStore):
+    def __init__(self, path: Path | str, read_only: bool = False) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.read_only = read_only
+        if read_only and not self.path.exists():
+            raise FileNotFoundError(f"no event store at {self.path}")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = open_connection(self.path, read_only)
+        self._lock = threading.Lock()
+        if not read_only:
+            self._conn.execute(SCHEMA_SQL)
+        # Queries never need the file system: no read_csv('/etc/...'), no ATTACH, no COPY.
+        self._conn.execute("SET enable_external_access = false")
+        self._conn.execute("SET lock_configuration = true")
+        self._load_heads()
+
+    def _load_heads(self) -> None:
+        position = self._conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()
+        self._last_position = int(position[0]) if position else 0
+        heads = self._conn.execute(
+            "SELECT campaign_id, arg_max(chain_hash, position) FROM events GROUP BY campaign_id"
+        ).fetchall()
+        self._heads = {campaign: bytes(head) for campaign, head in heads}
+        cursor = self._conn.execute("SELECT max(last_seq) FROM store_cursor").fetchone()
+        self._stream_cursor = int(cursor[0]) if cursor and cursor[0] is not None else 0
+
+    def _write(self, rows: list[Row], stream_cursor: int | None) -> bool:
+        if not rows and stream_cursor is None:
+            return True
+        batch = _to_arrow(rows)
+        with self._lock:
+            self._conn.execute("BEGIN TRANSACTION")
+            try:
+                self._conn.register("kf_batch", batch)
+                if rows:
+                    self._conn.execute("INSERT INTO events SELECT * FROM kf_batch")
+                if stream_cursor is not None:
+                    self._conn.execute(
+                        "INSERT OR REPLACE INTO store_cursor VALUES (1, ?)", [stream_cursor]
+                    )
+                self._conn.execute("COMMIT")
+            except duckdb.ConstraintException:
+                self._conn.execute("ROLLBACK")
+                return False
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            finally:
+                self._conn.unregister("kf_batch")
+        return True
+
+    def _stored_ids(self, event_ids: Iterable[str]) -> set[str]:
+        ids = pa.table({"event_id": pa.array(list(event_ids), pa.string())})
+        with self._lock:
+            self._conn.register("kf_ids", ids)
+            try:
+                found = self._conn.execute(
+                    "SELECT event_id FROM events WHERE event_id IN (SELECT event_id FROM kf_ids)"
+                ).fetchall()
+            finally:
+                self._conn.unregister("kf_ids")
+        return {row[0] for row in found}
+
+    def read_raw(
+        self, campaign_id: str | None = None, after_position: int = 0, batch_rows: int = 100_000
+    ) -> Iterator[RawRow]:
+        cursor = self._conn.cursor()
+        try:
+            sql = (
+                "SELECT position, campaign_id, payload::BLOB, chain_hash FROM events "
+                "WHERE position > $after"
+            )
+            params: dict[str, Any] = {"after": after_position}
+            if campaign_id is not None:
+                sql += " AND campaign_id = $campaign"
+                params["campaign"] = campaign_id
+            reader = cursor.sql(sql + " ORDER BY position", params=params).to_arrow_reader(
+                batch_rows
+            )
+            for batch in reader:
+                columns = [batch.column(i).to_pylist() for i in range(4)]
+                yield from map(RawRow._make, zip(*columns, strict=True))
+        finally:
+            cursor.close()
+
+    def query(self, sql: str, max_rows: int = 10_000) -> QueryResult:
+        """Run one read-only query (refused otherwise); the transaction is always rolled back."""
+        check_read_only(sql)
+        cursor = self._conn.cursor()
+        try:
+            cursor.execute("BEGIN TRANSACTION")
+            try:
+                result = cursor.execute(sql)
+                columns = [d[0] for d in result.description or []]
+                types = [str(d[1]) for d in result.description or []]
+                rows = result.fetchmany(max_rows + 1)
+            finally:
+                cursor.execute("ROLLBACK")
+        finally:
+            cursor.close()
+        return QueryResult(
+            columns=columns,
+            types=types,
+            rows=[list(r) for r in rows[:max_rows]],
+            truncated=len(rows) > max_rows,
+        )
+
+    def count(self) -> int:
+        return self._last_position
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+def _to_arrow(rows: list[Row]) -> pa.Table:
+    events = [row.event for row in rows]
+    actors = [e.actor for e in events]
+    columns = [
+        [row.position for row in rows],
+        [e.event_id for e in events],
+        [e.campaign_id for e in events],
+        [type(e).__name__ for e in events],
+        [e.schema for e in events],
+        [e.ts for e in events],
+        [a.role for a in actors],
+        [a.instance for a in actors],
+        [a.host for a in actors],
+        [e.causation_id for e in events],
+        [e.correlation_id for e in events],
+        [row.stream_seq for row in rows],
+        [row.payload.decode() for row in rows],
+        [row.chain_hash for row in rows],
+    ]
+    return pa.Table.from_arrays(
+        [pa.array(col, type=field.type) for col, field in zip(columns, _ARROW_SCHEMA, strict=True)],
+        schema=_ARROW_SCHEMA,
+    )

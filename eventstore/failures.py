@@ -1,0 +1,64 @@
+"""Events that record messages which could not be handled. Their ids are derived from
+the message itself, so reporting the same failure twice stores it once."""
+
+from __future__ import annotations
+
+import hashlib
+
+from bus.subjects import parse_event_subject
+from eventstore.codec import InvalidEvent, decode
+from eventstore.events import SYSTEM_CAMPAIGN, ActorRef, DeadLettered, EventRejected, new_event
+from eventstore.ids import stable_event_id
+
+RAW_EXCERPT_BYTES = 2048
+
+
+def _campaign_of(subject: str) -> str:
+    parsed = parse_event_subject(subject)
+    return parsed[0] if parsed else SYSTEM_CAMPAIGN
+
+
+def rejection_event(
+    actor: ActorRef, subject: str, data: bytes, stream_seq: int, published_ms: int, reason: str
+) -> EventRejected:
+    """A message on `kf.ev.>` that is not a valid event."""
+    digest = hashlib.sha256(data).hexdigest()
+    return new_event(
+        EventRejected,
+        event_id=stable_event_id(published_ms, "rejected", stream_seq, digest),
+        campaign_id=_campaign_of(subject),
+        actor=actor,
+        subject=subject,
+        stream_seq=stream_seq,
+        reason=reason,
+        raw_excerpt=data[:RAW_EXCERPT_BYTES].decode("utf-8", "replace"),
+    )
+
+
+def dead_letter_event(
+    actor: ActorRef,
+    consumer: str,
+    subject: str,
+    data: bytes,
+    stream_seq: int,
+    published_ms: int,
+    deliveries: int,
+    reason: str,
+) -> DeadLettered:
+    """A message `consumer` gave up on; one per (consumer, message), whoever reports it."""
+    try:
+        original_id: str | None = decode(data).event_id
+    except InvalidEvent:
+        original_id = None
+    return new_event(
+        DeadLettered,
+        event_id=stable_event_id(published_ms, "dead", consumer, stream_seq),
+        campaign_id=_campaign_of(subject),
+        actor=actor,
+        consumer=consumer,
+        subject=subject,
+        stream_seq=stream_seq,
+        deliveries=deliveries,
+        reason=reason,
+        original_event_id=original_id,
+    )

@@ -1,0 +1,193 @@
+"""The recorder: the one process that owns the DuckDB file.
+
+It reads `kf.ev.>` through an ordered push consumer (the fast path), appends in
+micro-batches and commits the stream cursor in the same transaction as the events, so
+a recorder killed at any instant resumes exactly after its last commit: nothing lost,
+nothing stored twice. Messages that are not valid events are answered with an
+EventRejected event; messages a consumer gave up on become DeadLettered events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from bus.connection import jetstream
+from bus.consumer import ExhaustedMessage, watch_exhausted
+from bus.publisher import MSG_ID_HEADER
+from bus.streams import ensure_events_stream
+from bus.subjects import ALL_EVENTS, STREAM, parse_event_subject
+from eventstore.codec import InvalidEvent, decode
+from eventstore.emitter import Emitter
+from eventstore.events import MAX_EVENT_BYTES, ActorRef, Event
+from eventstore.failures import dead_letter_event, rejection_event
+from eventstore.store import EventStore, Recorded
+
+log = structlog.get_logger("eventstore.recorder")
+
+
+@dataclass
+class RecorderStats:
+    recorded: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    dead_lettered: int = 0
+    batches: int = 0
+
+
+class Recorder:
+    def __init__(
+        self,
+        nc: Client,
+        store: EventStore,
+        *,
+        max_batch: int = 5_000,
+        linger: float = 0.02,
+        high_water: int = 50_000,
+    ) -> None:
+        self._nc = nc
+        self._js = jetstream(nc)
+        self._store = store
+        self._emitter = Emitter(self._js)
+        self._max_batch = max_batch
+        self._linger = linger
+        self._high_water = high_water
+        self._buffer: list[Msg] = []
+        self._arrived = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self.actor = ActorRef.here("recorder")
+        self.stats = RecorderStats()
+        self.committed = asyncio.Condition()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Record until `stop` is set, then commit what has arrived and return."""
+        await ensure_events_stream(self._js)
+        start = await self._resume_sequence()
+        subscription = await self._js.subscribe(
+            ALL_EVENTS,
+            stream=STREAM,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            config=ConsumerConfig(opt_start_seq=start),
+            idle_heartbeat=2.0,
+            cb=self._on_message,
+            pending_msgs_limit=4 * self._high_water,
+            pending_bytes_limit=1024 * 1024 * 1024,
+        )
+        await watch_exhausted(self._nc, self._js, self._on_exhausted)
+        log.info("recording", from_sequence=start, position=self._store.last_position)
+        try:
+            while not stop.is_set() or self._buffer:
+                if not self._buffer:
+                    self._arrived.clear()
+                    waiter = asyncio.create_task(self._arrived.wait())
+                    stopping = asyncio.create_task(stop.wait())
+                    await asyncio.wait({waiter, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    stopping.cancel()
+                    continue
+                if len(self._buffer) < self._max_batch:
+                    await asyncio.sleep(self._linger)
+                batch = self._buffer[: self._max_batch]
+                del self._buffer[: self._max_batch]
+                if len(self._buffer) < self._high_water:
+                    self._room.set()
+                await self._record(batch)
+        finally:
+            await subscription.unsubscribe()
+
+    async def _resume_sequence(self) -> int:
+        info = await self._js.stream_info(STREAM)
+        cursor = self._store.stream_cursor
+        if cursor > info.state.last_seq:
+            log.warning(
+                "the stream is behind the store (recreated?); re-reading all of it",
+                store_cursor=cursor,
+                stream_last_seq=info.state.last_seq,
+            )
+            return max(info.state.first_seq, 1)
+        return max(cursor + 1, info.state.first_seq, 1)
+
+    async def _on_message(self, message: Msg) -> None:
+        self._buffer.append(message)
+        self._arrived.set()
+        if len(self._buffer) >= self._high_water:
+            self._room.clear()
+            await self._room.wait()  # back-pressure: flow control holds the server
+
+    async def _record(self, batch: list[Msg]) -> None:
+        recorded: list[Recorded] = []
+        for message in batch:
+            sequence = message.metadata.sequence.stream
+            try:
+                event = _validate(message)
+            except InvalidEvent as exc:
+                await self._reject(message, sequence, str(exc))
+                continue
+            recorded.append(Recorded(event, message.data, sequence))
+        cursor = batch[-1].metadata.sequence.stream
+        delay = 0.1
+        while True:
+            try:
+                result = await asyncio.to_thread(self._store.append, recorded, cursor)
+                break
+            except Exception as exc:  # the store is unwell: hold the batch and retry
+                log.error("append failed; retrying", error=str(exc), events=len(recorded))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.stats.recorded += result.appended
+        self.stats.duplicates += result.duplicates
+        self.stats.batches += 1
+        async with self.committed:
+            self.committed.notify_all()
+
+    async def _reject(self, message: Msg, sequence: int, reason: str) -> None:
+        log.warning("rejected a message", subject=message.subject, seq=sequence, reason=reason)
+        published_ms = int(message.metadata.timestamp.timestamp() * 1000)
+        await self._emitter.emit(
+            rejection_event(
+                self.actor, message.subject, message.data, sequence, published_ms, reason
+            )
+        )
+        self.stats.rejected += 1
+
+    async def _on_exhausted(self, exhausted: ExhaustedMessage) -> None:
+        reason = (
+            f"{exhausted.deliveries} deliveries without an ack or a verdict "
+            "(the handler crashed, hung or its process died)"
+        )
+        await self._emitter.emit(
+            dead_letter_event(
+                self.actor,
+                exhausted.consumer,
+                exhausted.subject,
+                exhausted.data,
+                exhausted.stream_seq,
+                exhausted.published_ms,
+                exhausted.deliveries,
+                reason,
+            )
+        )
+        self.stats.dead_lettered += 1
+
+
+def _validate(message: Msg) -> Event:
+    if len(message.data) > MAX_EVENT_BYTES:
+        raise InvalidEvent(f"{len(message.data)} bytes, over the {MAX_EVENT_BYTES}-byte cap")
+    event = decode(message.data)
+    parsed = parse_event_subject(message.subject)
+    if parsed is None or parsed[0] != event.campaign_id or parsed[1] != event.type:
+        raise InvalidEvent(
+            f"subject {message.subject!r} does not match the event "
+            f"(campaign {event.campaign_id!r}, type {event.type!r})"
+        )
+    msg_id = (message.headers or {}).get(MSG_ID_HEADER)
+    if msg_id is not None and msg_id != event.event_id:
+        raise InvalidEvent(f"Nats-Msg-Id {msg_id!r} differs from event_id {event.event_id!r}")
+    return event

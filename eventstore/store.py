@@ -1,0 +1,170 @@
+"""The event store contract, and the sequencing every back end shares.
+
+A store assigns each new event a gap-free global `position` and extends its
+campaign's hash chain: `hash_n = sha256(payload_n || hash_{n-1})`, starting from 32
+zero bytes, where `payload` is the event's canonical bytes as published. Appends are
+idempotent on `event_id`. Back ends (`memory_store`, `duckdb_store`) only persist and
+read rows; they pass the same contract tests (`tests/test_store_contract.py`).
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
+
+import msgspec
+
+from eventstore.codec import decode
+from eventstore.events import Event
+
+GENESIS = bytes(32)
+
+
+class Recorded(NamedTuple):
+    """An event to append: the decoded event, its canonical bytes, its bus sequence."""
+
+    event: Event
+    payload: bytes
+    stream_seq: int | None = None
+
+
+class Row(NamedTuple):
+    """One stored event, as every back end keeps it."""
+
+    position: int
+    event: Event
+    payload: bytes
+    chain_hash: bytes
+    stream_seq: int | None
+
+
+class RawRow(NamedTuple):
+    """What replay and audit read back: enough to decode and to re-hash."""
+
+    position: int
+    campaign_id: str
+    payload: bytes
+    chain_hash: bytes
+
+
+class AppendResult(NamedTuple):
+    appended: int
+    duplicates: int
+    last_position: int
+
+
+class ChainReport(msgspec.Struct, frozen=True):
+    ok: bool
+    events_checked: int
+    campaigns: int
+    broken_at_position: int | None = None
+    broken_campaign: str | None = None
+    detail: str = ""
+
+
+def chain_hash(payload: bytes, previous: bytes) -> bytes:
+    return hashlib.sha256(payload + previous).digest()
+
+
+class EventStore(abc.ABC):
+    """An append-only, hash-chained event log with one writer."""
+
+    def __init__(self) -> None:
+        self._last_position = 0
+        self._heads: dict[str, bytes] = {}
+        self._stream_cursor = 0
+
+    @property
+    def last_position(self) -> int:
+        return self._last_position
+
+    @property
+    def stream_cursor(self) -> int:
+        """The last bus sequence recorded, committed together with the events it brought."""
+        return self._stream_cursor
+
+    def append(self, batch: Sequence[Recorded], stream_cursor: int | None = None) -> AppendResult:
+        """Append new events in one atomic write; events already stored are skipped.
+
+        `stream_cursor`, if given, is committed in the same transaction, so a recorder
+        that crashes resumes exactly after the last batch it committed.
+        """
+        unique: dict[str, Recorded] = {}
+        for item in batch:
+            unique.setdefault(item.event.event_id, item)
+        fresh = list(unique.values())
+        rows, heads = self._sequence(fresh)
+        if not self._write(rows, stream_cursor):  # a stored id collided: drop known ones, redo
+            known = self._stored_ids([item.event.event_id for item in fresh])
+            fresh = [item for item in fresh if item.event.event_id not in known]
+            rows, heads = self._sequence(fresh)
+            if not self._write(rows, stream_cursor):
+                raise RuntimeError("event id collision persisted after removing duplicates")
+        if rows:
+            self._last_position = rows[-1].position
+            self._heads.update(heads)
+        if stream_cursor is not None:
+            self._stream_cursor = stream_cursor
+        return AppendResult(len(rows), len(batch) - len(rows), self._last_position)
+
+    def _sequence(self, items: list[Recorded]) -> tuple[list[Row], dict[str, bytes]]:
+        heads: dict[str, bytes] = {}
+        rows: list[Row] = []
+        position = self._last_position
+        for event, payload, stream_seq in items:
+            position += 1
+            campaign = event.campaign_id
+            previous = heads.get(campaign) or self._heads.get(campaign, GENESIS)
+            digest = chain_hash(payload, previous)
+            heads[campaign] = digest
+            rows.append(Row(position, event, payload, digest, stream_seq))
+        return rows, heads
+
+    def replay(self, campaign_id: str | None = None, after_position: int = 0) -> Iterator[Row]:
+        """Every stored event in position order, decoded (upcast to the current schema)."""
+        for raw in self.read_raw(campaign_id, after_position):
+            yield Row(raw.position, decode(raw.payload), raw.payload, raw.chain_hash, None)
+
+    def verify_chain(self, campaign_id: str | None = None) -> ChainReport:
+        """Re-hash every event; report the first position whose stored hash disagrees."""
+        heads: dict[str, bytes] = {}
+        checked = 0
+        for raw in self.read_raw(campaign_id, 0):
+            expected = chain_hash(raw.payload, heads.get(raw.campaign_id, GENESIS))
+            if expected != raw.chain_hash:
+                return ChainReport(
+                    ok=False,
+                    events_checked=checked,
+                    campaigns=len(heads),
+                    broken_at_position=raw.position,
+                    broken_campaign=raw.campaign_id,
+                    detail=(
+                        f"event at position {raw.position} of campaign {raw.campaign_id!r} "
+                        "does not match its chain hash: it was altered or the chain was cut"
+                    ),
+                )
+            heads[raw.campaign_id] = raw.chain_hash
+            checked += 1
+        return ChainReport(ok=True, events_checked=checked, campaigns=len(heads))
+
+    def campaign_heads(self) -> dict[str, bytes]:
+        return dict(self._heads)
+
+    # --- what a back end provides ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def _write(self, rows: list[Row], stream_cursor: int | None) -> bool:
+        """Persist rows and cursor atomically; False (nothing written) if an event id exists."""
+
+    @abc.abstractmethod
+    def _stored_ids(self, event_ids: Iterable[str]) -> set[str]:
+        """The subset of `event_ids` already stored."""
+
+    @abc.abstractmethod
+    def read_raw(self, campaign_id: str | None = None, after_position: int = 0) -> Iterator[RawRow]:
+        """Stored rows in position order, optionally one campaign's, after a position."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,109 @@
+"""The plain-data results of verification, timing and calibration (frozen msgspec structs).
+
+These are what actors turn into events; no behaviour lives here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+Stage = Literal["compile", "static", "run", "compare", "benchmark", "recheck", "roofline"]
+
+
+class Rejection(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a kernel was refused: the stage, a short reason code, and the evidence."""
+
+    stage: Stage
+    reason: str
+    """A stable code, e.g. compile_error, forbidden_symbol, crashed, timeout, memory_limit,
+    exited, unwritten, non_finite, wrong_value, input_modified, out_of_bounds_write,
+    nondeterministic, timing_stall, beyond_roofline."""
+    message: str
+    """One line for a human."""
+    evidence: dict[str, str] = msgspec.field(default_factory=dict)
+    """Compiler log, first wrong index with expected and got, the signal, the trial, ..."""
+
+
+class TrialReport(msgspec.Struct, frozen=True, kw_only=True):
+    shape: dict[str, int]
+    distribution: str
+    seed: int
+    max_rel_err: float
+    """Largest |got - expected| / (atol + rtol * scale) seen, as a fraction of the tolerance."""
+
+
+class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of verification. `rejection` is None exactly when the kernel is verified."""
+
+    problem: str
+    target: str
+    dtype: str
+    source_sha256: str
+    flags: tuple[str, ...]
+    verified: bool
+    rejection: Rejection | None = None
+    trials: tuple[TrialReport, ...] = ()
+    max_rel_err: float | None = None
+    """Largest relative error over all trials, |got - expected| / scale."""
+    compile_cache_hit: bool = False
+    sandbox: SandboxReport | None = None
+
+
+class SandboxReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What isolation the host actually gave the child, stated honestly."""
+
+    network_isolated: bool
+    network_note: str
+    cpu_seconds_limit: int
+    address_space_limit_bytes: int
+    wall_seconds_limit: float
+
+
+class TimingStats(msgspec.Struct, frozen=True, kw_only=True):
+    median_ns: float
+    q1_ns: float
+    q3_ns: float
+    iqr_ns: float
+    min_ns: float
+    max_ns: float
+    runs: int
+
+
+class HostCalibration(msgspec.Struct, frozen=True, kw_only=True):
+    """The ceilings of this host: the roofline every CPU kernel is judged against."""
+
+    host: str
+    cpu_model: str
+    cores: int
+    llc_bytes: int
+    memory_bandwidth_gbs: float
+    """Read + write GB/s of an all-core copy with non-temporal stores (the fastest way)."""
+    numpy_copy_bandwidth_gbs: float
+    """Read + write GB/s of numpy's single-threaded copy, for comparison."""
+    peak_fp32_gflops: float
+    """BLAS sgemm on all cores (numpy float32 matmul)."""
+    streaming_stores: bool
+    measured_at: str
+    method: str
+
+
+class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
+    problem: str
+    target: str
+    shape: dict[str, int]
+    kernel: TimingStats
+    baseline: TimingStats
+    incumbent: TimingStats | None
+    speedup: float
+    """baseline median / kernel median."""
+    speedup_vs_incumbent: float | None
+    roofline_ns: float
+    """The least time physics allows: max(bytes / bandwidth, flops / peak)."""
+    roofline_fraction: float
+    """roofline_ns / kernel median (1.0 = at the ceiling)."""
+    input_sets: int
+    rotated_bytes: int
+    rejection: Rejection | None = None
+    """Set when timing or the post-timing re-check refused the kernel."""

@@ -1,0 +1,353 @@
+"""Kernel templates and the design spaces a planner searches.
+
+A design space is plain data: named parameters, each with its finite choices, and named
+constraint predicates over a full assignment. `Template.render(params)` turns one valid
+assignment into (source, compiler flags). The target is a field, so CUDA templates can
+join the same registry.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+ParamValue = int | str | bool
+Params = Mapping[str, ParamValue]
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("kernels", "cpu_templates"),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    choices: tuple[ParamValue, ...]
+    doc: str
+
+
+@dataclass(frozen=True)
+class Constraint:
+    name: str
+    doc: str
+    holds: Callable[[Params], bool]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    source: str
+    flags: tuple[str, ...]
+
+
+class InvalidParams(ValueError):
+    """An assignment outside the space or violating a constraint."""
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    problem: str
+    target: str
+    file: str
+    algorithm: str
+    params: tuple[Param, ...]
+    constraints: tuple[Constraint, ...]
+    defaults: dict[str, ParamValue]
+    best_known: dict[str, ParamValue]
+    """The hand-picked assignment behind `kernels/examples/` (the best found by hand)."""
+
+    def space(self) -> dict[str, tuple[ParamValue, ...]]:
+        return {p.name: p.choices for p in self.params}
+
+    def violations(self, params: Params) -> list[str]:
+        problems: list[str] = []
+        for p in self.params:
+            if p.name not in params:
+                problems.append(f"missing parameter {p.name}")
+            elif params[p.name] not in p.choices:
+                problems.append(f"{p.name}={params[p.name]!r} not in {p.choices}")
+        extra = set(params) - {p.name for p in self.params}
+        problems += [f"unknown parameter {name}" for name in sorted(extra)]
+        if not problems:
+            problems += [c.name for c in self.constraints if not c.holds(params)]
+        return problems
+
+    def is_valid(self, params: Params) -> bool:
+        return not self.violations(params)
+
+    def valid_points(self) -> Iterator[dict[str, ParamValue]]:
+        names = [p.name for p in self.params]
+        for values in itertools.product(*(p.choices for p in self.params)):
+            point = dict(zip(names, values, strict=True))
+            if self.is_valid(point):
+                yield point
+
+    def render(self, params: Params) -> Rendered:
+        problems = self.violations(params)
+        if problems:
+            raise InvalidParams(f"{self.name}: {'; '.join(problems)}")
+        context: dict[str, Any] = dict(params)
+        source = _ENV.get_template(self.file).render(template=self.name, **context)
+        flags = list(str(params["flags"]).split())
+        if int(params.get("threads", 1)) != 1:
+            flags.append("-fopenmp")
+        else:
+            flags.append("-fopenmp-simd")
+        return Rendered(source=source, flags=tuple(flags))
+
+
+FLAG_CHOICES: tuple[str, ...] = (
+    "-O3 -march=native",
+    "-O3 -march=native -ffast-math",
+    "-O2 -march=native -funroll-loops",
+)
+
+
+def _row_params(extra: tuple[Param, ...] = ()) -> tuple[Param, ...]:
+    return (
+        Param("threads", (0, 1, 2), "OpenMP threads over rows; 0 = all cores"),
+        Param("schedule", ("static", "dynamic"), "OpenMP schedule of rows"),
+        Param("simdlen", (8, 16), "floats per vector (omp simd simdlen and vector extensions)"),
+        Param("unroll", (1, 2, 4), "unroll factor of the inner loops"),
+        Param("streaming", (False, True), "non-temporal stores for the final output"),
+        Param("prefetch", (0, 256, 1024), "software prefetch distance in floats (0 = off)"),
+        Param("flags", FLAG_CHOICES, "compiler flags"),
+        *extra,
+    )
+
+
+def _width_needs_avx512(p: Params) -> bool:
+    return int(p["simdlen"]) <= 8 or "-march=native" in str(p["flags"])
+
+
+def _schedule_needs_threads(p: Params) -> bool:
+    return p["schedule"] == "static" or int(p["threads"]) != 1
+
+
+def _prefetch_beyond_unrolled_body(p: Params) -> bool:
+    return int(p["prefetch"]) == 0 or int(p["prefetch"]) >= int(p["simdlen"]) * int(p["unroll"])
+
+
+ROW_CONSTRAINTS: tuple[Constraint, ...] = (
+    Constraint(
+        "512-bit vectors need -march=native",
+        "simdlen 16 assumes AVX-512 (or two AVX2 registers), which only -march=native enables",
+        _width_needs_avx512,
+    ),
+    Constraint(
+        "schedule only matters with threads",
+        "a dynamic schedule on one thread is the static one with overhead",
+        _schedule_needs_threads,
+    ),
+    Constraint(
+        "prefetch beyond the unrolled body",
+        "a prefetch distance inside the current unrolled iteration fetches lines already loaded",
+        _prefetch_beyond_unrolled_body,
+    ),
+)
+
+_ROW_DEFAULTS: dict[str, ParamValue] = {
+    "threads": 0,
+    "schedule": "static",
+    "simdlen": 16,
+    "unroll": 2,
+    "streaming": False,
+    "prefetch": 0,
+    "flags": "-O3 -march=native",
+}
+_ROW_BEST: dict[str, ParamValue] = {**_ROW_DEFAULTS, "streaming": True}
+
+
+def _row_template(name: str, problem: str, file: str, algorithm: str) -> Template:
+    return Template(
+        name=name,
+        problem=problem,
+        target="cpu",
+        file=file,
+        algorithm=algorithm,
+        params=_row_params(),
+        constraints=ROW_CONSTRAINTS,
+        defaults=dict(_ROW_DEFAULTS),
+        best_known=dict(_ROW_BEST),
+    )
+
+
+def _matmul_tiles_fit_l2(p: Params) -> bool:
+    return (int(p["mc"]) * int(p["kc"]) + int(p["kc"]) * int(p["nc"])) * 4 <= 2 * 1024 * 1024
+
+
+def _microkernel_registers(p: Params) -> bool:
+    return int(p["mr"]) * (int(p["nr"]) // int(p["simdlen"])) <= 28
+
+
+def _nr_multiple_of_width(p: Params) -> bool:
+    return int(p["nr"]) % int(p["simdlen"]) == 0
+
+
+MATMUL_BLOCKED = Template(
+    name="matmul_blocked",
+    problem="matmul",
+    target="cpu",
+    file="matmul_blocked.c.j2",
+    algorithm="cache-blocked triple loop; the innermost loop runs along a row of B and C",
+    params=(
+        Param("threads", (0, 1, 2), "OpenMP threads over row blocks of C; 0 = all cores"),
+        Param("schedule", ("static", "dynamic"), "OpenMP schedule of row blocks"),
+        Param("simdlen", (8, 16), "floats per vector in the inner loop"),
+        Param("mc", (32, 64, 128), "rows of A per block"),
+        Param("nc", (256, 512, 1024), "columns of B per block"),
+        Param("kc", (64, 128, 256), "depth per block"),
+        Param("loop_order", ("ikj", "kij"), "order of the loops inside a block"),
+        Param("unroll", (1, 2, 4), "unroll of the depth loop"),
+        Param("flags", FLAG_CHOICES, "compiler flags"),
+    ),
+    constraints=(
+        Constraint(
+            "blocks fit in L2",
+            "an A block plus a B block must fit in 2 MiB",
+            lambda p: (int(p["mc"]) * int(p["kc"]) + int(p["kc"]) * int(p["nc"])) * 4
+            <= 2 * 1024 * 1024,
+        ),
+        ROW_CONSTRAINTS[0],
+        ROW_CONSTRAINTS[1],
+    ),
+    defaults={
+        "threads": 0,
+        "schedule": "static",
+        "simdlen": 16,
+        "mc": 64,
+        "nc": 512,
+        "kc": 128,
+        "loop_order": "ikj",
+        "unroll": 1,
+        "flags": "-O3 -march=native",
+    },
+    best_known={
+        "threads": 0,
+        "schedule": "dynamic",
+        "simdlen": 16,
+        "mc": 64,
+        "nc": 512,
+        "kc": 256,
+        "loop_order": "ikj",
+        "unroll": 4,
+        "flags": "-O3 -march=native",
+    },
+)
+
+MATMUL_PACKED = Template(
+    name="matmul_packed",
+    problem="matmul",
+    target="cpu",
+    file="matmul_packed.c.j2",
+    algorithm="GotoBLAS style: pack B panels and A slivers, MR x NR register micro-kernel",
+    params=(
+        Param("threads", (0, 1, 2), "OpenMP threads over row blocks of C; 0 = all cores"),
+        Param("schedule", ("static", "dynamic"), "OpenMP schedule of row blocks"),
+        Param("simdlen", (8, 16), "floats per vector register"),
+        Param("mr", (4, 6, 8, 12), "rows of the micro-tile"),
+        Param("nr", (16, 32, 48), "columns of the micro-tile"),
+        Param("mc", (48, 96, 192), "rows of A packed per block"),
+        Param("kc", (128, 256, 384), "depth packed per block"),
+        Param("nc", (512, 1024, 2048), "columns of B packed per panel"),
+        Param("prefetch", (0, 256, 1024), "prefetch distance into packed A, in floats (0 = off)"),
+        Param("flags", FLAG_CHOICES, "compiler flags"),
+    ),
+    constraints=(
+        Constraint(
+            "NR is a whole number of vectors", "nr % simdlen == 0", _nr_multiple_of_width
+        ),
+        Constraint(
+            "accumulators fit in registers",
+            "mr * nr / simdlen vector accumulators must leave room in 32 registers",
+            _microkernel_registers,
+        ),
+        Constraint("mc is a multiple of mr", "mc % mr == 0", lambda p: int(p["mc"]) % int(p["mr"]) == 0),
+        Constraint("nc is a multiple of nr", "nc % nr == 0", lambda p: int(p["nc"]) % int(p["nr"]) == 0),
+        Constraint("packed blocks fit in L2", "A block + B panel slice <= 2 MiB", _matmul_tiles_fit_l2),
+        ROW_CONSTRAINTS[0],
+        ROW_CONSTRAINTS[1],
+    ),
+    defaults={
+        "threads": 0,
+        "schedule": "static",
+        "simdlen": 16,
+        "mr": 6,
+        "nr": 32,
+        "mc": 96,
+        "kc": 256,
+        "nc": 1024,
+        "prefetch": 0,
+        "flags": "-O3 -march=native",
+    },
+    best_known={
+        "threads": 0,
+        "schedule": "dynamic",
+        "simdlen": 16,
+        "mr": 12,
+        "nr": 32,
+        "mc": 96,
+        "kc": 384,
+        "nc": 1024,
+        "prefetch": 0,
+        "flags": "-O3 -march=native",
+    },
+)
+
+
+TEMPLATES: dict[str, Template] = {
+    t.name: t
+    for t in (
+        _row_template(
+            "softmax_threepass",
+            "softmax",
+            "softmax_threepass.c.j2",
+            "max pass, exp-and-sum pass, scale pass",
+        ),
+        _row_template(
+            "softmax_online",
+            "softmax",
+            "softmax_online.c.j2",
+            "one pass with a running max and rescaled sum, then one output pass",
+        ),
+        _row_template("rmsnorm_rows", "rmsnorm", "rmsnorm.c.j2", "sum of squares, scale pass"),
+        _row_template(
+            "layernorm_rows", "layernorm", "layernorm.c.j2", "mean pass, variance pass, output"
+        ),
+        _row_template("gelu_stream", "gelu", "gelu.c.j2", "elementwise, chunked over threads"),
+        _row_template(
+            "residual_rmsnorm_gelu_fused",
+            "residual_rmsnorm_gelu",
+            "residual_rmsnorm_gelu.c.j2",
+            "one fused pass per row: add, sum of squares, then scale and gelu",
+        ),
+        _row_template(
+            "kda_recurrent",
+            "kda",
+            "kda_recurrent.c.j2",
+            "state kept in cache, one (batch, head) pair per task",
+        ),
+        MATMUL_BLOCKED,
+        MATMUL_PACKED,
+    )
+}
+
+
+def templates_for(problem: str, target: str = "cpu") -> list[Template]:
+    return [t for t in TEMPLATES.values() if t.problem == problem and t.target == target]
+
+
+def example_kernel(problem: str, target: str = "cpu") -> Rendered | None:
+    """The best known hand-tuned kernel for a problem, rendered; None if no template."""
+    candidates = templates_for(problem, target)
+    if not candidates:
+        return None
+    return candidates[0].render(candidates[0].best_known)

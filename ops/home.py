@@ -1,0 +1,66 @@
+"""The run folder: where the event store, the embedded NATS store and `server.json` live.
+
+Default `./.kfactory`, or `$KF_HOME`, or `--home`. `server.json` names the NATS URL of
+the server that owns the store right now, so other commands on this host find it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+from bus.server import pid_alive
+
+DEFAULT_HOME = Path(".kfactory")
+
+
+class ServerInfo(msgspec.Struct, frozen=True):
+    url: str
+    pid: int
+    store: str
+
+
+def resolve_home(home: Path | None) -> Path:
+    return Path(home or os.environ.get("KF_HOME") or DEFAULT_HOME)
+
+
+def store_path(home: Path) -> Path:
+    return home / "events.duckdb"
+
+
+def server_file(home: Path) -> Path:
+    return home / "server.json"
+
+
+def write_server_info(home: Path, info: ServerInfo) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    tmp = server_file(home).with_suffix(".tmp")
+    tmp.write_bytes(msgspec.json.encode(info))
+    tmp.replace(server_file(home))
+
+
+def clear_server_info(home: Path, pid: int) -> None:
+    info = running_server(home)
+    if info is not None and info.pid == pid:
+        server_file(home).unlink(missing_ok=True)
+
+
+def running_server(home: Path) -> ServerInfo | None:
+    """The server that owns this home's store, if one is alive."""
+    try:
+        info = msgspec.json.decode(server_file(home).read_bytes(), type=ServerInfo)
+    except (OSError, msgspec.DecodeError):
+        return None
+    return info if pid_alive(info.pid) else None
+
+
+def nats_url(explicit: str | None, home: Path) -> str | None:
+    """--nats, else $KF_NATS_URL, else the URL of this home's running server."""
+    if explicit:
+        return explicit
+    if os.environ.get("KF_NATS_URL"):
+        return os.environ["KF_NATS_URL"]
+    info = running_server(home)
+    return info.url if info else None

@@ -1,0 +1,25 @@
+"""Options several commands share, so they read the same everywhere."""
+
+from __future__ import annotations
+
+import typer
+
+HOME = typer.Option(
+    None,
+    "--home",
+    help=(
+        "Run folder holding events.duckdb and the embedded NATS store "
+        "(default: $KF_HOME or ./.kfactory)."
+    ),
+    show_default=False,
+)
+NATS = typer.Option(
+    None,
+    "--nats",
+    help=(
+        "NATS URL of a running server, e.g. nats://hub:4222 "
+        "(default: $KF_NATS_URL, else the server of --home)."
+    ),
+    show_default=False,
+)
+JSON = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table.")

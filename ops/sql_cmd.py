@@ -1,0 +1,87 @@
+"""`kfactory sql`: read-only SQL over the event store."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+
+from bus.connection import connect
+from eventstore.duckdb_store import DuckDBEventStore, QueryResult, StoreLocked
+from eventstore.queries import StoreUnavailable, query
+from eventstore.sql_guard import SqlRefused
+from ops.errors import UserError
+from ops.home import nats_url, resolve_home, store_path
+from ops.options import HOME, NATS
+from ops.output import print_rows
+
+
+class Format(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "sql",
+        help=(
+            "Run one read-only query (a single SELECT or WITH) over the events table. "
+            "Goes through the running server when there is one, else opens the file "
+            "read-only. Anything that writes is refused.\n\n"
+            "Columns: position, event_id, campaign_id, type, schema, ts, actor_role, "
+            "actor_instance, actor_host, causation_id, correlation_id, stream_seq, "
+            "payload (JSON), chain_hash.\n\n"
+            "Examples:\n\n"
+            '  kfactory sql "SELECT type, count(*) FROM events GROUP BY type"\n\n'
+            "  kfactory sql \"SELECT payload->>'reason' AS reason FROM events "
+            "WHERE type = 'EventRejected'\" --format csv"
+        ),
+    )(sql)
+
+
+def sql(
+    statement: str = typer.Argument(..., metavar="SQL", help="One SELECT or WITH query."),
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+    max_rows: int = typer.Option(10_000, help="Return at most this many rows."),
+    home: Path | None = HOME,
+    nats: str | None = NATS,
+) -> None:
+    folder = resolve_home(home)
+    url = nats_url(nats, folder)
+    try:
+        if url is not None:
+            result = asyncio.run(_over_bus(url, statement, max_rows))
+        else:
+            result = _on_file(store_path(folder), statement, max_rows)
+    except SqlRefused as exc:
+        raise UserError(f"refused: {exc}") from exc
+    except (StoreLocked, StoreUnavailable, FileNotFoundError, ConnectionError) as exc:
+        raise UserError(str(exc)) from exc
+    print_rows(result.columns, result.rows, fmt.value)
+    if result.truncated:
+        print(f"kfactory sql: output cut at {max_rows} rows (--max-rows)", file=sys.stderr)
+
+
+async def _over_bus(url: str, statement: str, max_rows: int) -> QueryResult:
+    nc = await connect(url, "kfactory-sql", wait_for_server=5)
+    try:
+        return await query(nc, statement, max_rows)
+    finally:
+        await nc.close()
+
+
+def _on_file(path: Path, statement: str, max_rows: int) -> QueryResult:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no event store at {path} and no running server; start one with `kfactory server` "
+            "or `kfactory run`, or pass --home/--nats"
+        )
+    store = DuckDBEventStore(path, read_only=True)
+    try:
+        return store.query(statement, max_rows)
+    finally:
+        store.close()

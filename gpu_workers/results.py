@@ -26,6 +26,16 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     """Compiler log, first wrong index with expected and got, the signal, the trial, ..."""
 
 
+class SandboxReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What isolation the host actually gave the child, stated honestly."""
+
+    network_isolated: bool
+    network_note: str
+    cpu_seconds_limit: int
+    address_space_limit_bytes: int
+    wall_seconds_limit: float
+
+
 class TrialReport(msgspec.Struct, frozen=True, kw_only=True):
     shape: dict[str, int]
     distribution: str
@@ -51,16 +61,6 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     sandbox: SandboxReport | None = None
 
 
-class SandboxReport(msgspec.Struct, frozen=True, kw_only=True):
-    """What isolation the host actually gave the child, stated honestly."""
-
-    network_isolated: bool
-    network_note: str
-    cpu_seconds_limit: int
-    address_space_limit_bytes: int
-    wall_seconds_limit: float
-
-
 class TimingStats(msgspec.Struct, frozen=True, kw_only=True):
     median_ns: float
     q1_ns: float
@@ -83,7 +83,12 @@ class HostCalibration(msgspec.Struct, frozen=True, kw_only=True):
     numpy_copy_bandwidth_gbs: float
     """Read + write GB/s of numpy's single-threaded copy, for comparison."""
     peak_fp32_gflops: float
-    """BLAS sgemm on all cores (numpy float32 matmul)."""
+    """The compute ceiling of the roofline: the higher of the two measurements below."""
+    sgemm_gflops: float
+    """A tuned BLAS sgemm on all cores (numpy float32 matmul)."""
+    fma_peak_gflops: float
+    """Independent 512-bit FMA chains on all cores; above sgemm when BLAS runs an older
+    kernel than the CPU supports (e.g. OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU)."""
     streaming_stores: bool
     measured_at: str
     method: str
@@ -105,5 +110,6 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     """roofline_ns / kernel median (1.0 = at the ceiling)."""
     input_sets: int
     rotated_bytes: int
-    rejection: Rejection | None = None
-    """Set when timing or the post-timing re-check refused the kernel."""
+    timed_seconds: float
+    stall_retried: bool = False
+    """True when a first timing run showed a stall and a fresh run did not."""

@@ -39,7 +39,7 @@ def _softmax(inputs: Arrays) -> Arrays:
 
 SOFTMAX = Problem(
     name="softmax",
-    description="Softmax over each row: y[r, c] = exp(x[r, c] - max_r) / sum_c exp(x[r, c] - max_r).",
+    description="Softmax over each row: y[r, c] = exp(x[r,c] - m_r) / sum_c exp(x[r,c] - m_r).",
     dims=("rows", "cols"),
     args=(Arg("x", ("rows", "cols")), Arg("y", ("rows", "cols"), output=True)),
     reference=_softmax,
@@ -61,7 +61,7 @@ def _rmsnorm(inputs: Arrays) -> Arrays:
 
 RMSNORM = Problem(
     name="rmsnorm",
-    description=f"RMS norm of each row times a weight: y = x / sqrt(mean(x^2) + {RMSNORM_EPS}) * w.",
+    description=f"Row RMS norm times a weight: y = x / sqrt(mean(x^2) + {RMSNORM_EPS}) * w",
     dims=("rows", "cols"),
     args=(
         Arg("x", ("rows", "cols")),
@@ -266,11 +266,7 @@ KDA = Problem(
     make_inputs=_kda_inputs,
     cost=lambda s: Cost(
         bytes_moved=4
-        * (
-            3 * _n(s, "B", "T", "H", "K")
-            + 2 * _n(s, "B", "T", "H", "V")
-            + _n(s, "B", "T", "H")
-        ),
+        * (3 * _n(s, "B", "T", "H", "K") + 2 * _n(s, "B", "T", "H", "V") + _n(s, "B", "T", "H")),
         flops=9 * _n(s, "B", "T", "H", "K", "V"),
     ),
     error_scale=lambda i, e: {"o": _kda_recurrence(i)[1]},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -57,7 +58,7 @@ def _load_from_file(path: Path, attr: str) -> Problem:
             f"{path}:{attr} is a {type(problem).__name__}, not a kernels.Problem"
         )
     _validate(problem, f"{path}:{attr}")
-    return problem
+    return dataclasses.replace(problem, spec=f"{path.resolve()}:{attr}")
 
 
 def _validate(problem: Problem, where: str) -> None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-Array = npt.NDArray[np.floating]
+Array = npt.NDArray[Any]
 Shape = Mapping[str, int]
 Arrays = dict[str, Array]
 
@@ -82,6 +83,12 @@ class Problem:
     graph: tuple[str, ...] = ()
     """For graph problems: the chain of elementary ops a fuser may fuse."""
     dtypes: tuple[str, ...] = ("fp32",)
+    spec: str = ""
+    """How to load it again in another process: a built-in name or `path.py:NAME`."""
+
+    @property
+    def load_spec(self) -> str:
+        return self.spec or self.name
 
     @property
     def inputs(self) -> tuple[Arg, ...]:

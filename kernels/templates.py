@@ -213,8 +213,9 @@ MATMUL_BLOCKED = Template(
         Constraint(
             "blocks fit in L2",
             "an A block plus a B block must fit in 2 MiB",
-            lambda p: (int(p["mc"]) * int(p["kc"]) + int(p["kc"]) * int(p["nc"])) * 4
-            <= 2 * 1024 * 1024,
+            lambda p: (
+                (int(p["mc"]) * int(p["kc"]) + int(p["kc"]) * int(p["nc"])) * 4 <= 2 * 1024 * 1024
+            ),
         ),
         ROW_CONSTRAINTS[0],
         ROW_CONSTRAINTS[1],
@@ -262,17 +263,21 @@ MATMUL_PACKED = Template(
         Param("flags", FLAG_CHOICES, "compiler flags"),
     ),
     constraints=(
-        Constraint(
-            "NR is a whole number of vectors", "nr % simdlen == 0", _nr_multiple_of_width
-        ),
+        Constraint("NR is a whole number of vectors", "nr % simdlen == 0", _nr_multiple_of_width),
         Constraint(
             "accumulators fit in registers",
             "mr * nr / simdlen vector accumulators must leave room in 32 registers",
             _microkernel_registers,
         ),
-        Constraint("mc is a multiple of mr", "mc % mr == 0", lambda p: int(p["mc"]) % int(p["mr"]) == 0),
-        Constraint("nc is a multiple of nr", "nc % nr == 0", lambda p: int(p["nc"]) % int(p["nr"]) == 0),
-        Constraint("packed blocks fit in L2", "A block + B panel slice <= 2 MiB", _matmul_tiles_fit_l2),
+        Constraint(
+            "mc is a multiple of mr", "mc % mr == 0", lambda p: int(p["mc"]) % int(p["mr"]) == 0
+        ),
+        Constraint(
+            "nc is a multiple of nr", "nc % nr == 0", lambda p: int(p["nc"]) % int(p["nr"]) == 0
+        ),
+        Constraint(
+            "packed blocks fit in L2", "A block + B panel slice <= 2 MiB", _matmul_tiles_fit_l2
+        ),
         ROW_CONSTRAINTS[0],
         ROW_CONSTRAINTS[1],
     ),

@@ -1,0 +1,237 @@
+"""Timing rules, the same for every device.
+
+The device back end times the kernel, the float32 numpy baseline and the incumbent
+interleaved in one run, over input sets rotated across more memory than the last-level
+cache. This module turns samples into statistics and refuses what cannot be trusted: a
+stall in the timed region, samples that add up to more than the run took, outputs that
+are wrong after timing, and a kernel faster than the roofline allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection, TimingStats
+from gpu_workers.verifier import check_outputs, trial_seed
+from kernels.spec import Arrays, Cost, Problem
+
+MIN_RUNS = 30
+MIN_SECONDS = 0.5
+STALL_FACTOR = 20.0
+STALL_MIN_EXCESS_NS = 20_000_000
+ROOFLINE_SLACK = 1.10
+"""A kernel may beat the calibrated ceiling by this factor (measurement noise) and no more."""
+DISTINCT_INPUT_SETS = 2
+
+
+@dataclass
+class TimingRun:
+    """Raw samples of one timing run, as the device back end measured them."""
+
+    kernel_ns: list[int] = field(default_factory=list)
+    kernel_warmup_ns: list[int] = field(default_factory=list)
+    baseline_ns: list[int] = field(default_factory=list)
+    incumbent_ns: list[int] = field(default_factory=list)
+    input_sets: int = 0
+    rotated_bytes: int = 0
+    timed_outputs: list[Arrays] = field(default_factory=list)
+    """The kernel's last output on each distinct input set, read back after timing."""
+    recheck_outputs: Arrays = field(default_factory=dict)
+    """The kernel's output on fresh inputs, run after timing."""
+    wall_seconds: float = 0.0
+    timed_seconds: float = 0.0
+    timed_poison_bits: int = 0
+    recheck_poison_bits: int = 0
+    rejection: Rejection | None = None
+
+
+class TimingBackend(Protocol):
+    target: str
+
+    def time(
+        self,
+        problem: Problem,
+        build: object,
+        incumbent: object | None,
+        shape: dict[str, int],
+        *,
+        seeds: list[int],
+        recheck_seed: int,
+        rotate_bytes: int,
+        min_runs: int,
+        min_seconds: float,
+    ) -> TimingRun: ...
+
+
+def timing_stats(samples: list[int]) -> TimingStats:
+    if not samples:
+        raise ValueError("no samples")
+    q1, median, q3 = np.percentile(np.asarray(samples, dtype=np.float64), [25, 50, 75])
+    return TimingStats(
+        median_ns=float(median),
+        q1_ns=float(q1),
+        q3_ns=float(q3),
+        iqr_ns=float(q3 - q1),
+        min_ns=float(min(samples)),
+        max_ns=float(max(samples)),
+        runs=len(samples),
+    )
+
+
+def roofline_ns(cost: Cost, calibration: HostCalibration) -> float:
+    """The least time this host allows: memory traffic at full bandwidth or flops at peak."""
+    memory = cost.bytes_moved / (calibration.memory_bandwidth_gbs * 1e9)
+    compute = cost.flops / (calibration.peak_fp32_gflops * 1e9)
+    return max(memory, compute) * 1e9
+
+
+def find_stall(run: TimingRun) -> dict[str, str] | None:
+    """A call far slower than the median, anywhere from the first warm-up call on."""
+    median = float(np.median(run.kernel_ns))
+    calls = [*run.kernel_warmup_ns, *run.kernel_ns]
+    for index, ns in enumerate(calls):
+        if ns > STALL_FACTOR * median and ns - median > STALL_MIN_EXCESS_NS:
+            return {
+                "call": str(index),
+                "call_ns": str(ns),
+                "median_ns": f"{median:.0f}",
+                "warm_up_calls": str(len(run.kernel_warmup_ns)),
+                "rule": (
+                    f"> {STALL_FACTOR:g} x median and > {STALL_MIN_EXCESS_NS / 1e6:g} ms over it"
+                ),
+            }
+    return None
+
+
+def benchmark(
+    problem: Problem,
+    backend: TimingBackend,
+    build: object,
+    calibration: HostCalibration,
+    *,
+    incumbent: object | None = None,
+    shape: dict[str, int] | None = None,
+    dtype: str = "fp32",
+    seed: int = 0,
+    min_runs: int = MIN_RUNS,
+    min_seconds: float = MIN_SECONDS,
+) -> BenchmarkResult | Rejection:
+    """Time a verified kernel against the baseline (and incumbent); re-check it afterwards."""
+    shape = dict(shape or problem.default_shape)
+    seeds = [trial_seed(seed, i, "bench") for i in range(DISTINCT_INPUT_SETS)]
+    recheck_seed = trial_seed(seed, 0, "recheck")
+
+    def time_once() -> TimingRun:
+        return backend.time(
+            problem,
+            build,
+            incumbent,
+            shape,
+            seeds=seeds,
+            recheck_seed=recheck_seed,
+            rotate_bytes=2 * calibration.llc_bytes,
+            min_runs=min_runs,
+            min_seconds=min_seconds,
+        )
+
+    run = time_once()
+    if run.rejection is not None:
+        return run.rejection
+    stall_retried = False
+    if find_stall(run) is not None:
+        first = find_stall(run)
+        run = time_once()  # transient noise does not repeat in a fresh process; a cheat does
+        if run.rejection is not None:
+            return run.rejection
+        second = find_stall(run)
+        if second is not None:
+            assert first is not None
+            return Rejection(
+                stage="benchmark",
+                reason="timing_stall",
+                message=(
+                    f"call {second['call']} took {int(second['call_ns']) / 1e6:.1f} ms against a "
+                    f"median of {float(second['median_ns']) / 1e6:.3f} ms, in two fresh runs"
+                ),
+                evidence={
+                    **second,
+                    "first_run_call": first["call"],
+                    "first_run_call_ns": first["call_ns"],
+                },
+            )
+        stall_retried = True
+    reported = sum(run.kernel_ns) + sum(run.kernel_warmup_ns)
+    if reported > run.wall_seconds * 1e9:
+        return Rejection(
+            stage="benchmark",
+            reason="timing_inconsistent",
+            message="the kernel's samples add up to more time than the whole run took",
+            evidence={"samples_ns": str(reported), "wall_ns": f"{run.wall_seconds * 1e9:.0f}"},
+        )
+    tolerance = problem.tolerances[dtype]
+    for index, outputs in enumerate(run.timed_outputs):
+        inputs = problem.generate(shape, "normal", seeds[index], dtype)
+        rejection, _ = check_outputs(
+            problem,
+            tolerance,
+            inputs,
+            outputs,
+            run.timed_poison_bits,
+            stage="recheck",
+            context={"when": "outputs of the timed calls", "input_set": str(index)},
+        )
+        if rejection is not None:
+            return rejection
+    fresh = problem.generate(shape, "uniform", recheck_seed, dtype)
+    rejection, _ = check_outputs(
+        problem,
+        tolerance,
+        fresh,
+        run.recheck_outputs,
+        run.recheck_poison_bits,
+        stage="recheck",
+        context={"when": "fresh inputs after timing", "seed": str(recheck_seed)},
+    )
+    if rejection is not None:
+        return rejection
+    kernel = timing_stats(run.kernel_ns)
+    baseline = timing_stats(run.baseline_ns)
+    incumbent_stats = timing_stats(run.incumbent_ns) if run.incumbent_ns else None
+    floor = roofline_ns(problem.cost(shape), calibration)
+    if kernel.median_ns * ROOFLINE_SLACK < floor:
+        return Rejection(
+            stage="roofline",
+            reason="beyond_roofline",
+            message=(
+                f"median {kernel.median_ns:.0f} ns is faster than the {floor:.0f} ns this host "
+                "physically allows"
+            ),
+            evidence={
+                "median_ns": f"{kernel.median_ns:.0f}",
+                "roofline_ns": f"{floor:.0f}",
+                "bandwidth_gbs": f"{calibration.memory_bandwidth_gbs:.1f}",
+                "peak_gflops": f"{calibration.peak_fp32_gflops:.1f}",
+                "slack": str(ROOFLINE_SLACK),
+            },
+        )
+    return BenchmarkResult(
+        problem=problem.name,
+        target=backend.target,
+        shape=shape,
+        kernel=kernel,
+        baseline=baseline,
+        incumbent=incumbent_stats,
+        speedup=baseline.median_ns / kernel.median_ns,
+        speedup_vs_incumbent=(
+            incumbent_stats.median_ns / kernel.median_ns if incumbent_stats else None
+        ),
+        roofline_ns=floor,
+        roofline_fraction=floor / kernel.median_ns,
+        input_sets=run.input_sets,
+        rotated_bytes=run.rotated_bytes,
+        timed_seconds=run.timed_seconds,
+        stall_retried=stall_retried,
+    )

@@ -1,0 +1,236 @@
+"""The CPU device back end: C through the system compiler, run only in the sandbox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+import numpy as np
+
+from gpu_workers.benchmarker import TimingRun
+from gpu_workers.cpu import protocol as p
+from gpu_workers.cpu.compiler import (
+    ALLOCATION_REFUSED_MARK,
+    CompiledKernel,
+    CompileFailure,
+    compile_kernel,
+)
+from gpu_workers.cpu.static import static_check
+from gpu_workers.results import Rejection
+from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
+from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial
+from kernels.spec import Problem
+
+RUNNER = "gpu_workers.cpu.runner"
+ReplyT = TypeVar("ReplyT", p.VerifyReply, p.BenchReply)
+VERIFY_LIMITS = Limits(cpu_seconds=120, address_space_bytes=4 << 30, wall_seconds=60.0)
+BENCH_LIMITS = Limits(cpu_seconds=1200, address_space_bytes=16 << 30, wall_seconds=600.0)
+
+
+class CpuBackend:
+    """Compile, statically check, run and time C kernels on this host."""
+
+    target = "cpu"
+
+    def __init__(
+        self,
+        *,
+        cache_dir: Path | None = None,
+        verify_limits: Limits = VERIFY_LIMITS,
+        bench_limits: Limits = BENCH_LIMITS,
+        dtype: str = "fp32",
+    ) -> None:
+        self.cache_dir = cache_dir
+        self.verify_limits = verify_limits
+        self.bench_limits = bench_limits
+        self.dtype = dtype
+
+    def compile(self, problem: Problem, source: str, flags: tuple[str, ...]) -> CompileOutcome:
+        result = compile_kernel(
+            source, flags, prototype=problem.c_signature(self.dtype), cache_dir=self.cache_dir
+        )
+        if isinstance(result, CompileFailure):
+            return CompileOutcome(
+                build=None,
+                rejection=Rejection(
+                    stage="compile",
+                    reason=result.reason,
+                    message=result.message,
+                    evidence={"log": result.log},
+                ),
+            )
+        return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
+
+    def static_check(self, build: object) -> Rejection | None:
+        assert isinstance(build, CompiledKernel)
+        return static_check(build)
+
+    def run_trials(self, problem: Problem, build: object, trials: list[Trial]) -> RunOutcome:
+        assert isinstance(build, CompiledKernel)
+        names = [a.name for a in problem.args]
+        outputs = [a.output for a in problem.args]
+        with sandbox_dir("kf-verify-") as workdir:
+            jobs = []
+            for trial in trials:
+                for name, array in trial.inputs.items():
+                    np.save(workdir / p.input_file(trial.index, name), array)
+                jobs.append(
+                    p.TrialJob(
+                        index=trial.index,
+                        shape=trial.shape,
+                        distribution=trial.distribution,
+                        seed=trial.seed,
+                        arg_shapes=[list(a.shape(trial.shape)) for a in problem.args],
+                        dims=[int(trial.shape[d]) for d in problem.dims],
+                    )
+                )
+            job = p.VerifyJob(library=build.library, arg_names=names, outputs=outputs, trials=jobs)
+            outcome = self._run(job, workdir, self.verify_limits)
+            failure = _failure(outcome, workdir, "run")
+            if failure is not None:
+                return RunOutcome(rejection=failure, sandbox=outcome.report)
+            reply = _reply(workdir, p.VerifyReply)
+            runs = [
+                RunOutput(
+                    trial=r.trial,
+                    run=r.run,
+                    poison_bits=p.POISON_BITS[r.run % len(p.POISON_BITS)],
+                    outputs={
+                        a.name: np.load(workdir / p.out_file(r.trial, r.run, a.name))
+                        for a in problem.outputs
+                    },
+                    inputs_after={
+                        a.name: np.load(workdir / p.after_file(r.trial, r.run, a.name))
+                        for a in problem.inputs
+                    },
+                    damaged_slack=tuple(r.damaged_slack),
+                )
+                for r in reply.runs
+            ]
+            return RunOutcome(runs=runs, sandbox=outcome.report)
+
+    def time(
+        self,
+        problem: Problem,
+        build: object,
+        incumbent: object | None,
+        shape: dict[str, int],
+        *,
+        seeds: list[int],
+        recheck_seed: int,
+        rotate_bytes: int,
+        min_runs: int,
+        min_seconds: float,
+    ) -> TimingRun:
+        assert isinstance(build, CompiledKernel)
+        assert incumbent is None or isinstance(incumbent, CompiledKernel)
+        job = p.BenchJob(
+            library=build.library,
+            incumbent_library=incumbent.library if incumbent is not None else None,
+            problem=problem.load_spec,
+            dtype=self.dtype,
+            shape=shape,
+            seeds=seeds,
+            recheck_seed=recheck_seed,
+            rotate_bytes=rotate_bytes,
+            min_runs=min_runs,
+            min_seconds=min_seconds,
+        )
+        with sandbox_dir("kf-bench-") as workdir:
+            outcome = self._run(job, workdir, self.bench_limits)
+            failure = _failure(outcome, workdir, "benchmark")
+            if failure is not None:
+                return TimingRun(rejection=failure, wall_seconds=outcome.wall_seconds)
+            reply = _reply(workdir, p.BenchReply)
+            return TimingRun(
+                kernel_ns=reply.kernel_ns,
+                kernel_warmup_ns=reply.kernel_warmup_ns,
+                baseline_ns=reply.baseline_ns,
+                incumbent_ns=reply.incumbent_ns,
+                input_sets=reply.input_sets,
+                rotated_bytes=reply.rotated_bytes,
+                timed_outputs=[
+                    {
+                        a.name: np.load(workdir / p.timed_out_file(i, a.name))
+                        for a in problem.outputs
+                    }
+                    for i in range(len(seeds))
+                ],
+                recheck_outputs={
+                    a.name: np.load(workdir / p.recheck_file(a.name)) for a in problem.outputs
+                },
+                wall_seconds=outcome.wall_seconds,
+                timed_seconds=reply.timed_seconds,
+                timed_poison_bits=p.POISON_BITS[0],
+                recheck_poison_bits=p.POISON_BITS[1],
+            )
+
+    def _run(self, job: p.Job, workdir: Path, limits: Limits) -> SandboxOutcome:
+        (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
+        env = {"OMP_WAIT_POLICY": "PASSIVE"} if isinstance(job, p.VerifyJob) else {}
+        return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=env)
+
+
+def _reply(workdir: Path, kind: type[ReplyT]) -> ReplyT:
+    reply = msgspec.json.decode((workdir / p.RESULT_FILE).read_bytes(), type=p.Reply)
+    if not isinstance(reply, kind):
+        raise RuntimeError(f"the runner answered with {type(reply).__name__}")
+    return reply
+
+
+def _failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | None:
+    """Turn a child that did not finish into a rejection with evidence; None if it finished."""
+    if outcome.ok and (workdir / p.RESULT_FILE).is_file():
+        return None
+    try:
+        progress = (workdir / p.PROGRESS_FILE).read_text()
+    except OSError:
+        progress = "before the first kernel call"
+    evidence = {
+        "progress": progress,
+        "exit_status": str(outcome.returncode),
+        "signal": outcome.signal_name or "",
+        "wall_seconds": f"{outcome.wall_seconds:.2f}",
+        "cpu_seconds": f"{outcome.cpu_seconds:.2f}",
+        "stderr": outcome.stderr[-4000:],
+        "stdout": outcome.stdout[-2000:],
+        "limits": (
+            f"wall {outcome.report.wall_seconds_limit:g} s, cpu "
+            f"{outcome.report.cpu_seconds_limit} s, address space "
+            f"{outcome.report.address_space_limit_bytes >> 20} MiB"
+        ),
+    }
+    refused = next(
+        (ln for ln in outcome.stderr.splitlines() if ln.startswith(ALLOCATION_REFUSED_MARK)), None
+    )
+    if outcome.timed_out:
+        reason = "timeout"
+        message = f"no result within the {outcome.report.wall_seconds_limit:g} s wall-clock limit"
+    elif outcome.cpu_limit_hit:
+        reason = "timeout"
+        message = f"used up its {outcome.report.cpu_seconds_limit} s CPU-time limit (RLIMIT_CPU)"
+    elif refused is not None or "MemoryError" in outcome.stderr:
+        reason = "memory_limit"
+        what = refused[len(ALLOCATION_REFUSED_MARK) :].strip() if refused else "MemoryError"
+        message = (
+            f"allocation refused under the {outcome.report.address_space_limit_bytes >> 30} GiB "
+            f"address-space limit: {what}"
+        )
+        if outcome.signal_name:
+            message += f", then killed by {outcome.signal_name}"
+    elif outcome.signal_name:
+        reason = "crashed"
+        message = f"killed by {outcome.signal_name}"
+    else:
+        reason = "exited"
+        message = (
+            f"the process exited with status {outcome.returncode} before finishing "
+            "(the kernel ended the process)"
+        )
+    return Rejection(
+        stage=stage,  # type: ignore[arg-type]
+        reason=reason,
+        message=f"{message} during {progress}",
+        evidence=evidence,
+    )

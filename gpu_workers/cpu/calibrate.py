@@ -1,0 +1,130 @@
+"""Measure this host's ceilings once (bandwidth, fp32 peak) and cache them per host."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import platform
+import socket
+from pathlib import Path
+
+import msgspec
+
+from gpu_workers.cpu import protocol as p
+from gpu_workers.cpu.compiler import CompileFailure, compile_kernel, default_cache_dir
+from gpu_workers.results import HostCalibration
+from gpu_workers.sandbox import Limits, run_sandboxed, sandbox_dir
+
+CALIBRATION_SOURCE = Path(__file__).with_name("calibration.c")
+COPY_BYTES = 512 << 20
+SGEMM_N = 2048
+FMA_ITERATIONS = 50_000_000
+
+
+class CalibrationError(RuntimeError):
+    """The host could not be measured; the message says why."""
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def llc_bytes() -> int:
+    """Size of the largest cache level of cpu0, from sysfs (0 when unknown)."""
+    best_level, best_size = -1, 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        size = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        if level > best_level:
+            best_level, best_size = level, size
+    return best_size
+
+
+def host_key() -> str:
+    identity = f"{socket.gethostname()}|{cpu_model()}|{os.cpu_count()}|{llc_bytes()}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def calibration_path(cache_dir: Path | None = None) -> Path:
+    base = cache_dir or default_cache_dir().parent
+    return base / f"host-calibration-{host_key()}.json"
+
+
+def load_or_calibrate(cache_dir: Path | None = None, *, force: bool = False) -> HostCalibration:
+    """The cached calibration of this host, measuring it first if there is none."""
+    path = calibration_path(cache_dir)
+    if path.is_file() and not force:
+        try:
+            return msgspec.json.decode(path.read_bytes(), type=HostCalibration)
+        except msgspec.DecodeError:
+            pass  # an old or damaged file: measure again
+    calibration = measure(cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(msgspec.json.encode(calibration))
+    os.replace(tmp, path)
+    return calibration
+
+
+def measure(cache_dir: Path | None = None) -> HostCalibration:
+    compiled = compile_kernel(
+        CALIBRATION_SOURCE.read_text(),
+        ("-O3", "-march=native", "-fopenmp"),
+        prototype="void kf_stream_copy(const float *src, float *dst, int64_t n)",
+        cache_dir=(cache_dir / "cpu-kernels") if cache_dir else None,
+    )
+    if isinstance(compiled, CompileFailure):
+        raise CalibrationError(f"calibration kernels failed to compile: {compiled.log}")
+    job = p.CalibrateJob(
+        library=compiled.library,
+        copy_bytes=COPY_BYTES,
+        sgemm_n=SGEMM_N,
+        fma_iterations=FMA_ITERATIONS,
+    )
+    with sandbox_dir("kf-calibrate-") as workdir:
+        (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
+        outcome = run_sandboxed(
+            "gpu_workers.cpu.runner",
+            [],
+            workdir=workdir,
+            limits=Limits(cpu_seconds=600, address_space_bytes=16 << 30, wall_seconds=300),
+        )
+        if not outcome.ok or not (workdir / p.RESULT_FILE).is_file():
+            raise CalibrationError(
+                f"calibration run failed (exit {outcome.returncode}, {outcome.signal_name}): "
+                f"{outcome.stderr[-2000:]}"
+            )
+        reply = msgspec.json.decode((workdir / p.RESULT_FILE).read_bytes(), type=p.Reply)
+    if not isinstance(reply, p.CalibrateReply):
+        raise CalibrationError("the runner answered a calibration with something else")
+    sgemm = 2.0 * reply.sgemm_n**3 / reply.sgemm_seconds / 1e9
+    fma = reply.fma_flops / reply.fma_seconds / 1e9
+    return HostCalibration(
+        host=socket.gethostname(),
+        cpu_model=cpu_model(),
+        cores=os.cpu_count() or 1,
+        llc_bytes=llc_bytes(),
+        memory_bandwidth_gbs=reply.copy_bytes / reply.copy_seconds / 1e9,
+        numpy_copy_bandwidth_gbs=reply.copy_bytes / reply.numpy_copy_seconds / 1e9,
+        peak_fp32_gflops=max(sgemm, fma),
+        sgemm_gflops=sgemm,
+        fma_peak_gflops=fma,
+        streaming_stores=reply.streaming_stores,
+        measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        method=(
+            f"best of 7: all-core copy of {COPY_BYTES >> 20} MiB with non-temporal stores "
+            f"(bytes read + written); numpy float32 {SGEMM_N}^3 matmul; all-core 512-bit FMA chains"
+        ),
+    )

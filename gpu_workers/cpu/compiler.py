@@ -1,0 +1,225 @@
+"""Compile C kernels with the system compiler into shared objects, with a content-keyed cache.
+
+The kernel is compiled after a prelude declaring the problem's exact prototype, so a
+wrong signature is a compile error. The object is linked with a small support file that
+wraps the allocator (`-Wl,--wrap`) so a refused allocation leaves a note on stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+COMPILER = os.environ.get("KFACTORY_CC", "cc")
+COMPILE_TIMEOUT_S = 60.0
+LOG_LIMIT = 8000
+WRAPPED = ("malloc", "calloc", "realloc", "aligned_alloc", "posix_memalign")
+ALLOCATION_REFUSED_MARK = "kf: allocation refused:"
+
+_ALLOWED_FLAGS = re.compile(
+    r"^(-O[0-3s]|-Ofast|-march=native|-mtune=native"
+    r"|-m(sse4\.2|avx|avx2|fma|avx512f|avx512bw|avx512vl|avx512dq|f16c|bmi2)"
+    r"|-mprefer-vector-width=(128|256|512)"
+    r"|-f(no-)?(fast-math|unroll-loops|unroll-all-loops|tree-vectorize|tree-loop-vectorize"
+    r"|tree-slp-vectorize|math-errno|trapping-math|signed-zeros|finite-math-only"
+    r"|associative-math|reciprocal-math|prefetch-loop-arrays|omit-frame-pointer"
+    r"|strict-aliasing|vect-cost-model)"
+    r"|-fvect-cost-model=(unlimited|dynamic|cheap|very-cheap)"
+    r"|-fopenmp|-fopenmp-simd|-g|-w|-Wall|-Wextra"
+    r"|-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+-]+)?)$"
+)
+
+SUPPORT_SOURCE = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <unistd.h>
+void *__real_malloc(size_t);
+void *__real_calloc(size_t, size_t);
+void *__real_realloc(void *, size_t);
+void *__real_aligned_alloc(size_t, size_t);
+int __real_posix_memalign(void **, size_t, size_t);
+static void kf_note(const char *fn, size_t n) {
+    char buf[160];
+    int len = snprintf(buf, sizeof buf, "%s %s(%zu bytes)\n", "MARK", fn, n);
+    if (len > 0) (void)!write(2, buf, (size_t)len);
+}
+void *__wrap_malloc(size_t n) {
+    void *p = __real_malloc(n); if (!p && n) kf_note("malloc", n); return p; }
+void *__wrap_calloc(size_t a, size_t b) {
+    void *p = __real_calloc(a, b); if (!p && a && b) kf_note("calloc", a * b); return p; }
+void *__wrap_realloc(void *q, size_t n) {
+    void *p = __real_realloc(q, n); if (!p && n) kf_note("realloc", n); return p; }
+void *__wrap_aligned_alloc(size_t a, size_t n) {
+    void *p = __real_aligned_alloc(a, n); if (!p && n) kf_note("aligned_alloc", n); return p; }
+int __wrap_posix_memalign(void **out, size_t a, size_t n) {
+    int r = __real_posix_memalign(out, a, n); if (r && n) kf_note("posix_memalign", n); return r; }
+""".replace("MARK", ALLOCATION_REFUSED_MARK)
+
+
+class CompiledKernel(msgspec.Struct, frozen=True, kw_only=True):
+    library: str
+    """Path of the shared object."""
+    source_sha256: str
+    flags: tuple[str, ...]
+    undefined_symbols: tuple[str, ...]
+    """What the kernel's own object needs from outside (for the static stage)."""
+    defined_symbols: tuple[str, ...]
+    log: str
+    cache_hit: bool
+
+
+class CompileFailure(msgspec.Struct, frozen=True, kw_only=True):
+    reason: str
+    """bad_flags | compile_error | compile_timeout | link_error"""
+    message: str
+    log: str
+
+
+def source_sha256(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def bad_flags(flags: tuple[str, ...]) -> list[str]:
+    return [f for f in flags if not _ALLOWED_FLAGS.match(f)]
+
+
+@functools.cache
+def compiler_identity() -> str:
+    try:
+        out = subprocess.run(
+            [COMPILER, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable: {exc}"
+    return out.stdout.splitlines()[0] if out.stdout else "unknown"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("KFACTORY_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kfactory"
+    )
+    return Path(base) / "cpu-kernels"
+
+
+def compile_kernel(
+    source: str,
+    flags: tuple[str, ...],
+    *,
+    prototype: str,
+    cache_dir: Path | None = None,
+) -> CompiledKernel | CompileFailure:
+    """Compile `source` (which must define `prototype`) into a cached shared object."""
+    rejected = bad_flags(flags)
+    if rejected:
+        return CompileFailure(
+            reason="bad_flags",
+            message=f"compiler flags not allowed: {' '.join(rejected)}",
+            log="allowed: optimisation levels, -march/-mtune=native, ISA -m flags, "
+            "vectorisation and fast-math -f flags, -fopenmp, -D macros",
+        )
+    cache = cache_dir or default_cache_dir()
+    key = hashlib.sha256(
+        "\0".join(
+            (source, " ".join(flags), prototype, compiler_identity(), SUPPORT_SOURCE)
+        ).encode()
+    ).hexdigest()
+    entry = cache / key[:2] / key
+    meta_path = entry / "meta.json"
+    if meta_path.is_file():
+        cached = msgspec.json.decode(meta_path.read_bytes(), type=CompiledKernel)
+        if Path(cached.library).is_file():
+            return msgspec.structs.replace(cached, cache_hit=True)
+    result = _build(source, flags, prototype, entry)
+    if isinstance(result, CompiledKernel):
+        meta_path.write_bytes(msgspec.json.encode(result))
+    return result
+
+
+def _run(argv: list[str], cwd: Path) -> tuple[int | None, str]:
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C"},
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {COMPILE_TIMEOUT_S:.0f} s"
+    return proc.returncode, (proc.stdout + proc.stderr)[-LOG_LIMIT:]
+
+
+def _symbols(obj: Path, cwd: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    code, out = _run(["nm", "-P", str(obj)], cwd)
+    if code != 0:
+        raise RuntimeError(f"nm failed on {obj}: {out}")
+    undefined, defined = [], []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name, kind = parts[0], parts[1]
+        if kind == "U":
+            undefined.append(name)
+        elif kind in "TDBRW":
+            defined.append(name)
+    return tuple(sorted(set(undefined))), tuple(sorted(set(defined)))
+
+
+def _build(
+    source: str, flags: tuple[str, ...], prototype: str, entry: Path
+) -> CompiledKernel | CompileFailure:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=entry.parent))
+    try:
+        prelude = f'#include <stdint.h>\n{prototype};\n#line 1 "kernel.c"\n'
+        (work / "kernel.c").write_text(prelude + source)
+        (work / "support.c").write_text(SUPPORT_SOURCE)
+        common = [COMPILER, *flags, "-fPIC"]
+        code, log = _run([*common, "-c", "kernel.c", "-o", "kernel.o"], work)
+        if code is None:
+            return CompileFailure(reason="compile_timeout", message=log, log=log)
+        if code != 0:
+            first = next((ln for ln in log.splitlines() if "error" in ln), "compiler error")
+            return CompileFailure(reason="compile_error", message=first.strip(), log=log)
+        undefined, defined = _symbols(work / "kernel.o", work)
+        code, support_log = _run(
+            [COMPILER, "-O2", "-fPIC", "-c", "support.c", "-o", "support.o"], work
+        )
+        if code != 0:
+            raise RuntimeError(f"the sandbox support file failed to compile: {support_log}")
+        libs = ["-lm"]
+        if any(s.startswith("_ZGV") for s in undefined):
+            libs.insert(0, "-lmvec")
+        wrap = "-Wl," + ",".join(f"--wrap={name}" for name in WRAPPED)
+        code, link_log = _run(
+            [*common, "-shared", "kernel.o", "support.o", wrap, *libs, "-o", "kernel.so"], work
+        )
+        if code != 0:
+            log = log + link_log
+            return CompileFailure(reason="link_error", message="link failed", log=log)
+        entry.mkdir(parents=True, exist_ok=True)
+        library = entry / "kernel.so"
+        os.replace(work / "kernel.so", library)
+        shutil.copy(work / "kernel.c", entry / "kernel.c")
+        return CompiledKernel(
+            library=str(library),
+            source_sha256=source_sha256(source),
+            flags=flags,
+            undefined_symbols=undefined,
+            defined_symbols=defined,
+            log=(log + link_log)[-LOG_LIMIT:],
+            cache_hit=False,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

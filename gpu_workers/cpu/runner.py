@@ -1,0 +1,240 @@
+"""The sandboxed side of the CPU back end: loads a kernel and runs, times or calibrates.
+
+Runs only as `python -m gpu_workers.sandbox gpu_workers.cpu.runner` inside the sandbox
+dir. It reads `request.json`, writes arrays as .npy files and `result.json`. Before each
+kernel call it writes `progress.txt`, so a crash can be pinned to a trial.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from gpu_workers.cpu import protocol as p
+from gpu_workers.cpu.guarded import GuardedArray, aligned_empty
+
+FloatArray = npt.NDArray[np.float32]
+Kernel = Callable[..., None]
+
+
+def _progress(text: str) -> None:
+    Path(p.PROGRESS_FILE).write_text(text)
+
+
+def _load(library: str, n_arrays: int, n_dims: int, symbol: str = "kernel") -> Kernel:
+    fn = getattr(ctypes.CDLL(library), symbol)
+    fn.argtypes = [ctypes.c_void_p] * n_arrays + [ctypes.c_int64] * n_dims
+    fn.restype = None
+    return fn
+
+
+def _poison(array: FloatArray, bits: int) -> None:
+    array.view(np.uint32)[...] = np.uint32(bits)
+
+
+def verify(job: p.VerifyJob) -> p.VerifyReply:
+    n_dims = len(job.trials[0].dims) if job.trials else 0
+    fn = _load(job.library, len(job.arg_names), n_dims)
+    records: list[p.RunRecord] = []
+    for trial in job.trials:
+        inputs = {
+            name: np.load(p.input_file(trial.index, name))
+            for name, out in zip(job.arg_names, job.outputs, strict=True)
+            if not out
+        }
+        for run in range(job.runs):
+            buffers = [GuardedArray(tuple(shape)) for shape in trial.arg_shapes]
+            try:
+                for buf, name, out in zip(buffers, job.arg_names, job.outputs, strict=True):
+                    if out:
+                        _poison(buf.array, p.POISON_BITS[run % len(p.POISON_BITS)])
+                    else:
+                        buf.array[...] = inputs[name]
+                _progress(
+                    f"trial {trial.index} run {run}: shape {trial.shape}, "
+                    f"{trial.distribution} inputs, seed {trial.seed}"
+                )
+                started = time.perf_counter()
+                fn(*(buf.address for buf in buffers), *trial.dims)
+                seconds = time.perf_counter() - started
+                damaged = [
+                    name
+                    for buf, name in zip(buffers, job.arg_names, strict=True)
+                    if not buf.slack_intact()
+                ]
+                for buf, name, out in zip(buffers, job.arg_names, job.outputs, strict=True):
+                    target = p.out_file if out else p.after_file
+                    np.save(target(trial.index, run, name), buf.array)
+                records.append(
+                    p.RunRecord(trial=trial.index, run=run, damaged_slack=damaged, seconds=seconds)
+                )
+            finally:
+                for buf in buffers:
+                    buf.release()
+    _progress("done")
+    return p.VerifyReply(runs=records)
+
+
+def bench(job: p.BenchJob) -> p.BenchReply:
+    from kernels.loading import load_problem
+
+    problem = load_problem(job.problem)
+    names = [a.name for a in problem.args]
+    outputs = [a.name for a in problem.outputs]
+    dims = [int(job.shape[d]) for d in problem.dims]
+    kernel = _load(job.library, len(names), len(dims))
+    incumbent = (
+        _load(job.incumbent_library, len(names), len(dims)) if job.incumbent_library else None
+    )
+    distinct = [problem.generate(job.shape, "normal", seed, job.dtype) for seed in job.seeds]
+    set_bytes = problem.nbytes(job.shape, job.dtype)
+    n_sets = max(2, len(distinct), math.ceil(job.rotate_bytes / set_bytes))
+    sets: list[dict[str, FloatArray]] = []
+    for i in range(n_sets):
+        arrays: dict[str, FloatArray] = {}
+        for arg in problem.args:
+            arrays[arg.name] = aligned_empty(arg.shape(job.shape))
+            if arg.output:
+                _poison(arrays[arg.name], p.POISON_BITS[0])
+            else:
+                arrays[arg.name][...] = distinct[i % len(distinct)][arg.name]
+        sets.append(arrays)
+    addresses = [[s[n].ctypes.data for n in names] for s in sets]
+    input_views = [{a.name: s[a.name] for a in problem.inputs} for s in sets]
+
+    def call_kernel(fn: Kernel, i: int) -> int:
+        started = time.perf_counter_ns()
+        fn(*addresses[i], *dims)
+        return time.perf_counter_ns() - started
+
+    def call_baseline(i: int) -> int:
+        started = time.perf_counter_ns()
+        problem.baseline(input_views[i])
+        return time.perf_counter_ns() - started
+
+    _progress("warm-up")
+    warm = [call_kernel(kernel, i % n_sets) for i in range(job.warmup)]
+    for i in range(job.warmup):
+        call_baseline(i % n_sets)
+        if incumbent is not None:
+            call_kernel(incumbent, i % n_sets)
+    _progress("timing")
+    kernel_ns: list[int] = []
+    baseline_ns: list[int] = []
+    incumbent_ns: list[int] = []
+    started = time.perf_counter()
+    round_index = 0
+    while True:
+        elapsed = time.perf_counter() - started
+        if len(kernel_ns) >= job.min_runs and elapsed >= job.min_seconds:
+            break
+        if elapsed >= job.max_seconds and len(kernel_ns) >= 3:
+            break
+        i = round_index % n_sets
+        order = round_index % 3  # rotate who goes first, so no contender always runs cold
+        for slot in range(3):
+            who = (slot + order) % 3
+            if who == 0:
+                kernel_ns.append(call_kernel(kernel, i))
+            elif who == 1:
+                baseline_ns.append(call_baseline(i))
+            elif incumbent is not None:
+                incumbent_ns.append(call_kernel(incumbent, i))
+        round_index += 1
+    timed = time.perf_counter() - started
+    _progress("saving timed outputs")
+    for seed_index in range(len(distinct)):
+        last = max(i for i in range(n_sets) if i % len(distinct) == seed_index)
+        for name in outputs:
+            np.save(p.timed_out_file(seed_index, name), sets[last][name])
+    sets.clear()
+    _progress("re-check with fresh inputs")
+    fresh = problem.generate(job.shape, "uniform", job.recheck_seed, job.dtype)
+    arrays = {}
+    for arg in problem.args:
+        arrays[arg.name] = aligned_empty(arg.shape(job.shape))
+        if arg.output:
+            _poison(arrays[arg.name], p.POISON_BITS[1])
+        else:
+            arrays[arg.name][...] = fresh[arg.name]
+    kernel(*(arrays[n].ctypes.data for n in names), *dims)
+    for name in outputs:
+        np.save(p.recheck_file(name), arrays[name])
+    _progress("done")
+    return p.BenchReply(
+        kernel_ns=kernel_ns,
+        kernel_warmup_ns=warm,
+        baseline_ns=baseline_ns,
+        incumbent_ns=incumbent_ns,
+        input_sets=n_sets,
+        rotated_bytes=n_sets * set_bytes,
+        timed_seconds=timed,
+    )
+
+
+def calibrate(job: p.CalibrateJob) -> p.CalibrateReply:
+    lib = ctypes.CDLL(job.library)
+    copy = lib.kf_stream_copy
+    copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    copy.restype = None
+    fma = lib.kf_fma_peak
+    fma.argtypes = [ctypes.c_int64]
+    fma.restype = ctypes.c_double
+    streaming = ctypes.c_int.in_dll(lib, "kf_streaming_stores").value != 0
+    n = job.copy_bytes // 4
+    src, dst = aligned_empty((n,)), aligned_empty((n,))
+    src[...] = 1.0
+    dst[...] = 0.0
+    copy_s = _best(lambda: copy(src.ctypes.data, dst.ctypes.data, n))
+    if not np.array_equal(src[:: max(1, n // 4096)], dst[:: max(1, n // 4096)]):
+        raise RuntimeError("the calibration copy kernel produced a wrong copy")
+    numpy_s = _best(lambda: np.copyto(dst, src))
+    a = np.random.default_rng(0).standard_normal((job.sgemm_n, job.sgemm_n), dtype=np.float32)
+    sgemm_s = _best(lambda: a @ a)
+    fma(job.fma_iterations // 10)
+    flops = 0.0
+
+    def run_fma() -> None:
+        nonlocal flops
+        flops = fma(job.fma_iterations)
+
+    fma_s = _best(run_fma)
+    return p.CalibrateReply(
+        copy_seconds=copy_s,
+        copy_bytes=2 * n * 4,
+        numpy_copy_seconds=numpy_s,
+        sgemm_seconds=sgemm_s,
+        sgemm_n=job.sgemm_n,
+        fma_seconds=fma_s,
+        fma_flops=flops,
+        streaming_stores=streaming,
+    )
+
+
+def _best(action: Callable[[], object], repeats: int = 7) -> float:
+    action()
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def main(args: list[str]) -> None:
+    job = msgspec.json.decode(Path(p.REQUEST_FILE).read_bytes(), type=p.Job)
+    reply: p.Reply
+    if isinstance(job, p.VerifyJob):
+        reply = verify(job)
+    elif isinstance(job, p.BenchJob):
+        reply = bench(job)
+    else:
+        reply = calibrate(job)
+    Path(p.RESULT_FILE).write_bytes(msgspec.json.encode(reply))

@@ -1,0 +1,111 @@
+"""The static stage for C kernels: what the compiled object may import, and what it must define.
+
+An allowlist, not a denylist: a kernel computes; it has no business with files, processes,
+time, signals or the network. Anything else it imports is refused before it ever runs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpu_workers.cpu.compiler import CompiledKernel
+from gpu_workers.results import Rejection
+
+_MATH = [
+    "exp",
+    "expf",
+    "exp2",
+    "exp2f",
+    "expm1",
+    "expm1f",
+    "log",
+    "logf",
+    "log2f",
+    "log1p",
+    "log1pf",
+    "sqrt",
+    "sqrtf",
+    "cbrtf",
+    "tanh",
+    "tanhf",
+    "erf",
+    "erff",
+    "erfc",
+    "erfcf",
+    "fabs",
+    "fabsf",
+    "fmax",
+    "fmaxf",
+    "fmin",
+    "fminf",
+    "pow",
+    "powf",
+    "sin",
+    "sinf",
+    "cos",
+    "cosf",
+    "floor",
+    "floorf",
+    "ceil",
+    "ceilf",
+    "round",
+    "roundf",
+    "rint",
+    "rintf",
+    "lrint",
+    "lrintf",
+    "nearbyintf",
+    "trunc",
+    "truncf",
+    "fma",
+    "fmaf",
+    "ldexpf",
+    "frexpf",
+    "copysignf",
+]
+_MEMORY = [
+    "malloc",
+    "calloc",
+    "realloc",
+    "free",
+    "aligned_alloc",
+    "posix_memalign",
+    "memcpy",
+    "memmove",
+    "memset",
+    "memcmp",
+]
+_RUNTIME = ("__stack_chk_fail", "_GLOBAL_OFFSET_TABLE_")
+ALLOWED_SYMBOLS = frozenset((*_MATH, *_MEMORY, *_RUNTIME))
+ALLOWED_PATTERNS = (
+    re.compile(r"^GOMP_\w+$"),  # OpenMP runtime (parallel regions, loops, barriers)
+    re.compile(r"^omp_(get|set)_\w+$"),
+    re.compile(r"^_ZGV\w+$"),  # glibc libmvec vector math
+    re.compile(r"^__\w+_finite$"),
+)
+
+
+def allowed(symbol: str) -> bool:
+    return symbol in ALLOWED_SYMBOLS or any(p.match(symbol) for p in ALLOWED_PATTERNS)
+
+
+def static_check(compiled: CompiledKernel, entry_point: str = "kernel") -> Rejection | None:
+    forbidden = [s for s in compiled.undefined_symbols if not allowed(s)]
+    if forbidden:
+        return Rejection(
+            stage="static",
+            reason="forbidden_symbol",
+            message=f"the kernel calls functions a kernel may not use: {', '.join(forbidden)}",
+            evidence={
+                "forbidden": " ".join(forbidden),
+                "imported": " ".join(compiled.undefined_symbols),
+            },
+        )
+    if entry_point not in compiled.defined_symbols:
+        return Rejection(
+            stage="static",
+            reason="missing_entry_point",
+            message=f"the source defines no exported function {entry_point!r}",
+            evidence={"defined": " ".join(compiled.defined_symbols)},
+        )
+    return None

@@ -1,0 +1,342 @@
+"""Verification rules, the same for every device: stages compile, static, run, compare.
+
+A device back end compiles, checks statically and runs kernels in its sandbox; this
+module decides. Rules: fresh inputs every trial, from every distribution and shape;
+outputs poisoned before every run and every element checked; NaN and Inf never pass;
+inputs must be unchanged; writes past the end are caught; a second run on the same
+inputs must agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict
+from kernels.spec import DISTRIBUTIONS, Arrays, Problem, Tolerance
+
+RUNS_PER_TRIAL = 2
+
+
+@dataclass(frozen=True)
+class Trial:
+    index: int
+    shape: dict[str, int]
+    distribution: str
+    seed: int
+    inputs: Arrays
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """What one kernel call left behind, as the device back end read it back."""
+
+    trial: int
+    run: int
+    poison_bits: int
+    outputs: Arrays
+    inputs_after: Arrays
+    damaged_slack: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    build: object | None
+    rejection: Rejection | None
+    cache_hit: bool = False
+
+
+@dataclass
+class RunOutcome:
+    runs: list[RunOutput] = field(default_factory=list)
+    rejection: Rejection | None = None
+    sandbox: SandboxReport | None = None
+
+
+class DeviceBackend(Protocol):
+    """What a target must provide to be verified (CPU now, CUDA later)."""
+
+    target: str
+
+    def compile(self, problem: Problem, source: str, flags: tuple[str, ...]) -> CompileOutcome: ...
+
+    def static_check(self, build: object) -> Rejection | None: ...
+
+    def run_trials(self, problem: Problem, build: object, trials: list[Trial]) -> RunOutcome: ...
+
+
+def trial_seed(base_seed: int, index: int, salt: str = "trial") -> int:
+    digest = hashlib.sha256(f"{salt}:{base_seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def plan_trials(problem: Problem, dtype: str = "fp32", seed: int = 0) -> list[Trial]:
+    """Fresh inputs for every (shape, distribution) pair; `seed` makes them reproducible."""
+    trials: list[Trial] = []
+    for shape in problem.test_shapes:
+        for distribution in DISTRIBUTIONS:
+            index = len(trials)
+            s = trial_seed(seed, index)
+            inputs = problem.generate(shape, distribution, s, dtype)
+            trials.append(Trial(index, dict(shape), distribution, s, inputs))
+    return trials
+
+
+def _where(shape: tuple[int, ...], flat: int) -> str:
+    return str(tuple(int(i) for i in np.unravel_index(flat, shape)))
+
+
+def check_outputs(
+    problem: Problem,
+    tolerance: Tolerance,
+    inputs: Arrays,
+    got: Arrays,
+    poison_bits: int,
+    stage: str = "compare",
+    context: dict[str, str] | None = None,
+) -> tuple[Rejection | None, float]:
+    """Every element of every output against the float64 reference. Returns the rejection
+    (or None) and the largest relative error |got - expected| / scale seen."""
+    expected = problem.expected(inputs)
+    scales = problem.scales(inputs, expected)
+    ctx = dict(context or {})
+    worst = 0.0
+    for arg in problem.outputs:
+        g = got[arg.name]
+        e = np.asarray(expected[arg.name], dtype=np.float64)
+        scale = np.asarray(scales[arg.name], dtype=np.float64)
+        if g.shape != e.shape:
+            return _reject(stage, "wrong_shape", f"{arg.name} has shape {g.shape}", ctx), worst
+        flat_g = g.reshape(-1)
+        unwritten = np.flatnonzero(flat_g.view(np.uint32) == np.uint32(poison_bits))
+        if unwritten.size:
+            i = int(unwritten[0])
+            return _reject(
+                stage,
+                "unwritten",
+                f"{arg.name}{_where(g.shape, i)} was never written "
+                f"({unwritten.size} of {flat_g.size} elements still hold the poison)",
+                {
+                    **ctx,
+                    "output": arg.name,
+                    "first_index": _where(g.shape, i),
+                    "unwritten_count": str(unwritten.size),
+                    "expected": repr(e.reshape(-1)[i]),
+                },
+            ), worst
+        g64 = flat_g.astype(np.float64)
+        e64, s64 = e.reshape(-1), scale.reshape(-1)
+        nonfinite = np.flatnonzero(~np.isfinite(g64))
+        if nonfinite.size:
+            i = int(nonfinite[0])
+            return _reject(
+                stage,
+                "non_finite",
+                f"{arg.name}{_where(g.shape, i)} is {g64[i]} (expected {e64[i]:.6g}); "
+                f"{nonfinite.size} non-finite elements",
+                {
+                    **ctx,
+                    "output": arg.name,
+                    "first_index": _where(g.shape, i),
+                    "got": repr(float(g64[i])),
+                    "expected": repr(float(e64[i])),
+                    "non_finite_count": str(nonfinite.size),
+                },
+            ), worst
+        err = np.abs(g64 - e64)
+        rel = err / np.maximum(s64, tolerance.atol / tolerance.rtol)
+        if rel.size:
+            worst = max(worst, float(rel.max()))
+        bad = np.flatnonzero(err > tolerance.atol + tolerance.rtol * s64)
+        if bad.size:
+            i = int(bad[0])
+            w = int(bad[np.argmax(err[bad])])
+            return _reject(
+                stage,
+                "wrong_value",
+                f"{arg.name}{_where(g.shape, i)} = {g64[i]:.8g}, expected {e64[i]:.8g} "
+                f"({bad.size} of {err.size} elements outside tolerance)",
+                {
+                    **ctx,
+                    "output": arg.name,
+                    "first_index": _where(g.shape, i),
+                    "got": repr(float(g64[i])),
+                    "expected": repr(float(e64[i])),
+                    "wrong_count": str(bad.size),
+                    "worst_index": _where(g.shape, w),
+                    "worst_abs_err": repr(float(err[w])),
+                    "tolerance": f"atol={tolerance.atol} rtol={tolerance.rtol} x scale",
+                },
+            ), worst
+    return None, worst
+
+
+def _reject(stage: str, reason: str, message: str, evidence: dict[str, str]) -> Rejection:
+    return Rejection(stage=stage, reason=reason, message=message, evidence=evidence)  # type: ignore[arg-type]
+
+
+def _trial_context(trial: Trial, run: int) -> dict[str, str]:
+    return {
+        "trial": str(trial.index),
+        "run": str(run),
+        "shape": str(trial.shape),
+        "distribution": trial.distribution,
+        "seed": str(trial.seed),
+    }
+
+
+def judge_runs(
+    problem: Problem, tolerance: Tolerance, trials: list[Trial], runs: list[RunOutput]
+) -> tuple[Rejection | None, list[TrialReport], float]:
+    by_trial: dict[int, list[RunOutput]] = {}
+    for r in runs:
+        by_trial.setdefault(r.trial, []).append(r)
+    reports: list[TrialReport] = []
+    worst_overall = 0.0
+    for trial in trials:
+        trial_runs = sorted(by_trial.get(trial.index, []), key=lambda r: r.run)
+        if len(trial_runs) != RUNS_PER_TRIAL:
+            ctx = _trial_context(trial, len(trial_runs))
+            return (
+                _reject("run", "missing_result", "the device returned no result", ctx),
+                reports,
+                worst_overall,
+            )
+        worst = 0.0
+        for r in trial_runs:
+            ctx = _trial_context(trial, r.run)
+            if r.damaged_slack:
+                return (
+                    _reject(
+                        "run",
+                        "out_of_bounds_write",
+                        f"wrote past the end of {', '.join(r.damaged_slack)}",
+                        {**ctx, "buffers": " ".join(r.damaged_slack)},
+                    ),
+                    reports,
+                    worst_overall,
+                )
+            for arg in problem.inputs:
+                before = trial.inputs[arg.name].reshape(-1).view(np.uint32)
+                after = r.inputs_after[arg.name].reshape(-1).view(np.uint32)
+                changed = np.flatnonzero(before != after)
+                if changed.size:
+                    i = int(changed[0])
+                    shape = trial.inputs[arg.name].shape
+                    return (
+                        _reject(
+                            "compare",
+                            "input_modified",
+                            f"input {arg.name}{_where(shape, i)} changed during the run "
+                            f"({changed.size} elements)",
+                            {
+                                **ctx,
+                                "input": arg.name,
+                                "first_index": _where(shape, i),
+                                "before": repr(float(trial.inputs[arg.name].reshape(-1)[i])),
+                                "after": repr(float(r.inputs_after[arg.name].reshape(-1)[i])),
+                            },
+                        ),
+                        reports,
+                        worst_overall,
+                    )
+            rejection, err = check_outputs(
+                problem, tolerance, trial.inputs, r.outputs, r.poison_bits, context=ctx
+            )
+            if rejection is not None:
+                return rejection, reports, worst_overall
+            worst = max(worst, err)
+        first, second = trial_runs[0], trial_runs[1]
+        for arg in problem.outputs:
+            a = first.outputs[arg.name].reshape(-1).view(np.uint32)
+            b = second.outputs[arg.name].reshape(-1).view(np.uint32)
+            differ = np.flatnonzero(a != b)
+            if differ.size:
+                i = int(differ[0])
+                shape = first.outputs[arg.name].shape
+                return (
+                    _reject(
+                        "compare",
+                        "nondeterministic",
+                        f"two runs on the same inputs disagree at {arg.name}{_where(shape, i)} "
+                        f"({differ.size} elements)",
+                        {
+                            **_trial_context(trial, 1),
+                            "output": arg.name,
+                            "first_index": _where(shape, i),
+                            "run0": repr(float(first.outputs[arg.name].reshape(-1)[i])),
+                            "run1": repr(float(second.outputs[arg.name].reshape(-1)[i])),
+                        },
+                    ),
+                    reports,
+                    worst_overall,
+                )
+        reports.append(
+            TrialReport(
+                shape=trial.shape,
+                distribution=trial.distribution,
+                seed=trial.seed,
+                max_rel_err=worst,
+            )
+        )
+        worst_overall = max(worst_overall, worst)
+    return None, reports, worst_overall
+
+
+def verify(
+    problem: Problem,
+    backend: DeviceBackend,
+    source: str,
+    flags: tuple[str, ...],
+    *,
+    dtype: str = "fp32",
+    seed: int = 0,
+) -> Verdict:
+    """Run every stage; the first failure ends verification with its evidence."""
+
+    def done(
+        rejection: Rejection | None,
+        *,
+        trials: tuple[TrialReport, ...] = (),
+        max_rel_err: float | None = None,
+        cache_hit: bool = False,
+        sandbox: SandboxReport | None = None,
+    ) -> Verdict:
+        return Verdict(
+            problem=problem.name,
+            target=backend.target,
+            dtype=dtype,
+            source_sha256=hashlib.sha256(source.encode()).hexdigest(),
+            flags=tuple(flags),
+            verified=rejection is None,
+            rejection=rejection,
+            trials=trials,
+            max_rel_err=max_rel_err,
+            compile_cache_hit=cache_hit,
+            sandbox=sandbox,
+        )
+
+    if dtype not in problem.tolerances:
+        return done(_reject("compile", "unsupported_dtype", f"{problem.name} has no {dtype}", {}))
+    compiled = backend.compile(problem, source, flags)
+    if compiled.rejection is not None or compiled.build is None:
+        missing = _reject("compile", "no_build", "the back end returned no build", {})
+        return done(compiled.rejection or missing, cache_hit=compiled.cache_hit)
+    static = backend.static_check(compiled.build)
+    if static is not None:
+        return done(static, cache_hit=compiled.cache_hit)
+    trials = plan_trials(problem, dtype, seed)
+    outcome = backend.run_trials(problem, compiled.build, trials)
+    if outcome.rejection is not None:
+        return done(outcome.rejection, cache_hit=compiled.cache_hit, sandbox=outcome.sandbox)
+    rejection, reports, worst = judge_runs(problem, problem.tolerances[dtype], trials, outcome.runs)
+    return done(
+        rejection,
+        trials=tuple(reports),
+        max_rel_err=worst,
+        cache_hit=compiled.cache_hit,
+        sandbox=outcome.sandbox,
+    )

@@ -76,6 +76,8 @@ class Actor(abc.ABC):
     target: str | None = None
     max_deliver: int = 5
     ack_wait: float = 30.0
+    #: On SIGTERM, in-flight work gets this long to finish before it is left for redelivery.
+    shutdown_grace: float = 10.0
 
     @abc.abstractmethod
     async def handle(self, event: Event, out: Reactions) -> None:
@@ -107,6 +109,7 @@ class ActorRuntime:
             self._dead_letter,
             max_deliver=self.actor.max_deliver,
             ack_wait=self.actor.ack_wait,
+            grace=self.actor.shutdown_grace,
         )
         await self._emitter.emit(
             new_event(

@@ -71,6 +71,7 @@ class WorkConsumer:
         max_deliver: int = 5,
         ack_wait: float = 30.0,
         grace: float = 10.0,
+        retry_backoff: float = 0.5,
     ) -> None:
         self.durable = durable
         self.config: ConsumerConfig = work_consumer_config(
@@ -82,6 +83,7 @@ class WorkConsumer:
         self._max_deliver = max_deliver
         self._ack_wait = ack_wait
         self._grace = grace
+        self._retry_backoff = retry_backoff
 
     async def run(self, stop: asyncio.Event) -> None:
         """Handle messages one at a time until `stop` is set."""
@@ -130,7 +132,7 @@ class WorkConsumer:
         delivered = message.metadata.num_delivered
         if not poison and delivered < self._max_deliver:
             log.warning("handler failed; will retry", consumer=self.durable, reason=reason)
-            await message.nak(delay=min(0.5 * 2**delivered, 30.0))
+            await message.nak(delay=min(self._retry_backoff * 2 ** (delivered - 1), 30.0))
             return
         if not poison:
             reason = f"{reason} (gave up after {delivered} deliveries)"

@@ -14,7 +14,9 @@ from eventstore.events import Event
 
 def outgoing(event: Event) -> OutgoingMessage:
     return OutgoingMessage(
-        event_subject(event.campaign_id, event.type, event.target), encode(event), event.event_id
+        event_subject(event.campaign_id, event.type, event.subject_target),
+        encode(event),
+        event.event_id,
     )
 
 

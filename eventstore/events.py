@@ -18,7 +18,7 @@ import msgspec
 from eventstore.ids import new_event_id
 
 #: Events larger than this are refused; big blobs must go to the blob store by hash.
-MAX_EVENT_BYTES = 1024 * 1024
+MAX_EVENT_BYTES = 512 * 1024
 
 #: The campaign id of facts that belong to no campaign (actor lifecycle, bad messages).
 SYSTEM_CAMPAIGN = "kf-system"
@@ -54,7 +54,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
         return type(self).__name__
 
     @property
-    def target(self) -> str | None:
+    def subject_target(self) -> str | None:
         """The subject suffix work consumers can filter on (a device target), if any."""
         return None
 

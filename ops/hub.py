@@ -14,8 +14,9 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from bus.connection import connect
+from bus.connection import connect, jetstream
 from bus.server import EmbeddedNatsServer
+from bus.streams import ensure_events_stream
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.queries import serve_queries
 from eventstore.recorder import Recorder
@@ -66,6 +67,7 @@ async def running_hub(
     recording: asyncio.Task[None] | None = None
     try:
         nc = await connect(nats_url, "kf-recorder")
+        await ensure_events_stream(jetstream(nc))  # before anyone publishes through us
         recorder = Recorder(nc, event_store)
         recording = asyncio.create_task(recorder.run(stop))
         service = await serve_queries(nc, event_store)

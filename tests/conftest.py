@@ -1,0 +1,66 @@
+"""Shared fixtures: a real nats-server per test, real DuckDB files in tmp dirs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from bus.connection import Client, connect
+from bus.server import EmbeddedNatsServer
+from eventstore.events import ActorRef, CampaignStarted, HostCalibrated, new_event
+from ops.hub import Hub, running_hub
+from ops.logging import configure_logging
+
+configure_logging()
+
+TEST_ACTOR = ActorRef(role="test", instance="test-1", host="localhost")
+
+
+def started(campaign: str = "c1", name: str = "demo") -> CampaignStarted:
+    return new_event(
+        CampaignStarted,
+        campaign_id=campaign,
+        actor=TEST_ACTOR,
+        name=name,
+        problem="softmax",
+        target="cpu",
+    )
+
+
+def calibrated(campaign: str = "c1", bandwidth: float = 36.0) -> HostCalibrated:
+    return new_event(
+        HostCalibrated,
+        campaign_id=campaign,
+        actor=TEST_ACTOR,
+        device="cpu",
+        bandwidth_gbs=bandwidth,
+        peak_gflops=100.0,
+    )
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNatsServer]:
+    server = EmbeddedNatsServer(tmp_path / "nats")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest_asyncio.fixture
+async def nc(nats_server: EmbeddedNatsServer) -> AsyncIterator[Client]:
+    client = await connect(nats_server.url, "test")
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest_asyncio.fixture
+async def hub(tmp_path: Path, nats_server: EmbeddedNatsServer) -> AsyncIterator[Hub]:
+    async with running_hub(tmp_path / "home", nats_url=nats_server.url) as running:
+        yield running

@@ -1,0 +1,79 @@
+"""The contract every event store back end passes (memory and DuckDB file)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eventstore.codec import encode
+from eventstore.duckdb_store import DuckDBEventStore
+from eventstore.events import Event
+from eventstore.memory_store import MemoryEventStore
+from eventstore.store import GENESIS, EventStore, Recorded, chain_hash
+from tests.conftest import calibrated, started
+
+
+def rec(event: Event, seq: int | None = None) -> Recorded:
+    return Recorded(event, encode(event), seq)
+
+
+@pytest.fixture(params=["memory", "duckdb"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EventStore]:
+    backend: EventStore = (
+        MemoryEventStore() if request.param == "memory" else DuckDBEventStore(tmp_path / "e.duckdb")
+    )
+    yield backend
+    backend.close()
+
+
+def test_positions_are_gap_free_from_one(store: EventStore) -> None:
+    store.append([rec(started()) for _ in range(3)])
+    store.append([rec(calibrated()) for _ in range(2)])
+    assert [row.position for row in store.replay()] == [1, 2, 3, 4, 5]
+    assert store.last_position == 5
+
+
+def test_append_is_idempotent_on_event_id(store: EventStore) -> None:
+    first, second = started(), started()
+    assert store.append([rec(first), rec(first)]) == (1, 1, 1)
+    result = store.append([rec(first), rec(second)])
+    assert (result.appended, result.duplicates) == (1, 1)
+    assert [row.event.event_id for row in store.replay()] == [first.event_id, second.event_id]
+    # No gap where the duplicate was dropped.
+    assert [row.position for row in store.replay()] == [1, 2]
+
+
+def test_replay_returns_equal_events_by_campaign_and_position(store: EventStore) -> None:
+    events = [started("a"), started("b"), calibrated("a"), calibrated("b")]
+    store.append([rec(e) for e in events])
+    assert [row.event for row in store.replay()] == events
+    assert [row.event for row in store.replay("a")] == [events[0], events[2]]
+    assert [row.event for row in store.replay(after_position=2)] == events[2:]
+    assert [row.event for row in store.replay("b", after_position=2)] == [events[3]]
+
+
+def test_chain_links_each_campaign_separately(store: EventStore) -> None:
+    a1, b1, a2 = started("a"), started("b"), calibrated("a")
+    store.append([rec(a1), rec(b1)])
+    store.append([rec(a2)])
+    rows = {row.event.event_id: row for row in store.replay()}
+    h_a1 = chain_hash(encode(a1), GENESIS)
+    assert rows[a1.event_id].chain_hash == h_a1
+    assert rows[b1.event_id].chain_hash == chain_hash(encode(b1), GENESIS)
+    assert rows[a2.event_id].chain_hash == chain_hash(encode(a2), h_a1)
+    report = store.verify_chain()
+    assert report.ok and report.events_checked == 3 and report.campaigns == 2
+
+
+def test_stream_cursor_advances_with_the_batch(store: EventStore) -> None:
+    assert store.stream_cursor == 0
+    store.append([rec(started(), 7)], stream_cursor=7)
+    store.append([], stream_cursor=9)  # a batch of only rejected messages still advances
+    assert store.stream_cursor == 9
+
+
+def test_an_empty_store_verifies(store: EventStore) -> None:
+    report = store.verify_chain()
+    assert report.ok and report.events_checked == 0

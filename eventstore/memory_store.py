@@ -28,5 +28,11 @@ class MemoryEventStore(EventStore):
             if campaign_id is None or row.event.campaign_id == campaign_id:
                 yield RawRow(row.position, row.event.campaign_id, row.payload, row.chain_hash)
 
+    def read_payloads(
+        self, campaign_id: str | None = None, after_position: int = 0
+    ) -> Iterator[tuple[int, bytes]]:
+        for raw in self.read_raw(campaign_id, after_position):
+            yield raw.position, raw.payload
+
     def close(self) -> None:
         pass

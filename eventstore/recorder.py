@@ -21,7 +21,7 @@ from bus.connection import jetstream
 from bus.consumer import ExhaustedMessage, watch_exhausted
 from bus.publisher import MSG_ID_HEADER
 from bus.streams import ensure_events_stream
-from bus.subjects import ALL_EVENTS, STREAM, parse_event_subject
+from bus.subjects import ALL_EVENTS, EVENTS_PREFIX, STREAM
 from eventstore.codec import InvalidEvent, decode
 from eventstore.emitter import Emitter
 from eventstore.events import MAX_EVENT_BYTES, ActorRef, Event
@@ -123,15 +123,16 @@ class Recorder:
 
     async def _record(self, batch: list[Msg]) -> None:
         recorded: list[Recorded] = []
+        sequence = 0
         for message in batch:
-            sequence = message.metadata.sequence.stream
+            sequence = _stream_sequence(message)
             try:
                 event = _validate(message)
             except InvalidEvent as exc:
                 await self._reject(message, sequence, str(exc))
                 continue
             recorded.append(Recorded(event, message.data, sequence))
-        cursor = batch[-1].metadata.sequence.stream
+        cursor = sequence
         delay = 0.1
         while True:
             try:
@@ -177,12 +178,24 @@ class Recorder:
         self.stats.dead_lettered += 1
 
 
+def _stream_sequence(message: Msg) -> int:
+    tokens = (message.reply or "").split(".")
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<...>: fast path
+        return int(tokens[5])
+    return message.metadata.sequence.stream
+
+
+def _expected_subject(event: Event) -> str:
+    target = event.subject_target
+    subject = f"{EVENTS_PREFIX}.{event.campaign_id}.{event.type}"
+    return f"{subject}.{target}" if target else subject
+
+
 def _validate(message: Msg) -> Event:
     if len(message.data) > MAX_EVENT_BYTES:
         raise InvalidEvent(f"{len(message.data)} bytes, over the {MAX_EVENT_BYTES}-byte cap")
     event = decode(message.data)
-    parsed = parse_event_subject(message.subject)
-    if parsed is None or parsed[0] != event.campaign_id or parsed[1] != event.type:
+    if message.subject != _expected_subject(event):
         raise InvalidEvent(
             f"subject {message.subject!r} does not match the event "
             f"(campaign {event.campaign_id!r}, type {event.type!r})"

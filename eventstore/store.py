@@ -122,10 +122,12 @@ class EventStore(abc.ABC):
             rows.append(Row(position, event, payload, digest, stream_seq))
         return rows, heads
 
-    def replay(self, campaign_id: str | None = None, after_position: int = 0) -> Iterator[Row]:
-        """Every stored event in position order, decoded (upcast to the current schema)."""
-        for raw in self.read_raw(campaign_id, after_position):
-            yield Row(raw.position, decode(raw.payload), raw.payload, raw.chain_hash, None)
+    def replay(
+        self, campaign_id: str | None = None, after_position: int = 0
+    ) -> Iterator[tuple[int, Event]]:
+        """(position, event) in position order, decoded and upcast to the current schema."""
+        for position, payload in self.read_payloads(campaign_id, after_position):
+            yield position, decode(payload)
 
     def verify_chain(self, campaign_id: str | None = None) -> ChainReport:
         """Re-hash every event; report the first position whose stored hash disagrees."""
@@ -165,6 +167,12 @@ class EventStore(abc.ABC):
     @abc.abstractmethod
     def read_raw(self, campaign_id: str | None = None, after_position: int = 0) -> Iterator[RawRow]:
         """Stored rows in position order, optionally one campaign's, after a position."""
+
+    @abc.abstractmethod
+    def read_payloads(
+        self, campaign_id: str | None = None, after_position: int = 0
+    ) -> Iterator[tuple[int, bytes]]:
+        """(position, canonical bytes) in position order: the lean path replay uses."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

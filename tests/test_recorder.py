@@ -177,7 +177,7 @@ async def test_a_recorder_killed_mid_batch_resumes_exactly_once(
             "count(DISTINCT stream_seq) FROM events"
         ).rows
         assert counts == [[total, total, 1, total, total]]
-        stored_ids = {row.event.event_id for row in store.replay()}
+        stored_ids = {event.event_id for _, event in store.replay()}
         assert stored_ids == {e.event_id for e in events}
         report = store.verify_chain()
         assert report.ok and report.events_checked == total and report.campaigns == 4

@@ -106,63 +106,19 @@ def find_stall(run: TimingRun) -> dict[str, str] | None:
     return None
 
 
-def benchmark(
+def _judge(
     problem: Problem,
-    backend: TimingBackend,
-    build: object,
+    run: TimingRun,
+    shape: dict[str, int],
+    seeds: list[int],
+    recheck_seed: int,
+    dtype: str,
     calibration: HostCalibration,
-    *,
-    incumbent: object | None = None,
-    shape: dict[str, int] | None = None,
-    dtype: str = "fp32",
-    seed: int = 0,
-    min_runs: int = MIN_RUNS,
-    min_seconds: float = MIN_SECONDS,
-) -> BenchmarkResult | Rejection:
-    """Time a verified kernel against the baseline (and incumbent); re-check it afterwards."""
-    shape = dict(shape or problem.default_shape)
-    seeds = [trial_seed(seed, i, "bench") for i in range(DISTINCT_INPUT_SETS)]
-    recheck_seed = trial_seed(seed, 0, "recheck")
-
-    def time_once() -> TimingRun:
-        return backend.time(
-            problem,
-            build,
-            incumbent,
-            shape,
-            seeds=seeds,
-            recheck_seed=recheck_seed,
-            rotate_bytes=2 * calibration.llc_bytes,
-            min_runs=min_runs,
-            min_seconds=min_seconds,
-        )
-
-    run = time_once()
+) -> Rejection | None:
+    """Everything but stalls: the run finished, its samples are consistent, its outputs are
+    right after timing, and it is no faster than the roofline."""
     if run.rejection is not None:
         return run.rejection
-    stall_retried = False
-    if find_stall(run) is not None:
-        first = find_stall(run)
-        run = time_once()  # transient noise does not repeat in a fresh process; a cheat does
-        if run.rejection is not None:
-            return run.rejection
-        second = find_stall(run)
-        if second is not None:
-            assert first is not None
-            return Rejection(
-                stage="benchmark",
-                reason="timing_stall",
-                message=(
-                    f"call {second['call']} took {int(second['call_ns']) / 1e6:.1f} ms against a "
-                    f"median of {float(second['median_ns']) / 1e6:.3f} ms, in two fresh runs"
-                ),
-                evidence={
-                    **second,
-                    "first_run_call": first["call"],
-                    "first_run_call_ns": first["call_ns"],
-                },
-            )
-        stall_retried = True
     reported = sum(run.kernel_ns) + sum(run.kernel_warmup_ns)
     if reported > run.wall_seconds * 1e9:
         return Rejection(
@@ -197,26 +153,89 @@ def benchmark(
     )
     if rejection is not None:
         return rejection
-    kernel = timing_stats(run.kernel_ns)
-    baseline = timing_stats(run.baseline_ns)
-    incumbent_stats = timing_stats(run.incumbent_ns) if run.incumbent_ns else None
+    median = float(np.median(run.kernel_ns))
     floor = roofline_ns(problem.cost(shape), calibration)
-    if kernel.median_ns * ROOFLINE_SLACK < floor:
+    if median * ROOFLINE_SLACK < floor:
         return Rejection(
             stage="roofline",
             reason="beyond_roofline",
             message=(
-                f"median {kernel.median_ns:.0f} ns is faster than the {floor:.0f} ns this host "
+                f"median {median:.0f} ns is faster than the {floor:.0f} ns this host "
                 "physically allows"
             ),
             evidence={
-                "median_ns": f"{kernel.median_ns:.0f}",
+                "median_ns": f"{median:.0f}",
                 "roofline_ns": f"{floor:.0f}",
                 "bandwidth_gbs": f"{calibration.memory_bandwidth_gbs:.1f}",
                 "peak_gflops": f"{calibration.peak_fp32_gflops:.1f}",
                 "slack": str(ROOFLINE_SLACK),
             },
         )
+    return None
+
+
+def benchmark(
+    problem: Problem,
+    backend: TimingBackend,
+    build: object,
+    calibration: HostCalibration,
+    *,
+    incumbent: object | None = None,
+    shape: dict[str, int] | None = None,
+    dtype: str = "fp32",
+    seed: int = 0,
+    min_runs: int = MIN_RUNS,
+    min_seconds: float = MIN_SECONDS,
+) -> BenchmarkResult | Rejection:
+    """Time a verified kernel against the baseline (and incumbent); re-check it afterwards."""
+    shape = dict(shape or problem.default_shape)
+    seeds = [trial_seed(seed, i, "bench") for i in range(DISTINCT_INPUT_SETS)]
+    recheck_seed = trial_seed(seed, 0, "recheck")
+
+    def time_once() -> TimingRun:
+        return backend.time(
+            problem,
+            build,
+            incumbent,
+            shape,
+            seeds=seeds,
+            recheck_seed=recheck_seed,
+            rotate_bytes=2 * calibration.llc_bytes,
+            min_runs=min_runs,
+            min_seconds=min_seconds,
+        )
+
+    run = time_once()
+    rejection = _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration)
+    if rejection is not None:
+        return rejection
+    stall_retried = False
+    first_stall = find_stall(run)
+    if first_stall is not None:
+        run = time_once()  # transient noise does not repeat in a fresh process; a cheat does
+        rejection = _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration)
+        if rejection is not None:
+            return rejection
+        stall = find_stall(run)
+        if stall is not None:
+            return Rejection(
+                stage="benchmark",
+                reason="timing_stall",
+                message=(
+                    f"call {stall['call']} took {int(stall['call_ns']) / 1e6:.1f} ms against a "
+                    f"median of {float(stall['median_ns']) / 1e6:.3f} ms, in two fresh runs"
+                ),
+                evidence={
+                    **stall,
+                    "first_run_call": first_stall["call"],
+                    "first_run_call_ns": first_stall["call_ns"],
+                },
+            )
+        stall_retried = True
+    kernel = timing_stats(run.kernel_ns)
+    baseline = timing_stats(run.baseline_ns)
+    incumbent_stats = timing_stats(run.incumbent_ns) if run.incumbent_ns else None
+    floor = roofline_ns(problem.cost(shape), calibration)
     return BenchmarkResult(
         problem=problem.name,
         target=backend.target,

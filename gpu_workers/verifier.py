@@ -19,6 +19,8 @@ from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict
 from kernels.spec import DISTRIBUTIONS, Arrays, Problem, Tolerance
 
 RUNS_PER_TRIAL = 2
+STRESS_RUNS = 6
+"""Runs per trial on the largest test shape, where threads overlap most: races show there."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class Trial:
     distribution: str
     seed: int
     inputs: Arrays
+    runs: int = RUNS_PER_TRIAL
 
 
 @dataclass(frozen=True)
@@ -76,12 +79,14 @@ def trial_seed(base_seed: int, index: int, salt: str = "trial") -> int:
 def plan_trials(problem: Problem, dtype: str = "fp32", seed: int = 0) -> list[Trial]:
     """Fresh inputs for every (shape, distribution) pair; `seed` makes them reproducible."""
     trials: list[Trial] = []
+    largest = max(problem.test_shapes, key=lambda s: problem.nbytes(s))
     for shape in problem.test_shapes:
+        runs = STRESS_RUNS if shape is largest else RUNS_PER_TRIAL
         for distribution in DISTRIBUTIONS:
             index = len(trials)
             s = trial_seed(seed, index)
             inputs = problem.generate(shape, distribution, s, dtype)
-            trials.append(Trial(index, dict(shape), distribution, s, inputs))
+            trials.append(Trial(index, dict(shape), distribution, s, inputs, runs))
     return trials
 
 
@@ -198,7 +203,7 @@ def judge_runs(
     worst_overall = 0.0
     for trial in trials:
         trial_runs = sorted(by_trial.get(trial.index, []), key=lambda r: r.run)
-        if len(trial_runs) != RUNS_PER_TRIAL:
+        if len(trial_runs) != trial.runs:
             ctx = _trial_context(trial, len(trial_runs))
             return (
                 _reject("run", "missing_result", "the device returned no result", ctx),
@@ -249,31 +254,32 @@ def judge_runs(
             if rejection is not None:
                 return rejection, reports, worst_overall
             worst = max(worst, err)
-        first, second = trial_runs[0], trial_runs[1]
-        for arg in problem.outputs:
-            a = first.outputs[arg.name].reshape(-1).view(np.uint32)
-            b = second.outputs[arg.name].reshape(-1).view(np.uint32)
-            differ = np.flatnonzero(a != b)
-            if differ.size:
-                i = int(differ[0])
-                shape = first.outputs[arg.name].shape
-                return (
-                    _reject(
-                        "compare",
-                        "nondeterministic",
-                        f"two runs on the same inputs disagree at {arg.name}{_where(shape, i)} "
-                        f"({differ.size} elements)",
-                        {
-                            **_trial_context(trial, 1),
-                            "output": arg.name,
-                            "first_index": _where(shape, i),
-                            "run0": repr(float(first.outputs[arg.name].reshape(-1)[i])),
-                            "run1": repr(float(second.outputs[arg.name].reshape(-1)[i])),
-                        },
-                    ),
-                    reports,
-                    worst_overall,
-                )
+        first = trial_runs[0]
+        for other in trial_runs[1:]:
+            for arg in problem.outputs:
+                a = first.outputs[arg.name].reshape(-1).view(np.uint32)
+                b = other.outputs[arg.name].reshape(-1).view(np.uint32)
+                differ = np.flatnonzero(a != b)
+                if differ.size:
+                    i = int(differ[0])
+                    shape = first.outputs[arg.name].shape
+                    return (
+                        _reject(
+                            "compare",
+                            "nondeterministic",
+                            f"runs 0 and {other.run} on the same inputs disagree at "
+                            f"{arg.name}{_where(shape, i)} ({differ.size} elements)",
+                            {
+                                **_trial_context(trial, other.run),
+                                "output": arg.name,
+                                "first_index": _where(shape, i),
+                                "run0": repr(float(first.outputs[arg.name].reshape(-1)[i])),
+                                f"run{other.run}": repr(float(b.view(np.float32)[i])),
+                            },
+                        ),
+                        reports,
+                        worst_overall,
+                    )
         reports.append(
             TrialReport(
                 shape=trial.shape,

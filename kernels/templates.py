@@ -258,7 +258,7 @@ MATMUL_PACKED = Template(
         Param("nr", (16, 32, 48), "columns of the micro-tile"),
         Param("mc", (48, 96, 192), "rows of A packed per block"),
         Param("kc", (128, 256, 384), "depth packed per block"),
-        Param("nc", (512, 1024, 2048), "columns of B packed per panel"),
+        Param("nc", (480, 960, 1920), "columns of B packed per panel"),
         Param("prefetch", (0, 256, 1024), "prefetch distance into packed A, in floats (0 = off)"),
         Param("flags", FLAG_CHOICES, "compiler flags"),
     ),
@@ -289,7 +289,7 @@ MATMUL_PACKED = Template(
         "nr": 32,
         "mc": 96,
         "kc": 256,
-        "nc": 1024,
+        "nc": 960,
         "prefetch": 0,
         "flags": "-O3 -march=native",
     },
@@ -301,7 +301,7 @@ MATMUL_PACKED = Template(
         "nr": 32,
         "mc": 96,
         "kc": 384,
-        "nc": 1024,
+        "nc": 960,
         "prefetch": 0,
         "flags": "-O3 -march=native",
     },
@@ -350,9 +350,33 @@ def templates_for(problem: str, target: str = "cpu") -> list[Template]:
     return [t for t in TEMPLATES.values() if t.problem == problem and t.target == target]
 
 
+EXAMPLE_TEMPLATES: dict[str, str] = {
+    "softmax": "softmax_threepass",
+    "rmsnorm": "rmsnorm_rows",
+    "layernorm": "layernorm_rows",
+    "gelu": "gelu_stream",
+    "matmul": "matmul_packed",
+    "residual_rmsnorm_gelu": "residual_rmsnorm_gelu_fused",
+    "kda": "kda_recurrent",
+}
+"""For each problem, the template whose best known point is its example kernel."""
+
+
 def example_kernel(problem: str, target: str = "cpu") -> Rendered | None:
-    """The best known hand-tuned kernel for a problem, rendered; None if no template."""
-    candidates = templates_for(problem, target)
-    if not candidates:
+    """The best hand-tuned kernel for a problem, rendered; None if it has no template."""
+    name = EXAMPLE_TEMPLATES.get(problem)
+    if name is None or TEMPLATES[name].target != target:
         return None
-    return candidates[0].render(candidates[0].best_known)
+    return TEMPLATES[name].render(TEMPLATES[name].best_known)
+
+
+def example_file_text(problem: str) -> str:
+    """The text of `kernels/examples/<problem>.c`: flags line, provenance, source."""
+    rendered = example_kernel(problem)
+    if rendered is None:
+        raise KeyError(problem)
+    template = TEMPLATES[EXAMPLE_TEMPLATES[problem]]
+    return (
+        f"// kfactory-flags: {' '.join(rendered.flags)}\n"
+        f"// {problem}: template {template.name} at {template.best_known}\n" + rendered.source
+    )

@@ -83,6 +83,7 @@ class CpuBackend:
                         seed=trial.seed,
                         arg_shapes=[list(a.shape(trial.shape)) for a in problem.args],
                         dims=[int(trial.shape[d]) for d in problem.dims],
+                        runs=trial.runs,
                     )
                 )
             job = p.VerifyJob(library=build.library, arg_names=names, outputs=outputs, trials=jobs)
@@ -168,7 +169,8 @@ class CpuBackend:
 
     def _run(self, job: p.Job, workdir: Path, limits: Limits) -> SandboxOutcome:
         (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
-        env = {"OMP_WAIT_POLICY": "PASSIVE"} if isinstance(job, p.VerifyJob) else {}
+        # Spinning OpenMP threads start together, which is what exposes data races.
+        env = {"OMP_WAIT_POLICY": "ACTIVE"} if isinstance(job, p.VerifyJob) else {}
         return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=env)
 
 

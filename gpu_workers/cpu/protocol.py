@@ -19,6 +19,7 @@ class TrialJob(msgspec.Struct, frozen=True, kw_only=True):
     arg_shapes: list[list[int]]
     dims: list[int]
     """Dimension values in signature order."""
+    runs: int
 
 
 class VerifyJob(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
@@ -26,7 +27,6 @@ class VerifyJob(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
     arg_names: list[str]
     outputs: list[bool]
     trials: list[TrialJob]
-    runs: int = 2
 
 
 class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):

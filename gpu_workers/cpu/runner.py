@@ -49,7 +49,7 @@ def verify(job: p.VerifyJob) -> p.VerifyReply:
             for name, out in zip(job.arg_names, job.outputs, strict=True)
             if not out
         }
-        for run in range(job.runs):
+        for run in range(trial.runs):
             buffers = [GuardedArray(tuple(shape)) for shape in trial.arg_shapes]
             try:
                 for buf, name, out in zip(buffers, job.arg_names, job.outputs, strict=True):

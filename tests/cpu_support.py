@@ -1,0 +1,38 @@
+"""Shared fixtures for the kernel tests: a private compile cache and a calibrated host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.calibrate import load_or_calibrate
+from gpu_workers.results import HostCalibration
+from gpu_workers.sandbox import Limits
+
+PLANTED = Path(__file__).parent / "planted"
+EXAMPLES = Path(__file__).parent.parent / "kernels" / "examples"
+FLAGS = ("-O3", "-march=native", "-fopenmp")
+TEST_LIMITS = Limits(cpu_seconds=20, address_space_bytes=4 << 30, wall_seconds=8.0)
+
+
+def planted(name: str) -> str:
+    return (PLANTED / f"{name}.c").read_text()
+
+
+@pytest.fixture(scope="session")
+def kf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.getbasetemp() / "kf-cache"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cpu_backend(kf_cache: Path) -> CpuBackend:
+    return CpuBackend(cache_dir=kf_cache / "cpu-kernels", verify_limits=TEST_LIMITS)
+
+
+@pytest.fixture(scope="session")
+def calibration(kf_cache: Path) -> HostCalibration:
+    return load_or_calibrate(kf_cache)

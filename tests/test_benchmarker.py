@@ -1,0 +1,124 @@
+"""The benchmarker: statistics, interleaved timing, and the cheats only timing can expose.
+
+These tests time things but assert no performance figure; performance lives in bench/.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_workers.benchmarker import (
+    MIN_RUNS,
+    MIN_SECONDS,
+    TimingRun,
+    benchmark,
+    find_stall,
+    roofline_ns,
+    timing_stats,
+)
+from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
+from kernels.builtin import BUILTIN
+from kernels.spec import Cost
+from tests.cpu_support import EXAMPLES, FLAGS, calibration, cpu_backend, kf_cache, planted
+
+__all__ = ["calibration", "cpu_backend", "kf_cache"]
+SMALL = {"rows": 64, "cols": 1000}
+
+
+def test_timing_stats_are_median_and_iqr() -> None:
+    stats = timing_stats([5, 1, 4, 2, 3, 100])
+    assert stats.median_ns == 3.5
+    assert stats.q1_ns == 2.25 and stats.q3_ns == 4.75
+    assert stats.iqr_ns == 2.5
+    assert (stats.min_ns, stats.max_ns, stats.runs) == (1, 100, 6)
+    with pytest.raises(ValueError):
+        timing_stats([])
+
+
+def test_roofline_is_the_slower_of_memory_and_compute(calibration: HostCalibration) -> None:
+    memory_bound = Cost(bytes_moved=10**9, flops=1)
+    compute_bound = Cost(bytes_moved=1, flops=10**12)
+    assert roofline_ns(memory_bound, calibration) == pytest.approx(
+        1e9 / calibration.memory_bandwidth_gbs
+    )
+    assert roofline_ns(compute_bound, calibration) == pytest.approx(
+        1e12 / calibration.peak_fp32_gflops
+    )
+
+
+def test_a_stall_is_a_call_far_beyond_the_median() -> None:
+    steady = TimingRun(kernel_ns=[1_000_000] * 40, kernel_warmup_ns=[1_500_000] * 3)
+    assert find_stall(steady) is None
+    stalled = TimingRun(kernel_ns=[1_000_000] * 40, kernel_warmup_ns=[90_000_000, 1_000_000])
+    evidence = find_stall(stalled)
+    assert evidence is not None and evidence["call"] == "0"
+    small_but_relative = TimingRun(kernel_ns=[1_000] * 40, kernel_warmup_ns=[5_000_000])
+    assert find_stall(small_but_relative) is None  # 5 ms over: a page fault, not a stall
+
+
+def _build(backend: CpuBackend, source: str) -> object:
+    compiled = backend.compile(BUILTIN["softmax"], source, FLAGS)
+    assert compiled.build is not None, compiled.rejection
+    return compiled.build
+
+
+def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    kernel = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
+    incumbent = _build(cpu_backend, planted("tail_off_by_one").replace("cols - 1", "cols"))
+    result = benchmark(
+        BUILTIN["softmax"], cpu_backend, kernel, calibration, incumbent=incumbent, shape=SMALL
+    )
+    assert isinstance(result, BenchmarkResult), result
+    assert result.kernel.runs >= MIN_RUNS
+    assert result.timed_seconds >= MIN_SECONDS
+    assert result.baseline.runs == result.kernel.runs
+    assert result.incumbent is not None
+    assert abs(result.incumbent.runs - result.kernel.runs) <= 1
+    assert result.kernel.q1_ns <= result.kernel.median_ns <= result.kernel.q3_ns
+    assert result.speedup == pytest.approx(result.baseline.median_ns / result.kernel.median_ns)
+    assert result.speedup_vs_incumbent is not None
+    assert 0 < result.roofline_fraction <= 1.10
+    assert result.rotated_bytes >= 2 * calibration.llc_bytes
+    assert result.input_sets >= 2
+
+
+def test_a_first_call_stall_is_rejected(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    kernel = _build(cpu_backend, planted("sleeps_first_call"))
+    result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
+    assert isinstance(result, Rejection)
+    assert (result.stage, result.reason) == ("benchmark", "timing_stall")
+    assert result.evidence["call"] == "0" and result.evidence["first_run_call"] == "0"
+
+
+def test_a_kernel_that_stops_working_after_verification_fails_the_recheck(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    kernel = _build(cpu_backend, planted("stops_after_warmup"))
+    result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
+    assert isinstance(result, Rejection)
+    assert (result.stage, result.reason) == ("recheck", "unwritten")
+
+
+def test_a_kernel_faster_than_physics_is_rejected(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    kernel = _build(cpu_backend, planted("memoizes_by_pointer"))
+    shape = {"rows": 1024, "cols": 4096}
+    result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=shape)
+    assert isinstance(result, Rejection)
+    assert (result.stage, result.reason) == ("roofline", "beyond_roofline")
+    assert float(result.evidence["median_ns"]) < float(result.evidence["roofline_ns"])
+
+
+def test_a_crash_during_timing_is_a_rejection(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    kernel = _build(cpu_backend, planted("segfaults"))
+    result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
+    assert isinstance(result, Rejection)
+    assert (result.stage, result.reason) == ("benchmark", "crashed")

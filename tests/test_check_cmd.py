@@ -1,0 +1,124 @@
+"""`kfactory problems` and `kfactory check` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from ops import check_cmd, problems_cmd
+from ops.cli import main
+from tests.cpu_support import EXAMPLES, PLANTED, kf_cache
+
+__all__ = ["kf_cache"]
+JSON_KEYS = {
+    "verdict",
+    "stage",
+    "reason",
+    "max_rel_err",
+    "median_ns",
+    "baseline_ns",
+    "speedup",
+    "roofline_fraction",
+}
+
+
+@pytest.fixture
+def cli(kf_cache: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[CliRunner, typer.Typer]:
+    monkeypatch.setenv("KFACTORY_CACHE_DIR", str(kf_cache))
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        """Root."""
+
+    problems_cmd.register(app)
+    check_cmd.register(app)
+    return CliRunner(), app
+
+
+def test_problems_lists_every_problem_with_signature(cli: tuple[CliRunner, typer.Typer]) -> None:
+    runner, app = cli
+    result = runner.invoke(app, ["problems", "--json"])
+    assert result.exit_code == 0, result.output
+    listed = {p["name"]: p for p in json.loads(result.output)}
+    assert {"softmax", "rmsnorm", "layernorm", "gelu", "matmul", "kda"} <= set(listed)
+    assert listed["softmax"]["signature"].startswith("void kernel(const float *x, float *y")
+    table = runner.invoke(app, ["problems"])
+    assert table.exit_code == 0 and "residual_rmsnorm_gelu" in table.output
+
+
+def test_problems_show_gives_details_and_an_example(cli: tuple[CliRunner, typer.Typer]) -> None:
+    runner, app = cli
+    result = runner.invoke(app, ["problems", "show", "matmul"])
+    assert result.exit_code == 0, result.output
+    for text in ("C signature", "Tolerances", "matmul_packed", "matmul_blocked", "void kernel("):
+        assert text in result.output
+    data = json.loads(runner.invoke(app, ["problems", "show", "softmax", "--json"]).output)
+    assert len(data["templates"]) == 2
+    assert (
+        data["example_kernel"]
+        == "\n".join((EXAMPLES / "softmax.c").read_text().splitlines(keepends=False)[2:]) + "\n"
+    )
+
+
+def test_check_verifies_and_benches_an_example(cli: tuple[CliRunner, typer.Typer]) -> None:
+    runner, app = cli
+    args = ["check", "softmax", "--target", "cpu", "--source", str(EXAMPLES / "softmax.c")]
+    result = runner.invoke(app, [*args, "--json", "--bench", "--shape", "rows=64,cols=1000"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert set(report) >= JSON_KEYS
+    assert report["verdict"] == "verified" and report["stage"] is None
+    assert report["median_ns"] > 0 and report["baseline_ns"] > 0
+    assert report["speedup"] == pytest.approx(report["baseline_ns"] / report["median_ns"])
+    assert 0 < report["roofline_fraction"] <= 1.1
+    human = runner.invoke(app, args)
+    assert human.exit_code == 0 and human.output.startswith("verified: softmax on cpu")
+
+
+def test_check_reports_a_rejection_with_exit_status_1(cli: tuple[CliRunner, typer.Typer]) -> None:
+    runner, app = cli
+    source = str(PLANTED / "first_row_only.c")
+    result = runner.invoke(app, ["check", "softmax", "--source", source, "--json", "--bench"])
+    assert result.exit_code == 1
+    report = json.loads(result.output)
+    assert (report["verdict"], report["stage"], report["reason"]) == (
+        "rejected",
+        "compare",
+        "unwritten",
+    )
+    assert report["median_ns"] is None
+    human = runner.invoke(app, ["check", "softmax", "--source", str(PLANTED / "segfaults.c")])
+    assert human.exit_code == 1
+    assert "rejected at stage run (crashed)" in human.output and "SIGSEGV" in human.output
+
+
+def test_help_teaches_with_examples(cli: tuple[CliRunner, typer.Typer]) -> None:
+    runner, app = cli
+    for args in (["check", "--help"], ["problems", "--help"], ["problems", "show", "--help"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0
+        assert "Examples" in result.output and "kfactory" in result.output
+
+
+def test_bad_input_is_one_clear_line(
+    kf_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KFACTORY_CACHE_DIR", str(kf_cache))
+    source = str(EXAMPLES / "softmax.c")
+    cases = [
+        (["check", "sofmax", "--source", source], "unknown problem 'sofmax'"),
+        (["check", "softmax", "--source", "/nope.c"], "does not exist"),
+        (["check", "softmax", "--source", source, "--target", "cuda"], "not available yet"),
+        (["check", "softmax", "--source", source, "--shape", "rows=4"], "exactly the dims"),
+        (["problems", "show", "nope.py:X"], "does not exist"),
+    ]
+    for argv, expected in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("kfactory: error: ") and expected in err
+        assert err.count("\n") == 1

@@ -1,0 +1,118 @@
+"""The CPU back end: compiler cache, static stage, guarded buffers and host calibration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpu_workers.cpu.calibrate import calibration_path, llc_bytes, load_or_calibrate
+from gpu_workers.cpu.compiler import CompiledKernel, CompileFailure, bad_flags, compile_kernel
+from gpu_workers.cpu.guarded import PAGE, GuardedArray
+from gpu_workers.cpu.static import static_check
+from gpu_workers.results import HostCalibration
+from kernels.builtin import BUILTIN
+from tests.cpu_support import EXAMPLES, FLAGS, calibration, kf_cache, planted
+
+__all__ = ["calibration", "kf_cache"]
+PROTOTYPE = BUILTIN["softmax"].c_signature()
+
+
+def test_the_compile_cache_is_keyed_by_source_and_flags(tmp_path: Path) -> None:
+    source = (EXAMPLES / "softmax.c").read_text()
+    first = compile_kernel(source, FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path)
+    again = compile_kernel(source, FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path)
+    other_flags = compile_kernel(
+        source, ("-O2", "-fopenmp"), prototype=PROTOTYPE, cache_dir=tmp_path
+    )
+    other_source = compile_kernel(source + "\n", FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path)
+    assert isinstance(first, CompiledKernel) and not first.cache_hit
+    assert isinstance(again, CompiledKernel) and again.cache_hit
+    assert again.library == first.library
+    assert isinstance(other_flags, CompiledKernel) and not other_flags.cache_hit
+    assert isinstance(other_source, CompiledKernel) and not other_source.cache_hit
+    assert len({first.library, other_flags.library, other_source.library}) == 3
+    assert Path(first.library).is_file()
+
+
+def test_a_wrong_signature_is_a_compile_error(tmp_path: Path) -> None:
+    source = "#include <stdint.h>\nvoid kernel(float *x, int64_t n) { x[0] = (float)n; }\n"
+    result = compile_kernel(source, FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path)
+    assert isinstance(result, CompileFailure)
+    assert result.reason == "compile_error"
+    assert "conflicting types for 'kernel'" in result.log
+
+
+def test_flags_are_allowlisted() -> None:
+    assert bad_flags(("-O3", "-march=native", "-fopenmp", "-ffast-math", "-DTILE=64")) == []
+    assert bad_flags(("-fplugin=x.so", "-Wl,-rpath,/tmp", "@opts", "-o", "-B/tmp")) == [
+        "-fplugin=x.so",
+        "-Wl,-rpath,/tmp",
+        "@opts",
+        "-o",
+        "-B/tmp",
+    ]
+
+
+def test_static_stage_allows_math_memory_and_openmp_only(tmp_path: Path) -> None:
+    ok = compile_kernel(
+        (EXAMPLES / "softmax.c").read_text(), FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path
+    )
+    assert isinstance(ok, CompiledKernel)
+    assert static_check(ok) is None
+    assert any(s.startswith("GOMP_") for s in ok.undefined_symbols)
+    sleepy = compile_kernel(
+        planted("sleeps_with_usleep"), FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path
+    )
+    assert isinstance(sleepy, CompiledKernel)
+    rejection = static_check(sleepy)
+    assert rejection is not None and rejection.reason == "forbidden_symbol"
+    assert rejection.evidence["forbidden"] == "usleep"
+    nameless = compile_kernel(
+        "#include <stdint.h>\nvoid helper(void) {}\n",
+        FLAGS,
+        prototype=PROTOTYPE,
+        cache_dir=tmp_path,
+    )
+    assert isinstance(nameless, CompiledKernel)
+    missing = static_check(nameless)
+    assert missing is not None and missing.reason == "missing_entry_point"
+
+
+def test_guarded_arrays_end_at_a_guard_page_and_keep_a_canary() -> None:
+    exact = GuardedArray((4, 64))
+    assert exact.slack_words == 0
+    assert (exact.address + exact.array.nbytes) % PAGE == 0
+    assert exact.address % 64 == 0
+    exact.release()
+    ragged = GuardedArray((3, 7))
+    assert ragged.slack_words == 32 - 21 and ragged.address % 64 == 0
+    ragged.array[...] = 1.0
+    assert ragged.slack_intact()
+    words = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint32 * 32).from_address(ragged.address))
+    words[21] = 0
+    assert not ragged.slack_intact()
+    ragged.release()
+
+
+def test_calibration_measures_real_ceilings_once(
+    calibration: HostCalibration, kf_cache: Path
+) -> None:
+    assert calibration.llc_bytes == llc_bytes() > 0
+    assert calibration.memory_bandwidth_gbs > 1.0
+    assert calibration.peak_fp32_gflops == max(
+        calibration.sgemm_gflops, calibration.fma_peak_gflops
+    )
+    assert calibration.sgemm_gflops > 1.0
+    assert calibration.streaming_stores
+    assert calibration_path(kf_cache).is_file()
+    assert load_or_calibrate(kf_cache) == calibration  # from the cache, not measured again
+
+
+@pytest.mark.slow
+def test_recalibration_agrees_with_the_cached_figures(
+    kf_cache: Path, calibration: HostCalibration
+) -> None:
+    fresh = load_or_calibrate(kf_cache, force=True)
+    assert 0.5 < fresh.memory_bandwidth_gbs / calibration.memory_bandwidth_gbs < 2

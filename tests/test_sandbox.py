@@ -1,0 +1,114 @@
+"""The sandbox: a misbehaving child is contained and reported; the parent carries on."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
+
+LIMITS = Limits(cpu_seconds=2, address_space_bytes=2 << 30, wall_seconds=3.0)
+
+
+def probe(what: str, limits: Limits = LIMITS) -> SandboxOutcome:
+    with sandbox_dir() as workdir:
+        return run_sandboxed("tests.sandbox_probes", [what], workdir=workdir, limits=limits)
+
+
+def test_a_well_behaved_child_runs_in_its_own_temp_dir() -> None:
+    with sandbox_dir() as workdir:
+        outcome = run_sandboxed("tests.sandbox_probes", ["cwd"], workdir=workdir, limits=LIMITS)
+        assert outcome.ok
+        assert Path(outcome.stdout.strip()).resolve() == workdir.resolve()
+    assert not workdir.exists()
+
+
+def test_the_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KF_SECRET_TOKEN", "hunter2")
+    outcome = probe("env")
+    names = set(outcome.stdout.split())
+    assert "KF_SECRET_TOKEN" not in names
+    assert names <= {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "PYTHONPATH",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONHASHSEED",
+        "OPENBLAS_CORETYPE",
+        "LANG",
+        "LC_CTYPE",
+    }
+
+
+def test_network_isolation_is_reported_honestly() -> None:
+    outcome = probe("net")
+    assert outcome.ok
+    if outcome.report.network_isolated:
+        assert "refused" in outcome.stdout
+        assert "unshare" in outcome.report.network_note
+    else:
+        assert "refused by the host" in outcome.report.network_note
+
+
+def test_cpu_time_limit_kills_a_spinning_child() -> None:
+    outcome = probe("spin", Limits(cpu_seconds=1, address_space_bytes=2 << 30, wall_seconds=20))
+    assert outcome.cpu_limit_hit
+    assert outcome.signal_name == "SIGXCPU"
+    assert not outcome.timed_out
+    assert outcome.wall_seconds < 10
+
+
+def test_wall_clock_timeout_kills_a_sleeping_child() -> None:
+    started = time.monotonic()
+    outcome = probe("sleep", Limits(cpu_seconds=10, address_space_bytes=2 << 30, wall_seconds=1))
+    assert outcome.timed_out
+    assert outcome.signal_name == "SIGKILL"
+    assert time.monotonic() - started < 5
+
+
+def test_address_space_limit_refuses_a_huge_allocation() -> None:
+    outcome = probe("memory")
+    assert outcome.returncode == 1
+    assert "MemoryError" in outcome.stderr
+
+
+def test_a_segfault_is_reported_as_a_signal() -> None:
+    outcome = probe("segv")
+    assert outcome.signal_name == "SIGSEGV"
+    assert not outcome.ok
+
+
+def test_exit_zero_is_visible_as_an_exit_status() -> None:
+    outcome = probe("exit")
+    assert outcome.returncode == 0
+    assert outcome.stdout == ""
+
+
+def test_grandchildren_are_killed_with_the_child() -> None:
+    outcome = probe(
+        "fork_and_hang", Limits(cpu_seconds=5, address_space_bytes=2 << 30, wall_seconds=1.5)
+    )
+    assert outcome.timed_out
+    grandchild = int(outcome.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{grandchild}/stat").read_text().split(")")[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"grandchild {grandchild} still alive")
+
+
+def test_the_parent_survives_everything_above() -> None:
+    for what in ("segv", "exit", "memory"):
+        probe(what)
+    assert probe("ok").stdout.strip() == "fine"
+    assert os.getpid() > 0

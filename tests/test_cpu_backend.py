@@ -10,7 +10,7 @@ import pytest
 from gpu_workers.cpu.calibrate import calibration_path, llc_bytes, load_or_calibrate
 from gpu_workers.cpu.compiler import CompiledKernel, CompileFailure, bad_flags, compile_kernel
 from gpu_workers.cpu.guarded import PAGE, GuardedArray
-from gpu_workers.cpu.static import static_check
+from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.results import HostCalibration
 from kernels.builtin import BUILTIN
 from tests.cpu_support import EXAMPLES, FLAGS, calibration, kf_cache, planted
@@ -116,3 +116,18 @@ def test_recalibration_agrees_with_the_cached_figures(
 ) -> None:
     fresh = load_or_calibrate(kf_cache, force=True)
     assert 0.5 < fresh.memory_bandwidth_gbs / calibration.memory_bandwidth_gbs < 2
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('#include "/etc/passwd"', "forbidden_include"),
+        ("#include <../../etc/passwd>", "forbidden_include"),
+        ('__asm__(".incbin \\"/etc/passwd\\"");', "forbidden_construct"),
+    ],
+)
+def test_sources_cannot_make_the_compiler_read_other_files(line: str, reason: str) -> None:
+    rejection = source_check(f"#include <stdint.h>\n{line}\n")
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("static", reason)
+    assert source_check((EXAMPLES / "matmul.c").read_text()) is None

@@ -16,7 +16,7 @@ from gpu_workers.cpu.compiler import (
     CompileFailure,
     compile_kernel,
 )
-from gpu_workers.cpu.static import static_check
+from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.results import Rejection
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
 from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial
@@ -47,6 +47,9 @@ class CpuBackend:
         self.dtype = dtype
 
     def compile(self, problem: Problem, source: str, flags: tuple[str, ...]) -> CompileOutcome:
+        unsafe = source_check(source)
+        if unsafe is not None:
+            return CompileOutcome(build=None, rejection=unsafe)
         result = compile_kernel(
             source, flags, prototype=problem.c_signature(self.dtype), cache_dir=self.cache_dir
         )

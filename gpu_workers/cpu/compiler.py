@@ -20,6 +20,7 @@ import msgspec
 
 COMPILER = os.environ.get("KFACTORY_CC", "cc")
 COMPILE_TIMEOUT_S = 60.0
+COMPILER_ADDRESS_SPACE = 4 << 30
 LOG_LIMIT = 8000
 WRAPPED = ("malloc", "calloc", "realloc", "aligned_alloc", "posix_memalign")
 ALLOCATION_REFUSED_MARK = "kf: allocation refused:"
@@ -143,10 +144,24 @@ def compile_kernel(
     return result
 
 
+def _limited(argv: list[str]) -> list[str]:
+    """The compiler reads untrusted source: cap its memory and CPU time where prlimit exists."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        return argv
+    return [
+        prlimit,
+        f"--as={COMPILER_ADDRESS_SPACE}",
+        f"--cpu={int(COMPILE_TIMEOUT_S)}",
+        "--",
+        *argv,
+    ]
+
+
 def _run(argv: list[str], cwd: Path) -> tuple[int | None, str]:
     try:
         proc = subprocess.run(
-            argv,
+            _limited(argv),
             cwd=cwd,
             capture_output=True,
             text=True,

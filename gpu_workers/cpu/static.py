@@ -85,6 +85,34 @@ ALLOWED_PATTERNS = (
 )
 
 
+_INCLUDE = re.compile(r"^\s*#\s*include\s*(\S.*?)\s*$", re.MULTILINE)
+_SYSTEM_HEADER = re.compile(r"^<[A-Za-z0-9_][A-Za-z0-9_./-]*>$")
+_FILE_READERS = re.compile(r"\.incbin|#\s*embed|__has_embed")
+
+
+def source_check(source: str) -> Rejection | None:
+    """Before compiling: a kernel is one file that includes system headers only, so the
+    compiler cannot be made to read other files into the log or the object."""
+    for match in _INCLUDE.finditer(source):
+        target = match.group(1)
+        if not _SYSTEM_HEADER.match(target) or ".." in target:
+            return Rejection(
+                stage="static",
+                reason="forbidden_include",
+                message=f"only system headers may be included, not {target}",
+                evidence={"include": match.group(0).strip()},
+            )
+    found = _FILE_READERS.search(source)
+    if found:
+        return Rejection(
+            stage="static",
+            reason="forbidden_construct",
+            message=f"{found.group(0)} would read a file into the kernel",
+            evidence={"construct": found.group(0)},
+        )
+    return None
+
+
 def allowed(symbol: str) -> bool:
     return symbol in ALLOWED_SYMBOLS or any(p.match(symbol) for p in ALLOWED_PATTERNS)
 

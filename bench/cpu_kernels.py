@@ -1,0 +1,137 @@
+"""CPU kernel figures: `kfactory check --bench` on the example kernels, and repeatability.
+
+Usage:
+  .venv/bin/python bench/cpu_kernels.py                      # softmax, rmsnorm, matmul
+  .venv/bin/python bench/cpu_kernels.py --problems softmax --repeats 5
+
+Prints a table and writes bench/results/cpu_kernels.json. Every figure is measured here,
+on this host, by the same code paths the factory uses; the 1-minute load average before
+and after each measurement is recorded, because other work on the host skews timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gpu_workers.benchmarker import benchmark
+from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.calibrate import load_or_calibrate
+from gpu_workers.cpu.compiler import default_cache_dir
+from gpu_workers.results import BenchmarkResult
+from kernels.builtin import BUILTIN
+from ops.check_cmd import _flags
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "kernels" / "examples"
+RESULTS = ROOT / "bench" / "results"
+KFACTORY = Path(sys.executable).parent / "kfactory"
+
+
+def check_bench(problem: str) -> dict[str, Any]:
+    source = EXAMPLES / f"{problem}.c"
+    command = [
+        str(KFACTORY),
+        "check",
+        problem,
+        "--target",
+        "cpu",
+        "--source",
+        str(source.relative_to(ROOT)),
+        "--bench",
+        "--json",
+    ]
+    load_before = os.getloadavg()[0]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(command)} failed: {proc.stderr}")
+    report = json.loads(proc.stdout)
+    report["command"] = " ".join(["kfactory", *command[1:]])
+    report["load_before"], report["load_after"] = load_before, os.getloadavg()[0]
+    return report
+
+
+def repeatability(problem: str, repeats: int) -> dict[str, Any]:
+    spec = BUILTIN[problem]
+    backend = CpuBackend(cache_dir=default_cache_dir())
+    text = (EXAMPLES / f"{problem}.c").read_text()
+    compiled = backend.compile(spec, text, _flags(text, None))
+    assert compiled.build is not None, compiled.rejection
+    calibration = load_or_calibrate(default_cache_dir().parent)
+    medians, loads = [], []
+    for _ in range(repeats):
+        loads.append(os.getloadavg()[0])
+        result = benchmark(spec, backend, compiled.build, calibration)
+        if not isinstance(result, BenchmarkResult):
+            raise SystemExit(f"repeatability run rejected: {result}")
+        medians.append(result.kernel.median_ns)
+    spread = (max(medians) - min(medians)) / min(medians)
+    return {
+        "problem": problem,
+        "shape": spec.default_shape,
+        "medians_ns": medians,
+        "worst_spread": spread,
+        "load_averages": loads,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problems", default="softmax,rmsnorm,matmul")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeat-problems", default="softmax,rmsnorm,matmul")
+    args = parser.parse_args()
+    started = time.time()
+    calibration = load_or_calibrate(default_cache_dir().parent)
+    print(
+        f"host {calibration.host}: {calibration.cpu_model}, {calibration.cores} cores, "
+        f"LLC {calibration.llc_bytes >> 20} MiB; bandwidth {calibration.memory_bandwidth_gbs:.1f} "
+        f"GB/s (numpy copy {calibration.numpy_copy_bandwidth_gbs:.1f}); fp32 peak "
+        f"{calibration.peak_fp32_gflops:.0f} GFLOP/s (sgemm {calibration.sgemm_gflops:.0f}, "
+        f"FMA {calibration.fma_peak_gflops:.0f})"
+    )
+    checks = [check_bench(p) for p in args.problems.split(",") if p]
+    print(
+        f"\n{'problem':10s} {'verdict':9s} {'median ms':>10s} {'IQR ms':>8s} {'numpy ms':>9s} "
+        f"{'speedup':>8s} {'roofline':>9s} {'load':>5s}"
+    )
+    for r in checks:
+        if r["verdict"] != "verified":
+            print(f"{r['problem']:10s} rejected  {r['stage']}/{r['reason']}: {r['message']}")
+            continue
+        print(
+            f"{r['problem']:10s} {r['verdict']:9s} {r['median_ns'] / 1e6:10.3f} "
+            f"{r['iqr_ns'] / 1e6:8.3f} {r['baseline_ns'] / 1e6:9.3f} {r['speedup']:7.2f}x "
+            f"{r['roofline_fraction']:9.3f} {r['load_before']:5.2f}"
+        )
+    repeats = [repeatability(p, args.repeats) for p in args.repeat_problems.split(",") if p]
+    print(f"\nrepeatability: {args.repeats} benchmark runs of the same kernel, fresh process each")
+    for r in repeats:
+        medians = ", ".join(f"{m / 1e6:.3f}" for m in r["medians_ns"])
+        print(f"  {r['problem']:10s} medians ms [{medians}]  worst spread {r['worst_spread']:.1%}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "cpu_kernels.json"
+    out.write_text(
+        json.dumps(
+            {
+                "calibration": msgspec.to_builtins(calibration),
+                "checks": checks,
+                "repeatability": repeats,
+                "seconds": time.time() - started,
+            },
+            indent=2,
+        )
+    )
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

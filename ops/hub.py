@@ -30,12 +30,21 @@ class Hub:
     recorder: Recorder
     nc: Client
     server: EmbeddedNatsServer | None
+    recording: asyncio.Task[None]
+
+    def check(self) -> None:
+        """Raise the recorder's failure, if it died."""
+        if self.recording.done() and not self.recording.cancelled():
+            error = self.recording.exception()
+            if error is not None:
+                raise RuntimeError(f"the recorder stopped: {error!r}") from error
 
     async def wait_for_position(self, position: int, timeout: float = 30.0) -> int:
         """Wait until the store holds at least `position` events; returns the position."""
         deadline = time.monotonic() + timeout
         async with self.recorder.committed:
             while self.store.last_position < position:
+                self.check()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(
@@ -75,7 +84,7 @@ async def running_hub(
             home, ServerInfo(url=nats_url, pid=os.getpid(), store=str(event_store.path))
         )
         try:
-            yield Hub(nats_url, event_store, recorder, nc, server)
+            yield Hub(nats_url, event_store, recorder, nc, server, recording)
         finally:
             clear_server_info(home, os.getpid())
             await service.stop()

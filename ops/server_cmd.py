@@ -64,6 +64,7 @@ async def _serve(home: Path, nats_url: str | None, listen: str, port: int) -> No
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 10)
+            hub.check()
             if hub.store.last_position != last:
                 last = hub.store.last_position
                 stats = hub.recorder.stats

@@ -21,7 +21,7 @@ from kernels.spec import Arrays, Cost, Problem
 MIN_RUNS = 30
 MIN_SECONDS = 0.5
 STALL_FACTOR = 20.0
-STALL_MIN_EXCESS_NS = 20_000_000
+STALL_MIN_EXCESS_NS = 100_000_000
 ROOFLINE_SLACK = 1.10
 """A kernel may beat the calibrated ceiling by this factor (measurement noise) and no more."""
 DISTINCT_INPUT_SETS = 2

@@ -5,15 +5,14 @@ Usage:
   .venv/bin/python bench/cpu_kernels.py --problems softmax --repeats 5
 
 Prints a table and writes bench/results/cpu_kernels.json. Every figure is measured here,
-on this host, by the same code paths the factory uses; the 1-minute load average before
-and after each measurement is recorded, because other work on the host skews timing.
+on this host, by the same code paths the factory uses. The CPU that other processes used
+during each run is recorded (`busy`, in cores), because other work on the host skews timing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -49,13 +48,11 @@ def check_bench(problem: str) -> dict[str, Any]:
         "--bench",
         "--json",
     ]
-    load_before = os.getloadavg()[0]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(command)} failed: {proc.stderr}")
     report = json.loads(proc.stdout)
     report["command"] = " ".join(["kfactory", *command[1:]])
-    report["load_before"], report["load_after"] = load_before, os.getloadavg()[0]
     return report
 
 
@@ -66,20 +63,20 @@ def repeatability(problem: str, repeats: int) -> dict[str, Any]:
     compiled = backend.compile(spec, text, _flags(text, None))
     assert compiled.build is not None, compiled.rejection
     calibration = load_or_calibrate(default_cache_dir().parent)
-    medians, loads = [], []
+    medians, busy = [], []
     for _ in range(repeats):
-        loads.append(os.getloadavg()[0])
         result = benchmark(spec, backend, compiled.build, calibration)
         if not isinstance(result, BenchmarkResult):
             raise SystemExit(f"repeatability run rejected: {result}")
         medians.append(result.kernel.median_ns)
+        busy.append(result.host_contention_cores)
     spread = (max(medians) - min(medians)) / min(medians)
     return {
         "problem": problem,
         "shape": spec.default_shape,
         "medians_ns": medians,
         "worst_spread": spread,
-        "load_averages": loads,
+        "host_contention_cores": busy,
     }
 
 
@@ -88,15 +85,17 @@ def main() -> None:
     parser.add_argument("--problems", default="softmax,rmsnorm,matmul")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--repeat-problems", default="softmax,rmsnorm,matmul")
+    parser.add_argument("--recalibrate", action="store_true", help="measure the host again")
     args = parser.parse_args()
     started = time.time()
-    calibration = load_or_calibrate(default_cache_dir().parent)
+    calibration = load_or_calibrate(default_cache_dir().parent, force=args.recalibrate)
     print(
         f"host {calibration.host}: {calibration.cpu_model}, {calibration.cores} cores, "
         f"LLC {calibration.llc_bytes >> 20} MiB; bandwidth {calibration.memory_bandwidth_gbs:.1f} "
         f"GB/s (numpy copy {calibration.numpy_copy_bandwidth_gbs:.1f}); fp32 peak "
         f"{calibration.peak_fp32_gflops:.0f} GFLOP/s (sgemm {calibration.sgemm_gflops:.0f}, "
-        f"FMA {calibration.fma_peak_gflops:.0f})"
+        f"FMA {calibration.fma_peak_gflops:.0f}); other load while calibrating "
+        f"{calibration.host_contention_cores or 0:.2f} cores"
     )
     checks = [check_bench(p) for p in args.problems.split(",") if p]
     print(
@@ -110,13 +109,15 @@ def main() -> None:
         print(
             f"{r['problem']:10s} {r['verdict']:9s} {r['median_ns'] / 1e6:10.3f} "
             f"{r['iqr_ns'] / 1e6:8.3f} {r['baseline_ns'] / 1e6:9.3f} {r['speedup']:7.2f}x "
-            f"{r['roofline_fraction']:9.3f} {r['load_before']:5.2f}"
+            f"{r['roofline_fraction']:9.3f} {r['host_contention_cores']:5.2f}"
         )
     repeats = [repeatability(p, args.repeats) for p in args.repeat_problems.split(",") if p]
     print(f"\nrepeatability: {args.repeats} benchmark runs of the same kernel, fresh process each")
     for r in repeats:
         medians = ", ".join(f"{m / 1e6:.3f}" for m in r["medians_ns"])
+        busy = ", ".join(f"{b:.2f}" for b in r["host_contention_cores"])
         print(f"  {r['problem']:10s} medians ms [{medians}]  worst spread {r['worst_spread']:.1%}")
+        print(f"  {'':10s} other load (cores) [{busy}]")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "cpu_kernels.json"
     out.write_text(

@@ -43,6 +43,7 @@ class TimingRun:
     """The kernel's output on fresh inputs, run after timing."""
     wall_seconds: float = 0.0
     timed_seconds: float = 0.0
+    host_contention_cores: float | None = None
     timed_poison_bits: int = 0
     recheck_poison_bits: int = 0
     rejection: Rejection | None = None
@@ -253,4 +254,5 @@ def benchmark(
         rotated_bytes=run.rotated_bytes,
         timed_seconds=run.timed_seconds,
         stall_retried=stall_retried,
+        host_contention_cores=run.host_contention_cores,
     )

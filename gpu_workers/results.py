@@ -92,6 +92,8 @@ class HostCalibration(msgspec.Struct, frozen=True, kw_only=True):
     streaming_stores: bool
     measured_at: str
     method: str
+    host_contention_cores: float | None = None
+    """Cores' worth of CPU other work used while calibrating; high values mean low ceilings."""
 
 
 class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -113,3 +115,5 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     timed_seconds: float
     stall_retried: bool = False
     """True when a first timing run showed a stall and a fresh run did not."""
+    host_contention_cores: float | None = None
+    """Cores' worth of CPU the rest of the host used during the run (0 = quiet host)."""

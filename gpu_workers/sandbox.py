@@ -55,6 +55,9 @@ class SandboxOutcome(msgspec.Struct, frozen=True, kw_only=True):
     cpu_limit_hit: bool
     wall_seconds: float
     cpu_seconds: float
+    other_cpu_seconds: float | None
+    """CPU time the rest of the host used while the child ran (None where /proc/stat is
+    unreadable): other work on the host skews any timing the child did."""
     stdout: str
     stderr: str
     report: SandboxReport
@@ -110,6 +113,7 @@ def run_sandboxed(
         *args,
     ]
     stdout_path, stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
+    busy_before = _host_busy_seconds()
     started = time.monotonic()
     deadline = started + limits.wall_seconds
     timed_out = False
@@ -139,6 +143,7 @@ def run_sandboxed(
             os.killpg(proc.pid, signal.SIGKILL)  # any grandchildren it left behind
         proc.returncode = os.waitstatus_to_exitcode(status_word)
     wall = time.monotonic() - started
+    busy_after = _host_busy_seconds()
     code = proc.returncode
     sig = signal.Signals(-code).name if code < 0 else None
     cpu_used = usage.ru_utime + usage.ru_stime if usage is not None else 0.0
@@ -149,6 +154,11 @@ def run_sandboxed(
         timed_out=timed_out,
         cpu_limit_hit=sig == "SIGXCPU" or (not timed_out and cpu_used >= limits.cpu_seconds),
         cpu_seconds=cpu_used,
+        other_cpu_seconds=(
+            max(0.0, busy_after - busy_before - cpu_used)
+            if busy_before is not None and busy_after is not None
+            else None
+        ),
         wall_seconds=wall,
         stdout=_tail(stdout_path),
         stderr=_tail(stderr_path),
@@ -160,6 +170,17 @@ def run_sandboxed(
             wall_seconds_limit=limits.wall_seconds,
         ),
     )
+
+
+def _host_busy_seconds() -> float | None:
+    """Non-idle CPU seconds of the whole host since boot, from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    ticks = [int(v) for v in fields[:8]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _tail(path: Path) -> str:

@@ -86,6 +86,7 @@ def _report(verdict: Verdict, bench: BenchmarkResult | Rejection | None) -> dict
         "roofline_ns": result.roofline_ns if result else None,
         "roofline_fraction": result.roofline_fraction if result else None,
         "shape": result.shape if result else None,
+        "host_contention_cores": result.host_contention_cores if result else None,
         "sandbox": msgspec.to_builtins(verdict.sandbox) if verdict.sandbox else None,
     }
 
@@ -116,6 +117,9 @@ def _print_human(report: dict[str, Any]) -> None:
             f"roofline: {report['roofline_fraction']:.3f} of this host's ceiling "
             f"({report['roofline_ns'] / 1e6:.3f} ms)"
         )
+        busy = report["host_contention_cores"]
+        if busy is not None and busy > 0.2:
+            print(f"note: other work used {busy:.2f} cores during timing; figures are skewed")
     sandbox = report["sandbox"]
     if sandbox and not sandbox["network_isolated"]:
         print(f"note: network not isolated: {sandbox['network_note']}")
@@ -137,6 +141,9 @@ def check(
         None, "--incumbent", help="A verified kernel to time interleaved with this one."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the trial inputs."),
+    recalibrate: bool = typer.Option(
+        False, "--recalibrate", help="Measure this host's bandwidth and peak again (with --bench)."
+    ),
 ) -> None:
     if target != "cpu":
         raise UserError(f"target {target!r} is not available yet; use --target cpu")
@@ -154,7 +161,7 @@ def check(
     outcome: BenchmarkResult | Rejection | None = None
     if bench and verdict.verified:
         try:
-            calibration = load_or_calibrate(default_cache_dir().parent)
+            calibration = load_or_calibrate(default_cache_dir().parent, force=recalibrate)
         except CalibrationError as exc:
             raise UserError(f"cannot calibrate this host: {exc}") from None
         build = backend.compile(spec, text, kernel_flags).build

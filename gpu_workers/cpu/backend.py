@@ -166,6 +166,7 @@ class CpuBackend:
                 },
                 wall_seconds=outcome.wall_seconds,
                 timed_seconds=reply.timed_seconds,
+                host_contention_cores=contention(outcome),
                 timed_poison_bits=p.POISON_BITS[0],
                 recheck_poison_bits=p.POISON_BITS[1],
             )
@@ -175,6 +176,12 @@ class CpuBackend:
         # Spinning OpenMP threads start together, which is what exposes data races.
         env = {"OMP_WAIT_POLICY": "ACTIVE"} if isinstance(job, p.VerifyJob) else {}
         return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=env)
+
+
+def contention(outcome: SandboxOutcome) -> float | None:
+    if outcome.other_cpu_seconds is None or outcome.wall_seconds <= 0:
+        return None
+    return outcome.other_cpu_seconds / outcome.wall_seconds
 
 
 def _reply(workdir: Path, kind: type[ReplyT]) -> ReplyT:

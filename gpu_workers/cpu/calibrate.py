@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 
 from gpu_workers.cpu import protocol as p
+from gpu_workers.cpu.backend import contention
 from gpu_workers.cpu.compiler import CompileFailure, compile_kernel, default_cache_dir
 from gpu_workers.results import HostCalibration
 from gpu_workers.sandbox import Limits, run_sandboxed, sandbox_dir
@@ -107,6 +108,7 @@ def measure(cache_dir: Path | None = None) -> HostCalibration:
                 f"{outcome.stderr[-2000:]}"
             )
         reply = msgspec.json.decode((workdir / p.RESULT_FILE).read_bytes(), type=p.Reply)
+        busy = contention(outcome)
     if not isinstance(reply, p.CalibrateReply):
         raise CalibrationError("the runner answered a calibration with something else")
     sgemm = 2.0 * reply.sgemm_n**3 / reply.sgemm_seconds / 1e9
@@ -122,6 +124,7 @@ def measure(cache_dir: Path | None = None) -> HostCalibration:
         sgemm_gflops=sgemm,
         fma_peak_gflops=fma,
         streaming_stores=reply.streaming_stores,
+        host_contention_cores=busy,
         measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         method=(
             f"best of 7: all-core copy of {COPY_BYTES >> 20} MiB with non-temporal stores "

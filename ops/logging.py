@@ -19,6 +19,12 @@ def configure_logging(debug: bool = False) -> None:
             structlog.dev.ConsoleRenderer(colors=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_current_stderr,
         cache_logger_on_first_use=False,
     )
+
+
+def _current_stderr(*_: object) -> structlog.PrintLogger:
+    # Resolved at each use: whoever swapped sys.stderr since (a test runner, a daemon
+    # closing its terminal) must not turn a log line into a dead recorder.
+    return structlog.PrintLogger(file=sys.stderr)

@@ -7,10 +7,14 @@ import sys
 
 import structlog
 
+_debug = False
 
-def configure_logging(debug: bool = False) -> None:
+
+def configure_logging(debug: bool = False, level: int = logging.INFO) -> None:
     """Log to stderr as key=value lines; actors bind campaign, role and instance."""
-    level = logging.DEBUG if debug else logging.INFO
+    global _debug
+    _debug = debug
+    level = logging.DEBUG if debug else level
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -22,6 +26,12 @@ def configure_logging(debug: bool = False) -> None:
         logger_factory=_current_stderr,
         cache_logger_on_first_use=False,
     )
+
+
+def quiet_logs() -> None:
+    """Only warnings and errors (for commands that draw their own progress), unless --debug."""
+    if not _debug:
+        configure_logging(level=logging.WARNING)
 
 
 def _current_stderr(*_: object) -> structlog.PrintLogger:

@@ -142,3 +142,28 @@ def test_server_records_serves_sql_and_streams_events(tmp_path: Path) -> None:
         server.send_signal(signal.SIGINT)
         assert server.wait(30) == 0
     assert not (tmp_path / "home" / "server.json").exists()
+
+
+def test_run_records_a_campaign_and_reads_it_back(tmp_path: Path) -> None:
+    home = ["--home", str(tmp_path)]
+    done = kfactory("run", "--problem", "rmsnorm", "--json", *home, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["chain_ok"] and summary["events"] == 5
+    assert summary["verdict"] == "verified" and summary["speedup"] > 0
+    stored = kfactory(
+        "sql",
+        f"SELECT type FROM events WHERE campaign_id = '{summary['campaign_id']}' "
+        "ORDER BY position",
+        "-f",
+        "csv",
+        *home,
+    )
+    assert stored.stdout.split() == [
+        "type",
+        "CampaignStarted",
+        "HostCalibrated",
+        "KernelVerified",
+        "BenchmarkCompleted",
+        "CampaignFinished",
+    ]

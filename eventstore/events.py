@@ -78,7 +78,127 @@ class CampaignFinished(Event, tag=True, frozen=True):
     summary: dict[str, Any] = {}
 
 
-# --- devices and kernels --------------------------------------------------------------
+# --- the search --------------------------------------------------------------------
+
+
+class CampaignResumed(Event, tag=True, frozen=True):
+    """`kfactory run` found this campaign unfinished and picked it up again."""
+
+    reason: str = "resumed"
+
+
+class GenerationOpened(Event, tag=True, frozen=True):
+    generation: int
+    planned: int
+
+
+class _Targeted(Event, frozen=True):
+    """Work routed to the actors serving one device target (`kf.ev.<c>.<type>.<target>`)."""
+
+    problem: str
+    target: str
+    candidate_id: str
+    generation: int
+
+    @property
+    def subject_target(self) -> str | None:
+        return self.target
+
+
+class CandidateProposed(_Targeted, tag=True, frozen=True):
+    """One point to evaluate: a template and its parameters, or an LLM variation."""
+
+    template: str
+    params: dict[str, Any] = {}
+    param_key: str = ""
+    operator: str = "sample"  # sample | improve | fix | crossover
+    parents: list[str] = []  # candidate ids, for LLM variations
+
+
+class FusionPlanned(_Targeted, tag=True, frozen=True):
+    """How a graph problem's chain of ops is split into fused kernels for one candidate."""
+
+    groups: list[list[str]]
+    params: dict[str, Any] = {}
+    param_key: str = ""
+
+
+class LlmExchanged(_Targeted, tag=True, frozen=True):
+    """One conversation with an LLM, kept so that a replay never needs the LLM again."""
+
+    operator: str
+    model: str
+    prompt: list[dict[str, str]]
+    reply: str | None
+    usage: dict[str, int] = {}
+    attempts: int = 1
+    error: str | None = None
+    latency_s: float = 0.0
+
+
+class KernelWritten(_Targeted, tag=True, frozen=True):
+    source_hash: str
+    source: str
+    flags: list[str]
+    writer: str  # template | fuser | llm
+    template: str = ""
+    params: dict[str, Any] = {}
+    param_key: str = ""
+
+
+class CandidateDeduplicated(_Targeted, tag=True, frozen=True):
+    """This candidate's kernel was evaluated before; it is not evaluated again."""
+
+    source_hash: str
+    param_key: str
+    duplicate_of: str  # the event id of the earlier evaluation
+
+
+class KernelVerified(_Targeted, tag=True, frozen=True):
+    source_hash: str
+    max_rel_err: float
+    trials: int
+    evidence: dict[str, Any] = {}
+
+
+class KernelRejected(_Targeted, tag=True, frozen=True):
+    source_hash: str
+    stage: str
+    reason: str
+    evidence: dict[str, Any] = {}
+
+
+class BenchmarkCompleted(_Targeted, tag=True, frozen=True):
+    source_hash: str
+    median_ns: float
+    iqr_ns: float
+    baseline: str
+    baseline_ns: float
+    speedup: float
+    roofline_fraction: float
+    device: str = ""  # the calibrated host or GPU the time belongs to
+    evidence: dict[str, Any] = {}
+
+
+class LessonLearned(Event, tag=True, frozen=True):
+    """Something the history shows, with the ids of the events it was drawn from."""
+
+    generation: int
+    kind: str  # parameter_effect | failure_signature | lineage
+    statement: str
+    evidence_ids: list[str]
+    data: dict[str, Any] = {}
+
+
+class GenerationClosed(Event, tag=True, frozen=True):
+    generation: int
+    settled: int
+    evaluated: int
+    best_candidate: str | None = None
+    best_speedup: float | None = None
+
+
+# --- devices ----------------------------------------------------------------------------
 
 
 class HostCalibrated(Event, tag=True, frozen=True):
@@ -88,37 +208,6 @@ class HostCalibrated(Event, tag=True, frozen=True):
     bandwidth_gbs: float
     peak_gflops: float
     method: dict[str, Any] = {}
-
-
-class KernelVerified(Event, tag=True, frozen=True):
-    problem: str
-    device: str
-    source_hash: str
-    max_rel_err: float
-    trials: int
-    evidence: dict[str, Any] = {}
-
-
-class KernelRejected(Event, tag=True, frozen=True):
-    problem: str
-    device: str
-    source_hash: str
-    stage: str
-    reason: str
-    evidence: dict[str, Any] = {}
-
-
-class BenchmarkCompleted(Event, tag=True, frozen=True):
-    problem: str
-    device: str
-    source_hash: str
-    median_ns: float
-    iqr_ns: float
-    baseline: str
-    baseline_ns: float
-    speedup: float
-    roofline_fraction: float
-    evidence: dict[str, Any] = {}
 
 
 # --- the runtime's own facts --------------------------------------------------------------
@@ -156,10 +245,19 @@ class DeadLettered(Event, tag=True, frozen=True):
 AnyEvent = (
     CampaignStarted
     | CampaignFinished
-    | HostCalibrated
+    | CampaignResumed
+    | GenerationOpened
+    | CandidateProposed
+    | FusionPlanned
+    | LlmExchanged
+    | KernelWritten
+    | CandidateDeduplicated
     | KernelVerified
     | KernelRejected
     | BenchmarkCompleted
+    | LessonLearned
+    | GenerationClosed
+    | HostCalibrated
     | ActorStarted
     | ActorStopped
     | EventRejected

@@ -133,7 +133,9 @@ async def _campaign(
                 fact(
                     KernelVerified,
                     problem=problem_name,
-                    device="cpu",
+                    target="cpu",
+                    candidate_id="example",
+                    generation=0,
                     source_hash=verdict.source_sha256,
                     max_rel_err=verdict.max_rel_err or 0.0,
                     trials=len(verdict.trials),
@@ -147,7 +149,9 @@ async def _campaign(
                 fact(
                     KernelRejected,
                     problem=problem_name,
-                    device="cpu",
+                    target="cpu",
+                    candidate_id="example",
+                    generation=0,
                     source_hash=verdict.source_sha256,
                     stage=outcome.stage,
                     reason=outcome.reason,
@@ -159,7 +163,9 @@ async def _campaign(
                 fact(
                     BenchmarkCompleted,
                     problem=problem_name,
-                    device="cpu",
+                    target="cpu",
+                    candidate_id="example",
+                    generation=0,
                     source_hash=verdict.source_sha256,
                     median_ns=outcome.kernel.median_ns,
                     iqr_ns=outcome.kernel.iqr_ns,

@@ -65,7 +65,13 @@ def repeatability(problem: str, repeats: int) -> dict[str, Any]:
     calibration = load_or_calibrate(default_cache_dir().parent)
     medians, busy = [], []
     for _ in range(repeats):
-        result = benchmark(spec, backend, compiled.build, calibration)
+        result = benchmark(
+            spec,
+            backend,
+            compiled.build,
+            calibration,
+            recalibrate=lambda: load_or_calibrate(default_cache_dir().parent, force=True),
+        )
         if not isinstance(result, BenchmarkResult):
             raise SystemExit(f"repeatability run rejected: {result}")
         medians.append(result.kernel.median_ns)

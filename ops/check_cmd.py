@@ -180,6 +180,7 @@ def check(
             incumbent=incumbent_build,
             shape=bench_shape,
             seed=seed,
+            recalibrate=lambda: load_or_calibrate(default_cache_dir().parent, force=True),
         )
     report = _report(verdict, outcome)
     if json_out:

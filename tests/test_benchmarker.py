@@ -5,6 +5,8 @@ These tests time things but assert no performance figure; performance lives in b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpu_workers.benchmarker import (
@@ -17,6 +19,7 @@ from gpu_workers.benchmarker import (
     timing_stats,
 )
 from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.calibrate import load_or_calibrate
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from kernels.builtin import BUILTIN
 from kernels.spec import Cost
@@ -64,12 +67,18 @@ def _build(backend: CpuBackend, source: str) -> object:
 
 
 def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
-    cpu_backend: CpuBackend, calibration: HostCalibration
+    cpu_backend: CpuBackend, calibration: HostCalibration, kf_cache: Path
 ) -> None:
     kernel = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
     incumbent = _build(cpu_backend, planted("tail_off_by_one").replace("cols - 1", "cols"))
     result = benchmark(
-        BUILTIN["softmax"], cpu_backend, kernel, calibration, incumbent=incumbent, shape=SMALL
+        BUILTIN["softmax"],
+        cpu_backend,
+        kernel,
+        calibration,
+        incumbent=incumbent,
+        shape=SMALL,
+        recalibrate=lambda: load_or_calibrate(kf_cache, force=True),
     )
     assert isinstance(result, BenchmarkResult), result
     assert result.kernel.runs >= MIN_RUNS
@@ -80,7 +89,8 @@ def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
     assert result.kernel.q1_ns <= result.kernel.median_ns <= result.kernel.q3_ns
     assert result.speedup == pytest.approx(result.baseline.median_ns / result.kernel.median_ns)
     assert result.speedup_vs_incumbent is not None
-    assert 0 < result.roofline_fraction <= 1.10
+    assert 0 < result.roofline_fraction <= 1.10, (result, calibration)
+    assert result.host_contention_cores is not None and result.host_contention_cores >= 0
     assert result.rotated_bytes >= 2 * calibration.llc_bytes
     assert result.input_sets >= 2
 

@@ -79,7 +79,33 @@ def load_or_calibrate(cache_dir: Path | None = None, *, force: bool = False) -> 
     return calibration
 
 
+QUIET_CORES = 0.25
+ATTEMPTS = 3
+
+
 def measure(cache_dir: Path | None = None) -> HostCalibration:
+    """Measure until the host was quiet (or ATTEMPTS runs); keep each ceiling's best value,
+    since a ceiling is the most the host can do and other work only ever lowers it."""
+    runs = []
+    for _ in range(ATTEMPTS):
+        runs.append(_measure_once(cache_dir))
+        if (runs[-1].host_contention_cores or 0.0) < QUIET_CORES:
+            break
+    best = max(runs, key=lambda c: c.memory_bandwidth_gbs)
+    sgemm = max(c.sgemm_gflops for c in runs)
+    fma = max(c.fma_peak_gflops for c in runs)
+    return msgspec.structs.replace(
+        best,
+        sgemm_gflops=sgemm,
+        fma_peak_gflops=fma,
+        peak_fp32_gflops=max(sgemm, fma),
+        numpy_copy_bandwidth_gbs=max(c.numpy_copy_bandwidth_gbs for c in runs),
+        host_contention_cores=min(c.host_contention_cores or 0.0 for c in runs),
+        method=f"{best.method}; best of {len(runs)} run(s), stopping at a quiet host",
+    )
+
+
+def _measure_once(cache_dir: Path | None) -> HostCalibration:
     compiled = compile_kernel(
         CALIBRATION_SOURCE.read_text(),
         ("-O3", "-march=native", "-fopenmp"),
@@ -127,7 +153,8 @@ def measure(cache_dir: Path | None = None) -> HostCalibration:
         host_contention_cores=busy,
         measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         method=(
-            f"best of 7: all-core copy of {COPY_BYTES >> 20} MiB with non-temporal stores "
+            f"best of 15 after 1 s warm-up: all-core copy of {COPY_BYTES >> 20} MiB, "
+            "non-temporal stores "
             f"(bytes read + written); numpy float32 {SGEMM_N}^3 matmul; all-core 512-bit FMA chains"
         ),
     )

@@ -39,6 +39,7 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     recheck_seed: int
     rotate_bytes: int
     warmup: int = 3
+    warmup_seconds: float = 0.3
     min_runs: int = 30
     min_seconds: float = 0.5
     max_seconds: float = 60.0

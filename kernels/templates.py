@@ -166,17 +166,29 @@ _ROW_DEFAULTS: dict[str, ParamValue] = {
 _ROW_BEST: dict[str, ParamValue] = {**_ROW_DEFAULTS, "streaming": True}
 
 
-def _row_template(name: str, problem: str, file: str, algorithm: str) -> Template:
+def _row_template(
+    name: str, problem: str, file: str, algorithm: str, *, streams_output: bool = True
+) -> Template:
+    """`streams_output=False`: a kernel whose output is not a stream (KDA) has no streaming
+    or prefetch parameters, so a planner does not search knobs that do nothing."""
+    params = _row_params()
+    constraints = ROW_CONSTRAINTS
+    defaults, best = dict(_ROW_DEFAULTS), dict(_ROW_BEST)
+    if not streams_output:
+        params = tuple(p for p in params if p.name not in ("streaming", "prefetch"))
+        constraints = ROW_CONSTRAINTS[:2]
+        for point in (defaults, best):
+            del point["streaming"], point["prefetch"]
     return Template(
         name=name,
         problem=problem,
         target="cpu",
         file=file,
         algorithm=algorithm,
-        params=_row_params(),
-        constraints=ROW_CONSTRAINTS,
-        defaults=dict(_ROW_DEFAULTS),
-        best_known=dict(_ROW_BEST),
+        params=params,
+        constraints=constraints,
+        defaults=defaults,
+        best_known=best,
     )
 
 
@@ -339,6 +351,7 @@ TEMPLATES: dict[str, Template] = {
             "kda",
             "kda_recurrent.c.j2",
             "state kept in cache, one (batch, head) pair per task",
+            streams_output=False,
         ),
         MATMUL_BLOCKED,
         MATMUL_PACKED,

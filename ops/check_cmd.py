@@ -23,12 +23,9 @@ FLAGS_COMMENT = re.compile(r"^\s*//\s*kfactory-flags:\s*(.+?)\s*$", re.MULTILINE
 
 CHECK_HELP = """Verify a hand-written kernel against a problem's reference; --bench also times it.
 
-The kernel must define the problem's C signature (see `kfactory problems show NAME`).
-It is compiled, statically checked, and run in a sandbox on fresh inputs from every
-distribution and test shape. With --bench it is then timed at the default shape against
-the float32 numpy baseline, re-checked on new inputs, and compared with the roofline.
-Compiler flags come from --flags, else from a `// kfactory-flags: ...` line in the
-source, else "-O3 -march=native -fopenmp". Exit status: 0 verified, 1 rejected.
+The kernel must define the problem's C signature (see `kfactory problems show NAME`). It is compiled, statically checked, and run in a sandbox on fresh inputs from every distribution and test shape. With --bench it is then timed at the default shape against the float32 numpy baseline, re-checked on new inputs, and compared with this host's roofline.
+
+Compiler flags come from --flags, else from a `// kfactory-flags: ...` line in the source, else "-O3 -march=native -fopenmp". Exit status: 0 verified, 1 rejected, 2 bad input.
 
 Examples:
 
@@ -39,7 +36,7 @@ Examples:
   kfactory check matmul --source mm.c --flags "-O3 -march=native -fopenmp" --bench
 
   kfactory check rmsnorm --source rms.c --bench --shape rows=1024,cols=8192
-"""
+"""  # noqa: E501
 
 
 def _parse_shape(text: str | None, dims: tuple[str, ...]) -> dict[str, int] | None:

@@ -54,13 +54,23 @@ class Reactions:
         self.actor = actor
         self.events: list[Event] = []
 
-    def emit(self, cls: type[E], *, campaign_id: str | None = None, **payload: Any) -> E:
+    def emit(
+        self,
+        cls: type[E],
+        *,
+        campaign_id: str | None = None,
+        event_id: str | None = None,
+        **payload: Any,
+    ) -> E:
+        """Record a reaction; `event_id` overrides the cause-derived id (for facts that
+        several causes may reach, such as closing a generation)."""
         event = new_event(
             cls,
             campaign_id=campaign_id or self.cause.campaign_id,
             actor=self.actor,
             cause=self.cause,
-            event_id=derived_event_id(self.cause.event_id, self.actor.role, len(self.events)),
+            event_id=event_id
+            or derived_event_id(self.cause.event_id, self.actor.role, len(self.events)),
             **payload,
         )
         self.events.append(event)
@@ -82,6 +92,12 @@ class Actor(abc.ABC):
     @abc.abstractmethod
     async def handle(self, event: Event, out: Reactions) -> None:
         """React to one event by calling `out.emit(...)`; raise to have it retried."""
+
+    async def setup(self, nc: Client, ref: ActorRef) -> None:  # noqa: B027 - optional hook
+        """Before the first message: open services, load caches."""
+
+    async def teardown(self) -> None:  # noqa: B027 - optional hook
+        """After the last message."""
 
     @property
     def durable_name(self) -> str:
@@ -123,10 +139,12 @@ class ActorRuntime:
         with structlog.contextvars.bound_contextvars(
             role=self.ref.role, instance=self.ref.instance
         ):
+            await self.actor.setup(self._nc, self.ref)
             log.info("actor started", reacts_to=types, consumer=consumer.durable)
             try:
                 await consumer.run(stop)
             finally:
+                await self.actor.teardown()
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(
                         self._emitter.emit(

@@ -186,6 +186,42 @@ class DuckDBEventStore(EventStore):
         finally:
             cursor.close()
 
+    def select_payloads(
+        self,
+        *,
+        campaign_id: str | None = None,
+        types: list[str] | None = None,
+        problem: str | None = None,
+        target: str | None = None,
+        after_position: int = 0,
+        limit: int = 10_000,
+    ) -> list[tuple[int, bytes]]:
+        """(position, payload) of matching events in position order: what actors replay."""
+        where = ["position > $after"]
+        params: dict[str, Any] = {"after": after_position, "limit": limit}
+        if campaign_id is not None:
+            where.append("campaign_id = $campaign")
+            params["campaign"] = campaign_id
+        if types:
+            where.append("list_contains($types, type)")
+            params["types"] = types
+        if problem is not None:
+            where.append("payload->>'problem' = $problem")
+            params["problem"] = problem
+        if target is not None:
+            where.append("payload->>'target' = $target")
+            params["target"] = target
+        sql = (
+            f"SELECT position, payload::BLOB FROM events WHERE {' AND '.join(where)} "
+            "ORDER BY position LIMIT $limit"
+        )
+        cursor = self._conn.cursor()
+        try:
+            rows = cursor.execute(sql, params).fetchall()
+        finally:
+            cursor.close()
+        return [(int(position), bytes(payload)) for position, payload in rows]
+
     def query(self, sql: str, max_rows: int = 10_000) -> QueryResult:
         """Run one read-only query (refused otherwise); the transaction is always rolled back."""
         check_read_only(sql)

@@ -13,7 +13,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.micro.service import Service
 
 from bus.service import RequestRefused, ServiceError, request, serve
+from eventstore.codec import decode
 from eventstore.duckdb_store import DuckDBEventStore, QueryResult
+from eventstore.events import Event
 from eventstore.sql_guard import SqlRefused
 
 SERVICE = "kf-store"
@@ -22,6 +24,20 @@ SERVICE = "kf-store"
 class SqlRequest(msgspec.Struct, frozen=True):
     sql: str
     max_rows: int = 10_000
+
+
+class ReplayRequest(msgspec.Struct, frozen=True):
+    campaign_id: str | None = None
+    types: list[str] = []
+    problem: str | None = None
+    target: str | None = None
+    after_position: int = 0
+    limit: int = 5_000
+
+
+class ReplayPage(msgspec.Struct, frozen=True):
+    positions: list[int]
+    payloads: list[msgspec.Raw]
 
 
 class StoreStatus(msgspec.Struct, frozen=True):
@@ -56,6 +72,24 @@ async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
             raise RequestRefused(f"query failed: {exc}") from exc
         return _encoder.encode(result)
 
+    async def replay_page(data: bytes) -> bytes:
+        try:
+            ask = msgspec.json.decode(data, type=ReplayRequest)
+        except msgspec.DecodeError as exc:
+            raise RequestRefused(f"bad request: {exc}") from exc
+        rows = await asyncio.to_thread(
+            store.select_payloads,
+            campaign_id=ask.campaign_id,
+            types=ask.types,
+            problem=ask.problem,
+            target=ask.target,
+            after_position=ask.after_position,
+            limit=min(ask.limit, 20_000),
+        )
+        return _encoder.encode(
+            ReplayPage([p for p, _ in rows], [msgspec.Raw(payload) for _, payload in rows])
+        )
+
     async def status(_: bytes) -> bytes:
         return _encoder.encode(
             StoreStatus(
@@ -70,7 +104,7 @@ async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
         nc,
         SERVICE,
         "1.0.0",
-        {"sql": sql, "status": status},
+        {"sql": sql, "status": status, "replay": replay_page},
         description="read-only SQL over the Kernel Factory event store",
     )
 
@@ -90,6 +124,33 @@ async def query(nc: Client, sql: str, max_rows: int = 10_000, timeout: float = 3
             "no event store answered on the bus (is `kfactory server` running?)"
         ) from exc
     return msgspec.json.decode(reply, type=QueryResult)
+
+
+async def replay(
+    nc: Client,
+    *,
+    campaign_id: str | None = None,
+    types: list[str] | None = None,
+    problem: str | None = None,
+    target: str | None = None,
+    after_position: int = 0,
+    timeout: float = 30.0,
+) -> list[tuple[int, Event]]:
+    """Stored events matching the filters, in position order, from the store's owner."""
+    found: list[tuple[int, Event]] = []
+    while True:
+        ask = ReplayRequest(campaign_id, types or [], problem, target, after_position)
+        try:
+            reply = await request(nc, SERVICE, "replay", msgspec.json.encode(ask), timeout)
+        except (NoRespondersError, NatsTimeout) as exc:
+            raise StoreUnavailable("no event store answered on the bus") from exc
+        page = msgspec.json.decode(reply, type=ReplayPage)
+        found += [
+            (p, decode(bytes(raw))) for p, raw in zip(page.positions, page.payloads, strict=True)
+        ]
+        if len(page.positions) < ask.limit:
+            return found
+        after_position = page.positions[-1]
 
 
 async def status(nc: Client, timeout: float = 5.0) -> StoreStatus:

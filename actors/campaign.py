@@ -1,0 +1,111 @@
+"""The campaign a user asks for: decoded from TOML (or command-line flags) into typed
+structs, so that a wrong field is named in the error."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from bus.subjects import check_token
+
+
+class CampaignError(ValueError):
+    """A campaign file or flag that cannot be used, with the field named."""
+
+
+class Budget(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    candidates: int = 40
+    wall_time: str = "30m"
+    stop_at_roofline: float = 0.95
+
+    def wall_seconds(self) -> float:
+        return parse_duration(self.wall_time)
+
+
+class Writer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    kind: Literal["template", "llm"] = "template"
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 120.0
+    retries: int = 4
+
+
+class Search(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    per_generation: int = 8
+    seed: int = 1
+
+
+class CampaignSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    problem: str
+    name: str = ""
+    target: str = "cpu"
+    shapes: list[list[int]] = []
+    dtype: str = "fp32"
+    budget: Budget = Budget()
+    writer: Writer = Writer()
+    search: Search = Search()
+
+    @property
+    def campaign_id(self) -> str:
+        """The same request always names the same campaign, so running it again resumes."""
+        if self.name:
+            return check_token(self.name, "campaign name")
+        digest = hashlib.sha256(msgspec.json.encode(self)).hexdigest()[:8]
+        problem = re.sub(r"[^A-Za-z0-9_-]", "-", Path(self.problem).stem.split(":")[-1])
+        return f"{problem}-{self.target.replace(':', '-')}-{digest}"
+
+    def to_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = msgspec.to_builtins(self)
+        return config
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    match = _DURATION.match(text)
+    if match is None:
+        raise CampaignError(f"budget.wall_time {text!r} is not a duration like 90s, 30m or 2h")
+    value, unit = float(match.group(1)), match.group(2) or "s"
+    return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+
+
+def validate(spec: CampaignSpec) -> CampaignSpec:
+    if spec.budget.candidates < 1:
+        raise CampaignError("budget.candidates must be at least 1")
+    if spec.search.per_generation < 1:
+        raise CampaignError("search.per_generation must be at least 1")
+    if not 0 < spec.budget.stop_at_roofline <= 1.5:
+        raise CampaignError("budget.stop_at_roofline must be in (0, 1.5]")
+    spec.budget.wall_seconds()
+    if spec.writer.kind == "llm" and not (spec.writer.base_url and spec.writer.model):
+        raise CampaignError("writer.base_url and writer.model are needed for writer.kind = 'llm'")
+    try:
+        spec.campaign_id  # noqa: B018 - validates the name
+    except ValueError as exc:
+        raise CampaignError(str(exc)) from exc
+    return spec
+
+
+def load_campaign(path: Path) -> CampaignSpec:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CampaignError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        spec = msgspec.toml.decode(data, type=CampaignSpec)
+    except msgspec.ValidationError as exc:
+        raise CampaignError(f"{path}: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise CampaignError(f"{path} is not valid TOML: {exc}") from exc
+    return validate(spec)
+
+
+def decode_config(config: dict[str, Any]) -> CampaignSpec:
+    """The spec back from a CampaignStarted event's config."""
+    return msgspec.convert(config, CampaignSpec)

@@ -1,0 +1,157 @@
+"""Lessons drawn from the history of one problem and target, each citing its evidence.
+
+- parameter effects: how each template parameter value moves the speedup, with the
+  effect size (difference of mean log-speedups in pooled standard deviations);
+- failure signatures: rejections grouped by stage, reason and first message line, and
+  parameter values under which candidates always failed (the planner avoids those);
+- lineage: the candidates that raised the campaign's best, in order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.history import Candidate, History
+
+MIN_SAMPLES = 2
+MIN_EFFECT = 0.5
+
+
+@dataclass(frozen=True)
+class Lesson:
+    kind: str
+    statement: str
+    evidence_ids: list[str]
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def draw_lessons(history: History, campaign_id: str) -> list[Lesson]:
+    campaign = history.campaigns[campaign_id]
+    scope = history.scope_candidates(campaign.spec.problem, campaign.spec.target)
+    return [
+        *parameter_effects(scope),
+        *failure_signatures(scope),
+        *avoided_regions(scope),
+        *lineage(history.campaign_candidates(campaign_id)),
+    ]
+
+
+def _by_value(candidates: list[Candidate]) -> dict[tuple[str, str, Any], list[Candidate]]:
+    groups: dict[tuple[str, str, Any], list[Candidate]] = defaultdict(list)
+    for c in candidates:
+        for name, value in c.proposal.params.items():
+            groups[(c.proposal.template, name, value)].append(c)
+    return groups
+
+
+def parameter_effects(scope: list[Candidate]) -> list[Lesson]:
+    timed = [c for c in scope if c.benchmark and c.benchmark.speedup > 0]
+    lessons = []
+    for (template, name, value), group in sorted(_by_value(timed).items(), key=str):
+        others = [
+            c
+            for c in timed
+            if c.proposal.template == template and c.proposal.params.get(name) != value
+        ]
+        if len(group) < MIN_SAMPLES or len(others) < MIN_SAMPLES:
+            continue
+        with_value = [math.log(c.speedup or 1.0) for c in group]
+        without = [math.log(c.speedup or 1.0) for c in others]
+        spread = statistics.pstdev(with_value + without) or 1e-9
+        effect = (statistics.fmean(with_value) - statistics.fmean(without)) / spread
+        if abs(effect) < MIN_EFFECT:
+            continue
+        ratio = math.exp(statistics.fmean(with_value) - statistics.fmean(without))
+        lessons.append(
+            Lesson(
+                kind="parameter_effect",
+                statement=(
+                    f"{template}: {name}={value!r} gives {ratio:.2f}x the speedup of other "
+                    f"values (effect size {effect:+.2f}, n={len(group)} vs {len(others)})"
+                ),
+                evidence_ids=[c.benchmark.event_id for c in group + others if c.benchmark],
+                data={
+                    "template": template,
+                    "param": name,
+                    "value": value,
+                    "effect_size": effect,
+                    "speedup_ratio": ratio,
+                    "n": len(group),
+                },
+            )
+        )
+    return lessons
+
+
+def _signature(message: str) -> str:
+    first = (message.strip().splitlines() or [""])[0]
+    return re.sub(r"\d+", "N", first)[:160]
+
+
+def failure_signatures(scope: list[Candidate]) -> list[Lesson]:
+    groups: dict[tuple[str, str, str], list[Candidate]] = defaultdict(list)
+    for c in scope:
+        if c.rejected:
+            message = str(c.rejected.evidence.get("message", ""))
+            groups[(c.rejected.stage, c.rejected.reason, _signature(message))].append(c)
+    return [
+        Lesson(
+            kind="failure_signature",
+            statement=(
+                f"{len(group)} candidate(s) rejected at {stage} ({reason})"
+                + (f": {signature}" if signature else "")
+            ),
+            evidence_ids=[c.rejected.event_id for c in group if c.rejected],
+            data={"stage": stage, "reason": reason, "signature": signature, "count": len(group)},
+        )
+        for (stage, reason, signature), group in sorted(groups.items())
+    ]
+
+
+def avoided_regions(scope: list[Candidate]) -> list[Lesson]:
+    """Parameter values whose every evaluated candidate failed to compile or verify."""
+    evaluated = [c for c in scope if c.evaluated]
+    lessons = []
+    for (template, name, value), group in sorted(_by_value(evaluated).items(), key=str):
+        failed = [
+            c
+            for c in group
+            if c.rejected and c.rejected.stage in ("compile", "static", "run", "compare")
+        ]
+        if len(group) >= MIN_SAMPLES and len(failed) == len(group):
+            stages = sorted({c.rejected.stage for c in failed if c.rejected})
+            lessons.append(
+                Lesson(
+                    kind="failure_signature",
+                    statement=(
+                        f"{template}: every candidate with {name}={value!r} failed "
+                        f"({', '.join(stages)}; n={len(group)}): avoid it"
+                    ),
+                    evidence_ids=[c.rejected.event_id for c in failed if c.rejected],
+                    data={"template": template, "param": name, "value": value, "avoid": True},
+                )
+            )
+    return lessons
+
+
+def lineage(candidates: list[Candidate]) -> list[Lesson]:
+    chain: list[Candidate] = []
+    for c in candidates:
+        if c.speedup and (not chain or c.speedup > (chain[-1].speedup or 0)):
+            chain.append(c)
+    if not chain:
+        return []
+    steps = " -> ".join(f"{c.candidate_id} ({c.speedup:.2f}x)" for c in chain)
+    return [
+        Lesson(
+            kind="lineage",
+            statement=f"best-so-far lineage: {steps}",
+            evidence_ids=[c.benchmark.event_id for c in chain if c.benchmark],
+            data={"chain": [c.candidate_id for c in chain], "best": chain[-1].candidate_id},
+        )
+    ]

@@ -1,0 +1,226 @@
+"""The librarian: closes generations with lessons, and answers what is known.
+
+It keeps the history of every campaign by replaying the store. When every candidate of
+a generation is settled it emits the lessons drawn from the history (each citing its
+evidence) and GenerationClosed. Over request/reply (`kf.svc.kf-librarian.*`) it answers
+the dedupe questions (`seen`), the lessons of a problem and target (`lessons`), and
+the kernels of candidates (`kernel`, `best`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+from nats.aio.client import Client
+from nats.micro.service import Service
+
+from actors.history import Candidate, History
+from actors.lessons import draw_lessons
+from actors.replayer import HistoryReader
+from actors.runtime import Actor, Reactions
+from bus.service import RequestRefused, request, serve
+from eventstore.events import (
+    ActorRef,
+    BenchmarkCompleted,
+    CandidateDeduplicated,
+    Event,
+    GenerationClosed,
+    GenerationOpened,
+    KernelRejected,
+    LessonLearned,
+)
+from eventstore.ids import derived_event_id
+
+SERVICE = "kf-librarian"
+
+
+class SeenRequest(msgspec.Struct, frozen=True):
+    campaign_id: str
+    param_keys: list[str] = []
+    source_hash: str | None = None
+    candidate_id: str = ""
+
+
+class SeenReply(msgspec.Struct, frozen=True):
+    keys: dict[str, str | None]
+    """param key -> the candidate that already has it (evaluated or in flight)."""
+    source_duplicate_of: str | None = None
+    """The event that settled an earlier candidate with the same kernel source."""
+
+
+class KernelRequest(msgspec.Struct, frozen=True):
+    campaign_id: str
+    candidate_id: str | None = None  # None: the campaign's best
+
+
+class KernelReply(msgspec.Struct, frozen=True):
+    candidate_id: str
+    source: str
+    flags: list[str]
+    speedup: float | None = None
+    rejection: dict[str, Any] | None = None
+
+
+class LessonsRequest(msgspec.Struct, frozen=True):
+    campaign_id: str
+
+
+class LessonView(msgspec.Struct, frozen=True):
+    kind: str
+    statement: str
+    data: dict[str, Any]
+    evidence_ids: list[str]
+
+
+class Librarian(Actor):
+    role = "librarian"
+    reacts_to = (GenerationOpened, CandidateDeduplicated, KernelRejected, BenchmarkCompleted)
+
+    def __init__(self) -> None:
+        self._reader: HistoryReader | None = None
+        self._service: Service | None = None
+
+    async def setup(self, nc: Client, ref: ActorRef) -> None:
+        self._reader = HistoryReader(nc)
+        self._service = await serve(
+            nc,
+            SERVICE,
+            "1.0.0",
+            {"seen": self._seen, "kernel": self._kernel, "lessons": self._lessons},
+            description="dedupe index, lessons and kernels of the search history",
+        )
+
+    async def teardown(self) -> None:
+        if self._service is not None:
+            await self._service.stop()
+
+    async def _history(self, until: str | None = None) -> History:
+        assert self._reader is not None, "setup() runs first"
+        return await self._reader.catch_up(until)
+
+    async def handle(self, event: Event, out: Reactions) -> None:
+        history = await self._history(event.event_id)
+        generation = getattr(event, "generation", None)
+        campaign = history.campaigns.get(event.campaign_id)
+        if campaign is None or generation is None:
+            return
+        state = campaign.generations.get(generation)
+        if state is None or state.closed is not None:
+            return
+        if not history.generation_settled(event.campaign_id, generation):
+            return
+        opened = state.opened.event_id
+        known = {lesson.statement for lesson in campaign.lessons}
+        fresh = [x for x in draw_lessons(history, event.campaign_id) if x.statement not in known]
+        for index, lesson in enumerate(fresh):
+            out.emit(
+                LessonLearned,
+                event_id=derived_event_id(opened, "lesson", index),
+                generation=generation,
+                kind=lesson.kind,
+                statement=lesson.statement,
+                evidence_ids=lesson.evidence_ids,
+                data=lesson.data,
+            )
+        candidates = [history.candidates[cid] for cid in state.candidates]
+        timed = [c for c in candidates if c.benchmark]
+        best = max(timed, key=lambda c: c.speedup or 0.0, default=None)
+        out.emit(
+            GenerationClosed,
+            event_id=derived_event_id(opened, "closed"),
+            generation=generation,
+            settled=len(candidates),
+            evaluated=sum(1 for c in candidates if c.evaluated),
+            best_candidate=best.candidate_id if best else None,
+            best_speedup=best.speedup if best else None,
+        )
+
+    # --- answers -----------------------------------------------------------------------
+
+    async def _seen(self, data: bytes) -> bytes:
+        ask = _decode(data, SeenRequest)
+        history = await self._history()
+        if ask.campaign_id not in history.campaigns:
+            raise RequestRefused(f"unknown campaign {ask.campaign_id!r}")
+        keys = {}
+        for key in ask.param_keys:
+            found = history.seen_key(ask.campaign_id, key)
+            keys[key] = found.candidate_id if found else None
+        duplicate_of = None
+        if ask.source_hash:
+            earlier = history.seen_source(ask.campaign_id, ask.source_hash, ask.candidate_id)
+            if earlier is not None and earlier.outcome_event is not None:
+                duplicate_of = earlier.outcome_event.event_id
+        return msgspec.json.encode(SeenReply(keys, duplicate_of))
+
+    async def _kernel(self, data: bytes) -> bytes:
+        ask = _decode(data, KernelRequest)
+        history = await self._history()
+        if ask.campaign_id not in history.campaigns:
+            raise RequestRefused(f"unknown campaign {ask.campaign_id!r}")
+        candidate: Candidate | None
+        if ask.candidate_id is None:
+            candidate = history.best(ask.campaign_id)
+        else:
+            candidate = history.candidates.get(ask.candidate_id)
+        if candidate is None or candidate.written is None:
+            return b"null"
+        rejection = None
+        if candidate.rejected is not None:
+            r = candidate.rejected
+            rejection = {"stage": r.stage, "reason": r.reason, "evidence": r.evidence}
+        written = candidate.written
+        return msgspec.json.encode(
+            KernelReply(
+                candidate.candidate_id, written.source, written.flags, candidate.speedup, rejection
+            )
+        )
+
+    async def _lessons(self, data: bytes) -> bytes:
+        ask = _decode(data, LessonsRequest)
+        history = await self._history()
+        campaign = history.campaigns.get(ask.campaign_id)
+        if campaign is None:
+            raise RequestRefused(f"unknown campaign {ask.campaign_id!r}")
+        related = [
+            c
+            for c in history.campaigns.values()
+            if (c.spec.problem, c.spec.target) == (campaign.spec.problem, campaign.spec.target)
+        ]
+        views = [
+            LessonView(x.kind, x.statement, x.data, x.evidence_ids)
+            for c in related
+            for x in c.lessons
+        ]
+        return msgspec.json.encode(views)
+
+
+T = TypeVar("T")
+
+
+def _decode(data: bytes, kind: type[T]) -> T:
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.DecodeError as exc:
+        raise RequestRefused(f"bad request: {exc}") from exc
+
+
+# --- what other actors call -------------------------------------------------------------
+
+
+async def ask_seen(nc: Client, ask: SeenRequest) -> SeenReply:
+    reply = await request(nc, SERVICE, "seen", msgspec.json.encode(ask), timeout=30)
+    return msgspec.json.decode(reply, type=SeenReply)
+
+
+async def ask_kernel(nc: Client, campaign_id: str, candidate_id: str | None) -> KernelReply | None:
+    ask = KernelRequest(campaign_id, candidate_id)
+    reply = await request(nc, SERVICE, "kernel", msgspec.json.encode(ask), timeout=30)
+    return msgspec.json.decode(reply, type=KernelReply | None)
+
+
+async def ask_lessons(nc: Client, campaign_id: str) -> list[LessonView]:
+    ask = LessonsRequest(campaign_id)
+    reply = await request(nc, SERVICE, "lessons", msgspec.json.encode(ask), timeout=30)
+    return msgspec.json.decode(reply, type=list[LessonView])

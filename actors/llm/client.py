@@ -1,0 +1,237 @@
+"""One chat completion from any OpenAI-compatible endpoint, with timeouts and counted retries.
+
+The SDK's own retries are off (`max_retries=0`): every attempt is made and counted here,
+so the attempts recorded in an event are the requests the endpoint really received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import msgspec
+import openai
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionMessageParam,
+    ChatCompletionSystemMessageParam,
+    ChatCompletionUserMessageParam,
+)
+
+LOCAL_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
+LOCAL_PLACEHOLDER_KEY: Final = "kfactory-local-no-key"
+"""Sent to a local endpoint when no key is configured; local servers ignore it."""
+
+
+class LlmConfigError(Exception):
+    """The client cannot be built as configured (e.g. the key's variable is unset)."""
+
+
+class LlmFailed(Exception):
+    """No usable reply: `reason` is a short code, `attempts` the requests actually sent."""
+
+    def __init__(self, reason: str, message: str, attempts: int, errors: tuple[str, ...]):
+        super().__init__(f"{reason} after {attempts} attempt(s): {message}")
+        self.reason = reason
+        self.message = message
+        self.attempts = attempts
+        self.errors = errors
+        """One line per failed attempt, in order."""
+
+
+class LlmConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the endpoint is and how patiently to talk to it."""
+
+    base_url: str
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = 120.0
+    """Per request (one attempt), not for the whole call."""
+    max_attempts: int = 4
+    backoff_base_s: float = 1.0
+    """The wait after the first failure; it doubles after each further one."""
+    backoff_max_s: float = 30.0
+    jitter: float = 0.5
+    """Each wait is stretched by a random fraction in [0, jitter)."""
+    temperature: float | None = None
+    max_tokens: int | None = None
+
+
+class LlmReply(msgspec.Struct, frozen=True, kw_only=True):
+    text: str
+    usage: dict[str, int]
+    """prompt_tokens, completion_tokens, total_tokens (as the endpoint reported them)."""
+    attempts: int
+    latency_s: float
+    """Wall time of the whole call, waits between attempts included."""
+    model: str
+    """The model the endpoint says answered."""
+    finish_reason: str = ""
+
+
+def is_local(base_url: str) -> bool:
+    return (urlsplit(base_url).hostname or "") in LOCAL_HOSTS
+
+
+def resolve_api_key(config: LlmConfig, api_key: str | None = None) -> str:
+    """An explicit key, else the configured variable, else a placeholder for local endpoints."""
+    if api_key is not None:
+        return api_key
+    found = os.environ.get(config.api_key_env, "")
+    if found:
+        return found
+    if is_local(config.base_url):
+        return LOCAL_PLACEHOLDER_KEY
+    raise LlmConfigError(
+        f"environment variable {config.api_key_env} is not set; it must hold the API key "
+        f"for {config.base_url} (or set writer.api_key_env to the variable that does)"
+    )
+
+
+def _typed_message(message: Mapping[str, str]) -> ChatCompletionMessageParam:
+    role, content = message.get("role"), message.get("content")
+    if content is None:
+        raise ValueError(f"chat message without content: {dict(message)}")
+    if role == "system":
+        return ChatCompletionSystemMessageParam(role="system", content=content)
+    if role == "user":
+        return ChatCompletionUserMessageParam(role="user", content=content)
+    if role == "assistant":
+        return ChatCompletionAssistantMessageParam(role="assistant", content=content)
+    raise ValueError(f"chat message role must be system, user or assistant, got {role!r}")
+
+
+class _Retryable(Exception):
+    def __init__(self, reason: str, detail: str, retry_after_s: float | None = None):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date; the backoff applies instead
+
+
+def _status_detail(error: openai.APIStatusError) -> str:
+    return f"HTTP {error.status_code}: {error.message}".splitlines()[0][:500]
+
+
+class LlmClient:
+    """`await client.complete(messages)` -> LlmReply, or LlmFailed with the reason."""
+
+    def __init__(
+        self, config: LlmConfig, *, api_key: str | None = None, rng: random.Random | None = None
+    ) -> None:
+        if config.max_attempts < 1:
+            raise LlmConfigError("max_attempts must be at least 1")
+        self.config = config
+        self._rng = rng or random.Random()
+        self._sdk = openai.AsyncOpenAI(
+            api_key=resolve_api_key(config, api_key),
+            base_url=config.base_url,
+            timeout=config.timeout_s,
+            max_retries=0,
+        )
+
+    async def __aenter__(self) -> LlmClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._sdk.close()
+
+    def backoff_s(self, failures: int, retry_after_s: float | None = None) -> float:
+        """The wait after `failures` failed attempts (1, 2, ...)."""
+        c = self.config
+        wait = min(c.backoff_max_s, c.backoff_base_s * 2 ** (failures - 1))
+        wait *= 1.0 + c.jitter * self._rng.random()
+        if retry_after_s is not None:
+            wait = max(wait, min(retry_after_s, c.backoff_max_s))
+        return wait
+
+    async def complete(self, messages: list[dict[str, str]]) -> LlmReply:
+        typed = [_typed_message(m) for m in messages]
+        started = time.monotonic()
+        errors: list[str] = []
+        last_reason = last_detail = ""
+        for attempt in range(1, self.config.max_attempts + 1):
+            try:
+                reply = await self._attempt(typed)
+            except _Retryable as failure:
+                errors.append(f"attempt {attempt}: {failure.reason}: {failure.detail}")
+                last_reason, last_detail = failure.reason, failure.detail
+                if attempt < self.config.max_attempts:
+                    await asyncio.sleep(self.backoff_s(attempt, failure.retry_after_s))
+                continue
+            except openai.APIStatusError as error:  # 4xx other than 408/409/429: no retry
+                detail = _status_detail(error)
+                errors.append(f"attempt {attempt}: http_{error.status_code}: {detail}")
+                raise LlmFailed(
+                    f"http_{error.status_code}", detail, attempt, tuple(errors)
+                ) from error
+            text, usage, model, finish = reply
+            return LlmReply(
+                text=text,
+                usage=usage,
+                attempts=attempt,
+                latency_s=time.monotonic() - started,
+                model=model,
+                finish_reason=finish,
+            )
+        raise LlmFailed(last_reason, last_detail, self.config.max_attempts, tuple(errors))
+
+    async def _attempt(
+        self, messages: list[ChatCompletionMessageParam]
+    ) -> tuple[str, dict[str, int], str, str]:
+        c = self.config
+        extra: dict[str, Any] = {}
+        if c.temperature is not None:
+            extra["temperature"] = c.temperature
+        if c.max_tokens is not None:
+            extra["max_tokens"] = c.max_tokens
+        try:
+            completion = await self._sdk.chat.completions.create(
+                model=c.model, messages=messages, timeout=c.timeout_s, **extra
+            )
+        except openai.APITimeoutError as error:
+            raise _Retryable("timeout", f"no reply within {c.timeout_s:g} s") from error
+        except openai.APIConnectionError as error:
+            raise _Retryable("connection", str(error).splitlines()[0][:500]) from error
+        except openai.APIStatusError as error:
+            status = error.status_code
+            if status in (408, 409, 429) or status >= 500:
+                after = _retry_after(error.response.headers)
+                raise _Retryable(f"http_{status}", _status_detail(error), after) from error
+            raise
+        except openai.APIResponseValidationError as error:
+            raise _Retryable("malformed_reply", str(error)[:500]) from error
+        if not completion.choices:
+            raise _Retryable("no_choices", "the reply carried no choices")
+        choice = completion.choices[0]
+        usage: dict[str, int] = {}
+        if completion.usage is not None:
+            usage = {
+                "prompt_tokens": completion.usage.prompt_tokens,
+                "completion_tokens": completion.usage.completion_tokens,
+                "total_tokens": completion.usage.total_tokens,
+            }
+        text = choice.message.content or ""
+        return text, usage, completion.model, choice.finish_reason or ""

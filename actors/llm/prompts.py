@@ -1,0 +1,271 @@
+"""Chat prompts for the variation operators: improve, fix and crossover.
+
+Every prompt states the problem exactly (signature, calling convention, shapes,
+tolerances), shows the source it starts from, and lists the lessons the history holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import jinja2
+
+from kernels.spec import Problem
+
+MAX_SOURCE_CHARS: Final = 24_000
+MAX_EVIDENCE_VALUE_CHARS: Final = 6_000
+MAX_EVIDENCE_CHARS: Final = 16_000
+MAX_LESSONS: Final = 20
+MAX_LESSON_CHARS: Final = 400
+DEFAULT_FLAGS: Final = "-O3 -march=native -fopenmp"
+"""What the cpu target compiles with when a kernel names no flags (see `kfactory check`)."""
+
+
+@dataclass(frozen=True)
+class RejectionEvidence:
+    """Why the parent was refused, as the verifier recorded it (KernelRejected / Rejection)."""
+
+    stage: str
+    reason: str
+    message: str = ""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+_SYSTEM = """\
+You are an expert performance engineer who writes fast, correct compute kernels in C.
+{% if target == "cpu" -%}
+Kernels are compiled as C11 by the system C compiler on x86-64 and called through ctypes.
+OpenMP, GCC vector extensions and <immintrin.h> intrinsics may be used; write portable \
+fallbacks for intrinsics guarded by the CPU features they need.
+{%- else -%}
+Kernels target {{ target }}.
+{%- endif %}
+Flags: the default is `{{ default_flags }}`. To choose others, make the first line of the \
+source `// kfactory-flags: <flags>`.
+Every kernel is verified element by element against a float64 reference on fresh inputs \
+from several distributions (normal, uniform, large magnitude ~1e4, tiny ~1e-15, exact ties) \
+and on shapes that are not multiples of any tile; NaN never passes, inputs must stay \
+unchanged, and every output element must be written. Only then is it timed.
+Answer with exactly one complete C source file in a single ```c fenced block, defining
+    {{ signature }}
+with external linkage. No main(), no I/O, no global state that outlives a call."""
+
+_PROBLEM = """\
+## Problem: {{ problem.name }}
+{{ problem.description }}
+
+Signature (exact):
+    {{ signature }};
+Calling convention: one pointer per array in the order above (inputs `const`), then one \
+int64_t per dimension. Arrays are dense, row-major and contiguous; dtype {{ dtype }}.
+Arrays:
+{% for arg in problem.args -%}
+- `{{ arg.name }}` [{{ arg.dims | join(", ") }}] {{ "output" if arg.output else "input" }}
+{% endfor -%}
+{% if problem.graph -%}
+It is a chain of elementary ops: {{ problem.graph | join(" -> ") }}.
+{% endif -%}
+Shapes that are verified: {{ test_shapes }}.
+Shape that is timed: {{ default_shape }}.
+Tolerance ({{ dtype }}): |got - expected| <= {{ tol.atol }} + {{ tol.rtol }} * |expected| \
+per element (after the problem's own error scale).
+"""
+
+_LESSONS = """\
+{% if lessons -%}
+## Lessons from earlier candidates
+{% for lesson in lessons -%}
+- {{ lesson }}
+{% endfor -%}
+{% else -%}
+## Lessons from earlier candidates
+(none yet)
+{% endif -%}
+"""
+
+_IMPROVE = (
+    _PROBLEM
+    + """
+## The current kernel (verified)
+```c
+{{ parent_source }}
+```
+
+"""
+    + _LESSONS
+    + """
+## Task
+Write a faster kernel for this problem. Keep it exactly correct within the tolerance. \
+Explain your idea in at most three sentences, then give the full source.
+"""
+)
+
+_FIX = (
+    _PROBLEM
+    + """
+## The kernel that was rejected
+```c
+{{ parent_source }}
+```
+
+## Why it was rejected
+Stage: {{ rejection.stage }}
+Reason: {{ rejection.reason }}
+{% if rejection.message -%}
+Message: {{ rejection.message }}
+{% endif -%}
+{% for name, value in evidence -%}
+### {{ name }}
+```
+{{ value }}
+```
+{% endfor %}
+"""
+    + _LESSONS
+    + """
+## Task
+Fix the kernel so that it passes this stage and every later one, keeping what makes it \
+fast. Say in one or two sentences what was wrong, then give the full corrected source.
+"""
+)
+
+_CROSSOVER = (
+    _PROBLEM
+    + """
+## Kernel A (verified)
+```c
+{{ source_a }}
+```
+
+## Kernel B (verified)
+```c
+{{ source_b }}
+```
+
+"""
+    + _LESSONS
+    + """
+## Task
+A and B take different approaches. Write one kernel that combines the strengths of both \
+and is faster than either, exactly correct within the tolerance. Name what you take from \
+each in at most three sentences, then give the full source.
+"""
+)
+
+_ENV = jinja2.Environment(
+    loader=jinja2.DictLoader(
+        {"system": _SYSTEM, "improve": _IMPROVE, "fix": _FIX, "crossover": _CROSSOVER}
+    ),
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=True,
+)
+
+
+def cap(text: str, limit: int) -> str:
+    """`text` if it fits, else its head and tail around a note of what was left out."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    omitted = len(text) - head - tail
+    return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[-tail:]}"
+
+
+def _lessons(lessons: Sequence[str]) -> list[str]:
+    kept = [cap(" ".join(lesson.split()), MAX_LESSON_CHARS) for lesson in lessons if lesson.strip()]
+    return kept[:MAX_LESSONS]
+
+
+def _evidence_items(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Each value verbatim when it fits; long ones keep their head and tail."""
+    items: list[tuple[str, str]] = []
+    budget = MAX_EVIDENCE_CHARS
+    for name in sorted(evidence):
+        value = evidence[name]
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        text = cap(text.rstrip("\n"), min(MAX_EVIDENCE_VALUE_CHARS, max(budget, 200)))
+        budget -= len(text)
+        items.append((str(name), text))
+    return items
+
+
+def _messages(
+    name: str, problem: Problem, target: str, dtype: str, **context: Any
+) -> list[dict[str, str]]:
+    signature = problem.c_signature(dtype)
+    common = {
+        "problem": problem,
+        "signature": signature,
+        "target": target,
+        "dtype": dtype,
+        "default_flags": DEFAULT_FLAGS,
+        "tol": problem.tolerances[dtype],
+        "test_shapes": ", ".join(json.dumps(s) for s in problem.test_shapes),
+        "default_shape": json.dumps(problem.default_shape),
+    }
+    system = _ENV.get_template("system").render(**common)
+    user = _ENV.get_template(name).render(**common, **context)
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def improve(
+    problem: Problem,
+    parent_source: str,
+    lessons: Sequence[str],
+    *,
+    target: str = "cpu",
+    dtype: str = "fp32",
+) -> list[dict[str, str]]:
+    return _messages(
+        "improve",
+        problem,
+        target,
+        dtype,
+        parent_source=cap(parent_source, MAX_SOURCE_CHARS),
+        lessons=_lessons(lessons),
+    )
+
+
+def fix(
+    problem: Problem,
+    parent_source: str,
+    rejection_evidence: RejectionEvidence,
+    lessons: Sequence[str] = (),
+    *,
+    target: str = "cpu",
+    dtype: str = "fp32",
+) -> list[dict[str, str]]:
+    return _messages(
+        "fix",
+        problem,
+        target,
+        dtype,
+        parent_source=cap(parent_source, MAX_SOURCE_CHARS),
+        rejection=rejection_evidence,
+        evidence=_evidence_items(rejection_evidence.evidence),
+        lessons=_lessons(lessons),
+    )
+
+
+def crossover(
+    problem: Problem,
+    source_a: str,
+    source_b: str,
+    lessons: Sequence[str],
+    *,
+    target: str = "cpu",
+    dtype: str = "fp32",
+) -> list[dict[str, str]]:
+    return _messages(
+        "crossover",
+        problem,
+        target,
+        dtype,
+        source_a=cap(source_a, MAX_SOURCE_CHARS // 2),
+        source_b=cap(source_b, MAX_SOURCE_CHARS // 2),
+        lessons=_lessons(lessons),
+    )

@@ -1,0 +1,38 @@
+"""Keeping a `History` current by replaying the store through its owner."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nats.aio.client import Client
+
+from actors.history import HISTORY_TYPES, History
+from eventstore.queries import replay
+
+
+class NotYetRecorded(RuntimeError):
+    """The event being handled has not reached the store yet; retry later."""
+
+
+class HistoryReader:
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self.history = History()
+        self._lock = asyncio.Lock()
+
+    async def catch_up(self, until_event_id: str | None = None, timeout: float = 20.0) -> History:
+        """Apply every stored event since the last call; with `until_event_id`, wait until
+        that event is among them, so a decision never misses the fact that caused it."""
+        deadline = time.monotonic() + timeout
+        async with self._lock:
+            while True:
+                for position, event in await replay(
+                    self._nc, types=HISTORY_TYPES, after_position=self.history.position
+                ):
+                    self.history.apply(position, event)
+                if until_event_id is None or until_event_id in self.history.event_ids:
+                    return self.history
+                if time.monotonic() > deadline:
+                    raise NotYetRecorded(f"event {until_event_id} is not in the store yet")
+                await asyncio.sleep(0.05)

@@ -106,7 +106,7 @@ def main() -> None:
     checks = [check_bench(p) for p in args.problems.split(",") if p]
     print(
         f"\n{'problem':10s} {'verdict':9s} {'median ms':>10s} {'IQR ms':>8s} {'numpy ms':>9s} "
-        f"{'speedup':>8s} {'roofline':>9s} {'load':>5s}"
+        f"{'speedup':>8s} {'roofline':>9s} {'busy':>5s}"
     )
     for r in checks:
         if r["verdict"] != "verified":

@@ -23,6 +23,8 @@ from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial
 from kernels.spec import Problem
 
 RUNNER = "gpu_workers.cpu.runner"
+VERIFY_ENV = {"OMP_WAIT_POLICY": "ACTIVE"}
+TIMING_ENV = {"GOMP_SPINCOUNT": "10000", "OPENBLAS_THREAD_TIMEOUT": "4"}
 ReplyT = TypeVar("ReplyT", p.VerifyReply, p.BenchReply)
 VERIFY_LIMITS = Limits(cpu_seconds=120, address_space_bytes=4 << 30, wall_seconds=60.0)
 BENCH_LIMITS = Limits(cpu_seconds=1200, address_space_bytes=16 << 30, wall_seconds=600.0)
@@ -173,8 +175,10 @@ class CpuBackend:
 
     def _run(self, job: p.Job, workdir: Path, limits: Limits) -> SandboxOutcome:
         (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
-        # Spinning OpenMP threads start together, which is what exposes data races.
-        env = {"OMP_WAIT_POLICY": "ACTIVE"} if isinstance(job, p.VerifyJob) else {}
+        # Verifying: spinning OpenMP threads start together, which is what exposes races.
+        # Timing: idle threads of one contender (OpenMP or OpenBLAS) must not spin on the
+        # cores the next contender is using, so both pools go to sleep soon after a call.
+        env = VERIFY_ENV if isinstance(job, p.VerifyJob) else TIMING_ENV
         return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=env)
 
 

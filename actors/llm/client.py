@@ -221,17 +221,35 @@ class LlmClient:
                 after = _retry_after(error.response.headers)
                 raise _Retryable(f"http_{status}", _status_detail(error), after) from error
             raise
-        except openai.APIResponseValidationError as error:
-            raise _Retryable("malformed_reply", str(error)[:500]) from error
-        if not completion.choices:
-            raise _Retryable("no_choices", "the reply carried no choices")
-        choice = completion.choices[0]
-        usage: dict[str, int] = {}
-        if completion.usage is not None:
-            usage = {
-                "prompt_tokens": completion.usage.prompt_tokens,
-                "completion_tokens": completion.usage.completion_tokens,
-                "total_tokens": completion.usage.total_tokens,
-            }
-        text = choice.message.content or ""
-        return text, usage, completion.model, choice.finish_reason or ""
+        except openai.APIError as error:  # e.g. a body the SDK could not validate
+            raise _Retryable("malformed_reply", str(error).splitlines()[0][:500]) from error
+        return _parse(completion, c.model)
+
+
+def _parse(completion: object, asked_model: str) -> tuple[str, dict[str, int], str, str]:
+    """Text, usage, model and finish reason of a reply, checked field by field.
+
+    The SDK builds its objects without validation, so an endpoint that answers 200 with
+    something else gives strings or dicts in odd places; that is a malformed reply.
+    """
+    choices = getattr(completion, "choices", None)
+    if not isinstance(choices, list) or not choices:
+        raise _Retryable("malformed_reply", f"the reply carried no choices: {completion!r:.200}")
+    message = getattr(choices[0], "message", None)
+    text = getattr(message, "content", None)
+    if not hasattr(message, "content") or not isinstance(text, str | None):
+        raise _Retryable("malformed_reply", f"the first choice has no message: {choices[0]!r:.200}")
+    usage: dict[str, int] = {}
+    reported = getattr(completion, "usage", None)
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = getattr(reported, name, None)
+        if isinstance(value, int):
+            usage[name] = value
+    model = getattr(completion, "model", None)
+    finish = getattr(choices[0], "finish_reason", None)
+    return (
+        text or "",
+        usage,
+        model if isinstance(model, str) and model else asked_model,
+        finish if isinstance(finish, str) else "",
+    )

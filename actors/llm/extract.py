@@ -51,54 +51,62 @@ def split_flags(source: str) -> ExtractedKernel:
 
 
 def extract_kernel(reply_text: str, problem: Problem, dtype: str = "fp32") -> ExtractedKernel:
-    """The C block that defines the kernel (the last one, if several do); else NoCodeFound."""
+    """The C block that defines the kernel (the last one, if several do); else NoCodeFound.
+
+    A fenced block is taken whole; unfenced code runs from its first C-looking line to the
+    end of the kernel's body, so prose around it is left out.
+    """
     name = kernel_name(problem, dtype)
     arity = len(problem.args) + len(problem.dims)
-    blocks = [m.group(2) for m in _FENCE.finditer(reply_text) if m.group(1).lower() in _C_LANGS]
-    if not blocks:
+    fenced = [m.group(2) for m in _FENCE.finditer(reply_text) if m.group(1).lower() in _C_LANGS]
+    blocks = fenced
+    if not fenced:
         start = _CODE_START.search(reply_text)
         if start is None:
             raise NoCodeFound("the reply contains no code block and no C code")
         blocks = [reply_text[start.start() :]]
-    problems: list[str] = []
+    defective: list[str] = []
     for block in reversed(blocks):
         try:
-            code = _definition_span(block, name, arity)
-        except NoCodeFound as why:
-            problems.append(str(why))
+            body_end = _kernel_body_end(block, name, arity)
+        except _NoDefinition:
             continue
+        except NoCodeFound as why:
+            defective.append(str(why))
+            continue
+        code = block if fenced else block[: body_end + 1]
         return split_flags(code.strip("\n") + "\n")
-    if all(p.startswith("no definition") for p in problems):
-        raise NoCodeFound(
-            f"none of the {len(blocks)} code block(s) defines the kernel function {name}(...)"
-        )
-    raise NoCodeFound(next(p for p in problems if not p.startswith("no definition")))
+    if defective:
+        raise NoCodeFound(defective[0])
+    raise NoCodeFound(
+        f"none of the {len(blocks)} code block(s) defines the kernel function {name}(...)"
+    )
 
 
-def _definition_span(block: str, name: str, arity: int) -> str:
-    """`block` up to the end of the kernel's body; raises NoCodeFound if it is not there."""
+class _NoDefinition(NoCodeFound):
+    pass
+
+
+def _kernel_body_end(block: str, name: str, arity: int) -> int:
+    """Where the kernel's body closes in `block`; NoCodeFound says what is wrong otherwise."""
     masked = _mask(block)
     header = re.compile(rf"\bvoid\s+{re.escape(name)}\s*\(")
     for found in header.finditer(masked):
         close = _matching(masked, found.end() - 1, "(", ")")
         if close is None:
             raise NoCodeFound(f"the parameter list of {name}(...) is not closed")
-        rest = masked[close + 1 :].lstrip()
-        if rest.startswith(";"):
-            continue  # a prototype; the definition may follow
-        if not rest.startswith("{"):
-            continue
+        if not masked[close + 1 :].lstrip().startswith("{"):
+            continue  # a prototype or a call; the definition may follow
         params = [p for p in masked[found.end() : close].split(",") if p.strip()]
         if len(params) != arity:
             raise NoCodeFound(
                 f"{name}(...) takes {len(params)} parameters; the signature has {arity}"
             )
-        open_brace = masked.index("{", close)
-        end = _matching(masked, open_brace, "{", "}")
+        end = _matching(masked, masked.index("{", close), "{", "}")
         if end is None:
             raise NoCodeFound(f"the body of {name}(...) is not closed; was the reply cut off?")
-        return block[: end + 1]
-    raise NoCodeFound(f"no definition of {name}(...)")
+        return end
+    raise _NoDefinition(f"no definition of {name}(...)")
 
 
 def _matching(text: str, at: int, open_char: str, close_char: str) -> int | None:

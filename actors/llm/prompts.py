@@ -70,21 +70,17 @@ It is a chain of elementary ops: {{ problem.graph | join(" -> ") }}.
 {% endif -%}
 Shapes that are verified: {{ test_shapes }}.
 Shape that is timed: {{ default_shape }}.
-Tolerance ({{ dtype }}): |got - expected| <= {{ tol.atol }} + {{ tol.rtol }} * |expected| \
-per element (after the problem's own error scale).
+Tolerance ({{ dtype }}): |got - expected| <= {{ tol.atol }} + {{ tol.rtol }} * scale per \
+element, where scale is {{ scale }}.
 """
 
 _LESSONS = """\
-{% if lessons -%}
 ## Lessons from earlier candidates
 {% for lesson in lessons -%}
 - {{ lesson }}
-{% endfor -%}
 {% else -%}
-## Lessons from earlier candidates
 (none yet)
-{% endif -%}
-"""
+{% endfor %}"""
 
 _IMPROVE = (
     _PROBLEM
@@ -119,9 +115,9 @@ Message: {{ rejection.message }}
 {% endif -%}
 {% for name, value in evidence -%}
 ### {{ name }}
-```
+````
 {{ value }}
-```
+````
 {% endfor %}
 """
     + _LESSONS
@@ -206,6 +202,9 @@ def _messages(
         "tol": problem.tolerances[dtype],
         "test_shapes": ", ".join(json.dumps(s) for s in problem.test_shapes),
         "default_shape": json.dumps(problem.default_shape),
+        "scale": "|expected|"
+        if problem.error_scale is None
+        else "a per-element magnitude the problem defines (see its description)",
     }
     system = _ENV.get_template("system").render(**common)
     user = _ENV.get_template(name).render(**common, **context)
@@ -225,7 +224,7 @@ def improve(
         problem,
         target,
         dtype,
-        parent_source=cap(parent_source, MAX_SOURCE_CHARS),
+        parent_source=cap(parent_source.rstrip(), MAX_SOURCE_CHARS),
         lessons=_lessons(lessons),
     )
 
@@ -244,7 +243,7 @@ def fix(
         problem,
         target,
         dtype,
-        parent_source=cap(parent_source, MAX_SOURCE_CHARS),
+        parent_source=cap(parent_source.rstrip(), MAX_SOURCE_CHARS),
         rejection=rejection_evidence,
         evidence=_evidence_items(rejection_evidence.evidence),
         lessons=_lessons(lessons),
@@ -265,7 +264,7 @@ def crossover(
         problem,
         target,
         dtype,
-        source_a=cap(source_a, MAX_SOURCE_CHARS // 2),
-        source_b=cap(source_b, MAX_SOURCE_CHARS // 2),
+        source_a=cap(source_a.rstrip(), MAX_SOURCE_CHARS // 2),
+        source_b=cap(source_b.rstrip(), MAX_SOURCE_CHARS // 2),
         lessons=_lessons(lessons),
     )

@@ -10,7 +10,7 @@ import msgspec
 import typer
 
 from gpu_workers.benchmarker import benchmark
-from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.backend import VERIFY_LIMITS, CpuBackend
 from gpu_workers.cpu.calibrate import CalibrationError, load_or_calibrate
 from gpu_workers.cpu.compiler import default_cache_dir
 from gpu_workers.results import BenchmarkResult, Rejection, Verdict
@@ -138,6 +138,9 @@ def check(
         None, "--incumbent", help="A verified kernel to time interleaved with this one."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the trial inputs."),
+    timeout: float = typer.Option(
+        60.0, "--timeout", help="Wall-clock limit in seconds for the sandboxed verification run."
+    ),
     recalibrate: bool = typer.Option(
         False, "--recalibrate", help="Measure this host's bandwidth and peak again (with --bench)."
     ),
@@ -152,7 +155,14 @@ def check(
         raise UserError(f"kernel source {source} does not exist")
     text = source.read_text()
     bench_shape = _parse_shape(shape, spec.dims)
-    backend = CpuBackend(cache_dir=default_cache_dir())
+    if timeout <= 0:
+        raise UserError("--timeout must be a positive number of seconds")
+    backend = CpuBackend(
+        cache_dir=default_cache_dir(),
+        verify_limits=msgspec.structs.replace(
+            VERIFY_LIMITS, wall_seconds=timeout, cpu_seconds=max(1, int(timeout * 2) + 1)
+        ),
+    )
     kernel_flags = _flags(text, flags)
     verdict = verify(spec, backend, text, kernel_flags, seed=seed)
     outcome: BenchmarkResult | Rejection | None = None

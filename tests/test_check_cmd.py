@@ -95,6 +95,10 @@ def test_check_reports_a_rejection_with_exit_status_1(cli: tuple[CliRunner, type
     human = runner.invoke(app, ["check", "softmax", "--source", str(PLANTED / "segfaults.c")])
     assert human.exit_code == 1
     assert "rejected at stage run (crashed)" in human.output and "SIGSEGV" in human.output
+    forever = str(PLANTED / "loops_forever.c")
+    hung = runner.invoke(app, ["check", "softmax", "--source", forever, "--timeout", "2", "--json"])
+    assert hung.exit_code == 1
+    assert json.loads(hung.output)["reason"] == "timeout"
 
 
 def test_help_teaches_with_examples(cli: tuple[CliRunner, typer.Typer]) -> None:

@@ -27,7 +27,7 @@ VERIFY_ENV = {"OMP_WAIT_POLICY": "ACTIVE"}
 TIMING_ENV = {"GOMP_SPINCOUNT": "10000", "OPENBLAS_THREAD_TIMEOUT": "4"}
 ReplyT = TypeVar("ReplyT", p.VerifyReply, p.BenchReply)
 VERIFY_LIMITS = Limits(cpu_seconds=120, address_space_bytes=4 << 30, wall_seconds=60.0)
-BENCH_LIMITS = Limits(cpu_seconds=1200, address_space_bytes=16 << 30, wall_seconds=600.0)
+BENCH_LIMITS = Limits(cpu_seconds=1200, address_space_bytes=8 << 30, wall_seconds=600.0)
 
 
 class CpuBackend:

@@ -26,6 +26,10 @@ STALL_MIN_EXCESS_NS = 100_000_000
 ROOFLINE_SLACK = 1.10
 """A kernel may beat the calibrated ceiling by this factor (measurement noise) and no more."""
 DISTINCT_INPUT_SETS = 2
+QUIET_CORES = 0.25
+"""A timing run during which other work used more CPU than this is repeated..."""
+BUSY_RETRIES = 2
+"""...up to this many times; the least disturbed run is kept, and its disturbance reported."""
 
 
 @dataclass
@@ -218,6 +222,15 @@ def benchmark(
         rejection = _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration)
     if rejection is not None:
         return rejection
+    attempts = 1
+    while (run.host_contention_cores or 0.0) > QUIET_CORES and attempts <= BUSY_RETRIES:
+        attempts += 1
+        again = time_once()
+        rejection = _judge(problem, again, shape, seeds, recheck_seed, dtype, calibration)
+        if rejection is not None:
+            return rejection
+        if (again.host_contention_cores or 0.0) < (run.host_contention_cores or 0.0):
+            run = again
     stall_retried = False
     first_stall = find_stall(run)
     if first_stall is not None:
@@ -263,4 +276,5 @@ def benchmark(
         timed_seconds=run.timed_seconds,
         stall_retried=stall_retried,
         host_contention_cores=run.host_contention_cores,
+        timing_attempts=attempts,
     )

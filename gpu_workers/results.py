@@ -117,3 +117,5 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     """True when a first timing run showed a stall and a fresh run did not."""
     host_contention_cores: float | None = None
     """Cores' worth of CPU the rest of the host used during the run (0 = quiet host)."""
+    timing_attempts: int = 1
+    """Timing runs made; a run on a busy host is repeated and the quietest one kept."""

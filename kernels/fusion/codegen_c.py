@@ -1,0 +1,324 @@
+"""C for the cpu target, generated from the IR: one function per group of a partition.
+
+The entry point has the problem's exact C signature. It calls the group functions in
+order; a value that crosses a group boundary lives in an intermediate [rows, cols]
+buffer (two buffers, used in turn, serve any chain length), allocated with
+`aligned_alloc` (64-byte aligned) and freed before return. If an allocation fails the
+kernel writes NaN to every output element and returns: the verifier rejects NaN, so a
+failure is never a silently wrong answer.
+
+Each group function runs its rows in an OpenMP parallel loop (unless threads = 1) and,
+per row, the loops of its lowered program (`kernels.fusion.lower`), each an `omp simd`
+loop of simdlen(simdlen * unroll): `unroll` vectors per iteration, and as many partial
+sums in a reduction (the convention of `kernels/cpu_templates`). The vector width is
+also given to the compiler as -mprefer-vector-width. With streaming, each finished
+output row is rewritten with non-temporal stores (as the hand-written templates do), so
+it goes to memory without a read for ownership and leaves the cache to the inputs.
+
+The same parameters always give the same bytes.
+"""
+
+from __future__ import annotations
+
+from kernels.fusion.ir import COLUMN, MATRIX, Graph, graph_of
+from kernels.fusion.lower import (
+    REUSE_CHOICES,
+    STASH,
+    GroupProgram,
+    ReduceLoop,
+    Scalar,
+    StoreLoop,
+    c_expr,
+    lower,
+    stash_applies,
+    tensor_param,
+    value_name,
+)
+from kernels.fusion.partitions import Partition, parse_partition, partitions
+from kernels.fusion.space import FUSION_SPACE_NAME, FusionSpace
+from kernels.spec import Problem
+from kernels.templates import (
+    FLAG_CHOICES,
+    ROW_CONSTRAINTS,
+    Constraint,
+    Param,
+    Params,
+    ParamValue,
+    Rendered,
+)
+
+ALIGN = 64
+
+PRELUDE = r"""#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Cephes-style expf: Cody-Waite reduction, degree-6 polynomial; vectorises in omp simd loops. */
+static inline float kf_exp(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } s;
+    s.i = ((int32_t)n + 127) << 23;
+    return p * s.f;
+}
+
+/* 0.5 x (1 + tanh u) = x / (1 + exp(-2u)): no cancellation for x << 0, no overflow. */
+static inline float kf_gelu_tanh(float x) {
+    float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + kf_exp(-2.0f * u));
+}
+
+static inline float kf_rsqrt(float x) { return 1.0f / __builtin_sqrtf(x); }
+"""
+
+
+STREAM_ROW = r"""#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* Rewrite a finished row with non-temporal stores, then fence; unaligned ends stay as they are. */
+static inline void kf_stream_row(float *p, int64_t n) {
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    while (j < n && ((uintptr_t)(p + j) & 63) != 0) ++j;
+    for (; j + 16 <= n; j += 16) _mm512_stream_ps(p + j, _mm512_load_ps(p + j));
+#elif defined(__AVX__)
+    while (j < n && ((uintptr_t)(p + j) & 31) != 0) ++j;
+    for (; j + 8 <= n; j += 8) _mm256_stream_ps(p + j, _mm256_load_ps(p + j));
+#elif defined(__SSE__)
+    while (j < n && ((uintptr_t)(p + j) & 15) != 0) ++j;
+    for (; j + 4 <= n; j += 4) _mm_stream_ps(p + j, _mm_load_ps(p + j));
+#endif
+    (void)p;
+    (void)j;
+#if defined(__x86_64__)
+    _mm_sfence();
+#endif
+}
+"""
+
+
+def _spell(program: GroupProgram) -> dict[str, str]:
+    """How each input of a group is read inside the per-row loops."""
+    spelled: dict[str, str] = {}
+    for t in program.inputs:
+        if t.kind == MATRIX:
+            spelled[t.name] = f"r_{tensor_param(t.name)[2:]}[j]"
+        elif t.kind == COLUMN:
+            spelled[t.name] = f"{tensor_param(t.name)}[j]"
+        else:
+            spelled[t.name] = f"{tensor_param(t.name)}[i]"
+    spelled[STASH] = "kf_dst_i[j]"
+    return spelled
+
+
+def _group_function(program: GroupProgram, threads: int, streaming: bool) -> list[str]:
+    spelled = _spell(program)
+    dims = {"rows": "rows", "cols": "cols"}
+
+    def expr_text(expr: object) -> str:
+        return c_expr(expr, lambda n: spelled.get(n, value_name(n)), dims)  # type: ignore[arg-type]
+
+    params = [f"const float *restrict {tensor_param(t.name)}" for t in program.inputs]
+    params += ["float *restrict kf_dst", "int64_t rows", "int64_t cols"]
+    lines = [
+        f"/* group {program.index}: {' + '.join(program.ops)} */",
+        f"static void kf_group_{program.index}({', '.join(params)}) {{",
+    ]
+    if threads != 1:
+        clause = f" num_threads({threads})" if threads > 1 else ""
+        lines.append(f"#pragma omp parallel for schedule(static){clause}")
+    lines.append("    for (int64_t i = 0; i < rows; ++i) {")
+    for t in program.inputs:
+        if t.kind == MATRIX:
+            p = tensor_param(t.name)
+            lines.append(f"        const float *restrict r_{p[2:]} = {p} + i * cols;")
+    lines.append("        float *restrict kf_dst_i = kf_dst + i * cols;")
+    for statement in program.body:
+        if isinstance(statement, Scalar):
+            lines.append(
+                f"        const float {value_name(statement.name)} = {expr_text(statement.expr)};"
+            )
+            continue
+        if isinstance(statement, ReduceLoop):
+            acc = value_name(statement.acc)
+            lines.append(f"        float {acc} = 0.0f;")
+            lines.append(f"#pragma omp simd simdlen(KF_W * KF_UNROLL) reduction(+:{acc})")
+        else:
+            lines.append("#pragma omp simd simdlen(KF_W * KF_UNROLL)")
+        lines.append("        for (int64_t j = 0; j < cols; ++j) {")
+        for let in statement.lets:
+            lines.append(f"            const float {value_name(let.name)} = {expr_text(let.expr)};")
+        if isinstance(statement, ReduceLoop):
+            if statement.stash is not None:
+                lines.append(f"            kf_dst_i[j] = {value_name(statement.stash)};")
+            lines.append(f"            {acc} += {expr_text(statement.term)};")
+        else:
+            assert isinstance(statement, StoreLoop)
+            lines.append(f"            kf_dst_i[j] = {expr_text(statement.value)};")
+        lines.append("        }")
+    if streaming:
+        lines.append("        kf_stream_row(kf_dst_i, cols);")
+    lines += ["    }", "}", ""]
+    return lines
+
+
+def _entry(problem: Problem, programs: tuple[GroupProgram, ...]) -> list[str]:
+    output = problem.outputs[0].name
+    rows, cols = problem.dims
+    n_buffers = min(2, len(programs) - 1)
+    buffers = [f"kf_buf{k}" for k in range(n_buffers)]
+    where: dict[str, str] = {a.name: a.name for a in problem.inputs}
+    lines = [f"{problem.c_signature()} {{"]
+    if buffers:
+        lines += [
+            f"    /* {len(programs) - 1} intermediate(s) cross group boundaries; "
+            f"{n_buffers} buffer(s) used in turn */",
+            f"    const size_t kf_bytes = (((size_t)({rows} * {cols}) * sizeof(float)) "
+            f"/ {ALIGN} + 1) * {ALIGN};",
+        ]
+        lines += [f"    float *{b} = (float *)aligned_alloc({ALIGN}, kf_bytes);" for b in buffers]
+        failed = " || ".join(f"{b} == NULL" for b in buffers)
+        lines += [
+            f"    if ({failed}) {{",
+            *[f"        free({b});" for b in buffers],
+            "        /* no scratch memory: NaN everywhere, never a silently wrong answer */",
+            f"        for (int64_t k = 0; k < {rows} * {cols}; ++k) {output}[k] = "
+            '__builtin_nanf("");',
+            "        return;",
+            "    }",
+        ]
+    for program in programs:
+        last = program.index == len(programs) - 1
+        dest = output if last else buffers[program.index % 2]
+        args = [where[t.name] for t in program.inputs] + [dest, rows, cols]
+        lines.append(f"    kf_group_{program.index}({', '.join(args)});")
+        where[program.output] = dest
+    lines += [f"    free({b});" for b in buffers]
+    lines += ["}", ""]
+    return lines
+
+
+def generate(
+    problem: Problem,
+    partition: Partition,
+    *,
+    threads: int,
+    simdlen: int,
+    streaming: bool,
+    unroll: int,
+    reuse: str,
+    graph: Graph | None = None,
+) -> str:
+    """The C source of `problem` fused as `partition`."""
+    graph = graph or graph_of(problem)
+    partition = parse_partition(partition, graph.op_names)
+    programs = lower(graph, partition.groups, reuse)
+    header = [
+        f"/* Generated by kfactory fusion from the IR of {problem.name}. */",
+        f"/* partition {partition.key}; threads={threads} simdlen={simdlen} "
+        f"unroll={unroll} reuse={reuse} streaming={streaming} */",
+        PRELUDE,
+        f"#define KF_W {simdlen}",
+        f"#define KF_UNROLL {unroll}",
+        "",
+        *([STREAM_ROW] if streaming else []),
+    ]
+    body = [line for p in programs for line in _group_function(p, threads, streaming)]
+    return "\n".join([*header, *body, *_entry(problem, programs)])
+
+
+def flags_for(params: Params) -> tuple[str, ...]:
+    flags = str(params["flags"]).split()
+    flags.append(f"-mprefer-vector-width={int(params['simdlen']) * 32}")
+    flags.append("-fopenmp" if int(params["threads"]) != 1 else "-fopenmp-simd")
+    return tuple(flags)
+
+
+def space(problem: Problem) -> FusionSpace:
+    """The cpu design space of a graph problem: the partition and the code-generation knobs."""
+    graph = graph_of(problem)
+    keys = tuple(p.key for p in partitions(graph.op_names))
+    stashable = frozenset(
+        p.key for p in partitions(graph.op_names) if stash_applies(graph, p.groups)
+    )
+    params = (
+        Param("partition", keys, "how the chain is split into kernels ('|' between kernels)"),
+        Param("threads", (0, 1, 2), "OpenMP threads over rows; 0 = all cores"),
+        Param("simdlen", (8, 16), "floats per vector (omp simd simdlen, preferred width)"),
+        Param("unroll", (1, 2, 4), "vectors per loop iteration (and partial sums)"),
+        Param(
+            "reuse",
+            REUSE_CHOICES,
+            "a value needed before and after a row reduction: recompute it, or stash it "
+            "in the output row",
+        ),
+        Param(
+            "streaming",
+            (False, True),
+            "after computing a row, rewrite it with non-temporal stores (no read for "
+            "ownership, the row leaves the cache)",
+        ),
+        Param("flags", FLAG_CHOICES, "compiler flags"),
+    )
+    constraints = (
+        ROW_CONSTRAINTS[0],
+        Constraint(
+            "stash only where a reduction reads a computed value",
+            "reuse=stash changes nothing unless some group computes a value that a row "
+            "reduction reads and a later loop reads again",
+            lambda p: p["reuse"] != "stash" or str(p["partition"]) in stashable,
+        ),
+    )
+    fused = keys[-1]
+    defaults: dict[str, ParamValue] = {
+        "partition": fused,
+        "threads": 0,
+        "simdlen": 16,
+        "unroll": 2,
+        "reuse": "recompute",
+        "streaming": False,
+        "flags": "-O3 -march=native",
+    }
+    best: dict[str, ParamValue] = {
+        **defaults,
+        "reuse": "stash" if fused in stashable else "recompute",
+    }
+
+    def render(p: Params) -> Rendered:
+        source = generate(
+            problem,
+            parse_partition(str(p["partition"]), graph.op_names),
+            threads=int(p["threads"]),
+            streaming=bool(p["streaming"]),
+            simdlen=int(p["simdlen"]),
+            unroll=int(p["unroll"]),
+            reuse=str(p["reuse"]),
+            graph=graph,
+        )
+        return Rendered(source=source, flags=flags_for(p))
+
+    return FusionSpace(
+        name=FUSION_SPACE_NAME,
+        problem=problem.name,
+        target="cpu",
+        file="",
+        algorithm="generated from the op IR: one C function per group, intermediates in "
+        "aligned buffers between groups",
+        params=params,
+        constraints=constraints,
+        defaults=defaults,
+        best_known=best,
+        graph=graph,
+        generate=render,
+    )

@@ -1,0 +1,163 @@
+"""Fusion plans: what the fuser decides for one candidate, as plain data.
+
+`fusion_space(problem, target)` is the design space a planner searches (partition plus
+code-generation parameters; a `Template`). `plan(problem, partition, params, target)`
+renders one point of it into a `FusionPlan`: the groups, the normalised parameters and
+their key, the source and the compiler flags. Its `event_fields()` are the payload of a
+`FusionPlanned` event; its `source` and `flags` are what the kernel writer emits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kernels.fusion import codegen_c, codegen_cuda
+from kernels.fusion.codegen_cuda import Launch
+from kernels.fusion.ir import graph_of
+from kernels.fusion.partitions import Partition, parse_partition
+from kernels.fusion.space import FUSION_SPACE_NAME, FusionSpace
+from kernels.loading import ProblemLoadError, load_problem
+from kernels.spec import Problem
+from kernels.templates import InvalidParams, ParamValue
+
+TARGETS: tuple[str, ...] = ("cpu", "cuda")
+FUSION_TEMPLATE = FUSION_SPACE_NAME
+"""The `template` of a proposal over a fusion space (every fusion space has this name)."""
+
+ProblemRef = Problem | str
+"""A problem, or its load spec (a built-in name or `path.py:NAME`), as events carry it."""
+
+
+def _problem(problem: ProblemRef) -> Problem:
+    if isinstance(problem, Problem):
+        return problem
+    try:
+        return load_problem(problem)
+    except ProblemLoadError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _split_target(target: str) -> tuple[str, str | None]:
+    """ "cuda:sm_90" -> ("cuda", "sm_90"); "cpu" -> ("cpu", None)."""
+    kind, _, arch = target.partition(":")
+    if kind not in TARGETS:
+        raise ValueError(f"unknown fusion target {target!r}; known: {', '.join(TARGETS)}")
+    return kind, arch or None
+
+
+def fusion_space(problem: ProblemRef, target: str = "cpu") -> FusionSpace:
+    """The fused design space of a graph problem for a target ("cpu", "cuda", "cuda:sm_90")."""
+    problem = _problem(problem)
+    kind, arch = _split_target(target)
+    if kind == "cpu":
+        return codegen_c.space(problem)
+    return codegen_cuda.space(problem, arch or codegen_cuda.DEFAULT_ARCH)
+
+
+def param_key(params: Mapping[str, ParamValue]) -> str:
+    """A normalised key of a full assignment (partition included): sorted compact JSON."""
+    return json.dumps(dict(sorted(params.items())), separators=(",", ":"), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class FusionPlan:
+    problem: str
+    target: str
+    partition: str
+    """The partition's key, e.g. "add+rmsnorm|gelu"."""
+    groups: tuple[tuple[str, ...], ...]
+    params: dict[str, ParamValue]
+    """The full normalised assignment, partition included."""
+    param_key: str
+    source: str
+    flags: tuple[str, ...]
+    entry_point: str = "kernel"
+    launches: tuple[Launch, ...] = field(default_factory=tuple)
+    """cuda only: the kernel launches the host entry makes, in order."""
+
+    def event_fields(self) -> dict[str, object]:
+        """The payload fields of a `FusionPlanned` event."""
+        return {
+            "groups": [list(g) for g in self.groups],
+            "params": dict(self.params),
+            "param_key": self.param_key,
+        }
+
+
+def plan(
+    problem: ProblemRef,
+    partition: str | Partition | Sequence[Sequence[str]],
+    params: Mapping[str, ParamValue] | None = None,
+    target: str = "cpu",
+) -> FusionPlan:
+    """Render `problem` fused as `partition` with `params` for `target`.
+
+    `params` are the code-generation parameters of `fusion_space(problem, target)`; any
+    left out take the space's defaults, and a "partition" entry, if present, must agree
+    with `partition`. Raises `InvalidParams` for an assignment outside the space."""
+    problem = _problem(problem)
+    space = fusion_space(problem, target)
+    graph = graph_of(problem)
+    chosen = parse_partition(partition, graph.op_names)
+    given = dict(params or {})
+    if "partition" in given and str(given["partition"]) != chosen.key:
+        raise InvalidParams(
+            f"params say partition {given['partition']!r} but the plan is for {chosen.key!r}"
+        )
+    full: dict[str, ParamValue] = {**space.defaults, **given, "partition": chosen.key}
+    rendered = space.render(full)
+    launches: tuple[Launch, ...] = ()
+    if space.target == "cuda":
+        launches = codegen_cuda.launches(problem, chosen, int(full["block"]))
+    normalised = dict(sorted(full.items()))
+    return FusionPlan(
+        problem=problem.name,
+        target=target,
+        partition=chosen.key,
+        groups=chosen.groups,
+        params=normalised,
+        param_key=param_key(normalised),
+        source=rendered.source,
+        flags=rendered.flags,
+        launches=launches,
+    )
+
+
+def best_known_for(space: FusionSpace, partition: str) -> dict[str, ParamValue]:
+    """The hand-picked parameters of `space` moved to another partition (stash where it
+    applies there, recompute where it does not)."""
+    point: dict[str, ParamValue] = {**space.best_known, "partition": partition}
+    if not space.is_valid(point):
+        point["reuse"] = "recompute"
+    return point
+
+
+def groups_of(
+    problem: ProblemRef, params: Mapping[str, ParamValue], target: str | None = None
+) -> list[list[str]]:
+    """The groups of an assignment's "partition", as `FusionPlanned.groups` wants them.
+
+    With a target, the whole assignment (missing entries take the defaults) must lie in
+    that target's space. Raises ValueError (`InvalidParams` is one) otherwise."""
+    problem = _problem(problem)
+    if "partition" not in params:
+        raise InvalidParams("a fusion proposal needs a 'partition' parameter")
+    chosen = parse_partition(str(params["partition"]), graph_of(problem).op_names)
+    if target is not None:
+        space = fusion_space(problem, target)
+        problems = space.violations({**space.defaults, **params})
+        if problems:
+            raise InvalidParams(f"{space.name}: {'; '.join(problems)}")
+    return chosen.as_lists()
+
+
+def render_plan(
+    problem: ProblemRef,
+    groups: Sequence[Sequence[str]],
+    params: Mapping[str, ParamValue],
+    target: str = "cpu",
+) -> FusionPlan:
+    """A `FusionPlan` from the fields of a `FusionPlanned` event (what the writer calls)."""
+    return plan(problem, groups, params, target)

@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/kfactory run
+	$(BIN)/kfactory run campaigns/demo.toml
 
 test: $(STAMP)
 	$(BIN)/pytest

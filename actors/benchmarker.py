@@ -60,7 +60,6 @@ class HostTurn:
 class Benchmarker(Actor):
     role = "benchmarker"
     reacts_to = (KernelVerified,)
-    ack_wait = 60.0
 
     def __init__(self, target: str = "cpu") -> None:
         self.target = target

@@ -37,7 +37,6 @@ from eventstore.events import (
 class Planner(Actor):
     role = "planner"
     reacts_to = (CampaignStarted, CampaignResumed, GenerationClosed)
-    ack_wait = 60.0
 
     def __init__(self) -> None:
         self._nc: Client | None = None

@@ -21,7 +21,7 @@ class HistoryReader:
         self.history = History()
         self._lock = asyncio.Lock()
 
-    async def catch_up(self, until_event_id: str | None = None, timeout: float = 20.0) -> History:
+    async def catch_up(self, until_event_id: str | None = None, timeout: float = 60.0) -> History:
         """Apply every stored event since the last call; with `until_event_id`, wait until
         that event is among them, so a decision never misses the fact that caused it."""
         deadline = time.monotonic() + timeout

@@ -1,36 +1,34 @@
-"""The six roles, and the issue each one lands with.
-
-A role whose implementation has not landed yet is listed with the issue that brings
-it, so `kfactory actor --help` says so instead of pretending.
-"""
+"""The six roles: what each does, and how to make one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from actors.benchmarker import Benchmarker
+from actors.fuser import Fuser
+from actors.kernel_writer import KernelWriter
+from actors.librarian import Librarian
+from actors.planner import Planner
 from actors.runtime import Actor
+from actors.verifier import Verifier
 
 
 @dataclass(frozen=True)
 class Role:
     name: str
     summary: str
-    lands_with: str | None = None  # the issue that brings it; None once implemented
-
-    def create(self) -> Actor:
-        raise NotImplementedError(
-            f"the {self.name} role is not implemented yet; it lands with {self.lands_with}"
-        )
+    create: Callable[[], Actor]
 
 
 ROLES: dict[str, Role] = {
     role.name: role
     for role in (
-        Role("planner", "opens generations and proposes candidates", "issue #4 (the swarm)"),
-        Role("kernel-writer", "renders templates or asks an LLM for kernels", "issue #4"),
-        Role("fuser", "turns graph proposals into fusion plans", "issue #4"),
-        Role("verifier", "compiles and checks kernels against the reference", "issue #4"),
-        Role("benchmarker", "times verified kernels against the baseline", "issue #4"),
-        Role("librarian", "draws lessons, dedupes, closes generations", "issue #4"),
+        Role("planner", "opens generations, proposes candidates, finishes campaigns", Planner),
+        Role("kernel-writer", "renders templates and fusion plans (or asks an LLM)", KernelWriter),
+        Role("fuser", "turns graph-problem proposals into fusion plans", Fuser),
+        Role("verifier", "compiles and checks kernels against the reference", Verifier),
+        Role("benchmarker", "times verified kernels against the baseline", Benchmarker),
+        Role("librarian", "draws lessons, answers dedupe questions, closes generations", Librarian),
     )
 }

@@ -85,7 +85,9 @@ class Actor(abc.ABC):
     #: Consumers are per role, and per target when the role only serves one device.
     target: str | None = None
     max_deliver: int = 5
-    ack_wait: float = 30.0
+    #: Short, because long handlers report progress every third of it: a worker that
+    #: died is noticed (and its message redelivered) within this many seconds.
+    ack_wait: float = 10.0
     #: On SIGTERM, in-flight work gets this long to finish before it is left for redelivery.
     shutdown_grace: float = 10.0
 
@@ -109,7 +111,7 @@ class ActorRuntime:
     def __init__(self, actor: Actor, nc: Client, instance: str | None = None) -> None:
         self.actor = actor
         self.ref = ActorRef.here(actor.role, instance)
-        self._nc = nc
+        self.nc = nc
         self._js = jetstream(nc)
         self._emitter = Emitter(self._js)
         self.handled = 0
@@ -139,7 +141,7 @@ class ActorRuntime:
         with structlog.contextvars.bound_contextvars(
             role=self.ref.role, instance=self.ref.instance
         ):
-            await self.actor.setup(self._nc, self.ref)
+            await self.actor.setup(self.nc, self.ref)
             log.info("actor started", reacts_to=types, consumer=consumer.durable)
             try:
                 await consumer.run(stop)

@@ -11,6 +11,7 @@ says to avoid are told as pruned and never proposed.
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ from optuna.trial import TrialState, create_trial
 from actors.history import Candidate, param_key
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 TEMPLATE = "template"
 
@@ -73,7 +75,6 @@ class TemplateSearch:
             multivariate=True,
             group=True,
             constant_liar=True,
-            warn_independent_sampling=False,
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
         for candidate in history:

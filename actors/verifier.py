@@ -16,7 +16,6 @@ from kernels.loading import load_problem
 class Verifier(Actor):
     role = "verifier"
     reacts_to = (KernelWritten,)
-    ack_wait = 60.0
 
     def __init__(self, target: str = "cpu") -> None:
         self.target = target

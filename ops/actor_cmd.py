@@ -15,11 +15,7 @@ from ops.options import HOME, NATS
 
 
 def _roles_help() -> str:
-    lines = []
-    for role in ROLES.values():
-        status = f"not yet: lands with {role.lands_with}" if role.lands_with else "available"
-        lines.append(f"  {role.name:14} {role.summary} ({status})")
-    return "\n\n".join(lines)
+    return "\n\n".join(f"  {role.name:14} {role.summary}" for role in ROLES.values())
 
 
 def register(app: typer.Typer) -> None:
@@ -43,10 +39,7 @@ def actor(
     spec = ROLES.get(role)
     if spec is None:
         raise UserError(f"unknown role {role!r}; choose one of: {', '.join(ROLES)}")
-    try:
-        implementation = spec.create()
-    except NotImplementedError as exc:
-        raise UserError(str(exc)) from exc
+    implementation = spec.create()
     url = nats_url(nats, resolve_home(home))
     if url is None:
         raise UserError("no NATS URL: pass --nats nats://HOST:PORT (see `kfactory server`)")

@@ -1,221 +1,299 @@
-"""`kfactory run`: the main job on the embedded defaults.
+"""`kfactory run`: a campaign, from a file or from flags.
 
-Until the swarm lands (issue #4), a run is a one-kernel campaign recorded end to end:
-the hub starts (embedded nats-server, recorder, SQL service), the campaign's facts are
-published as events (host calibration, the verdict on the problem's example kernel and
-its timing against numpy), and the campaign is read back with SQL and its hash chain
-checked.
+On the embedded defaults it starts the hub (nats-server, recorder, SQL service) and
+the six roles in this process; with --nats it submits the campaign to a running swarm
+instead. It shows progress until the campaign finishes, then a leaderboard. Running the
+same command again resumes the campaign from its history.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import typer
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
+from actors.campaign import Budget, CampaignError, CampaignSpec, Search, load_campaign, validate
+from actors.history import History
+from actors.planner import summary
 from bus.connection import connect, jetstream
+from bus.subjects import STREAM, campaign_filter
+from eventstore.codec import InvalidEvent, decode
 from eventstore.emitter import Emitter
-from eventstore.events import (
-    ActorRef,
-    BenchmarkCompleted,
-    CampaignFinished,
-    CampaignStarted,
-    Event,
-    HostCalibrated,
-    KernelRejected,
-    KernelVerified,
-    new_event,
-)
-from gpu_workers.benchmarker import benchmark
-from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.cpu.calibrate import load_or_calibrate
-from gpu_workers.cpu.compiler import default_cache_dir
-from gpu_workers.results import BenchmarkResult, Rejection
-from gpu_workers.verifier import verify
+from eventstore.events import ActorRef, CampaignResumed, CampaignStarted, Event, new_event
+from eventstore.queries import replay
 from kernels.loading import ProblemLoadError, load_problem
-from kernels.templates import example_kernel
 from ops.errors import UserError
-from ops.home import resolve_home, running_server
-from ops.hub import Hub, running_hub
+from ops.home import nats_url, resolve_home, running_server
+from ops.hub import running_hub
 from ops.logging import quiet_logs
-from ops.options import HOME, JSON
-from ops.output import print_rows, to_json
+from ops.options import HOME, JSON, NATS
+from ops.output import to_json
+from ops.swarm import Swarm, running_swarm
+
+RUN_HELP = """Run a campaign: search for the fastest correct kernel of a problem.
+
+With no --nats, everything runs here: an embedded nats-server, the recorder owning
+--home/events.duckdb, and the six actors (planner, kernel-writer, fuser, verifier,
+benchmarker, librarian). With --nats (or a `kfactory server` running for --home) the
+campaign is handed to that swarm and followed from here.
+
+The same command run again resumes the campaign from its history: no candidate is
+evaluated twice. Ctrl-C stops cleanly.
+
+A campaign file (TOML):
+
+  problem = "softmax"            # built-in, or "path/to/ops.py:NAME"
+
+  target  = "cpu"
+
+  shapes  = [[4096, 4096]]       # the first is timed; default: the problem's
+
+  [budget]  candidates = 40, wall_time = "30m", stop_at_roofline = 0.95
+
+  [search]  per_generation = 8, seed = 1
+
+  [writer]  kind = "template"    # or "llm" with base_url, model, api_key_env
+
+Examples:
+
+  kfactory run campaigns/demo.toml
+
+  kfactory run --problem rmsnorm --budget 24 --json
+
+  kfactory run campaigns/demo.toml --nats nats://hub:4222
+"""
 
 
 def register(app: typer.Typer) -> None:
-    app.command(
-        "run",
-        help=(
-            "Run a campaign on this machine with everything embedded: nats-server, the "
-            "recorder and DuckDB under --home. Today a campaign verifies and times the "
-            "problem's example kernel against numpy and records every step as an event; "
-            "the searching swarm arrives with issue #4.\n\n"
-            "Examples:\n\n"
-            "  kfactory run\n\n"
-            "  kfactory run --problem rmsnorm --json"
-        ),
-    )(run)
+    app.command("run", help=RUN_HELP)(run)
 
 
 def run(
-    problem: str = typer.Option("softmax", help="A built-in problem (see `kfactory problems`)."),
+    campaign_file: Path | None = typer.Argument(
+        None, metavar="[CAMPAIGN.toml]", help="The campaign file; or use --problem."
+    ),
+    problem: str | None = typer.Option(None, help="Problem, when no campaign file is given."),
+    target: str = typer.Option("cpu", help="Device target (no file)."),
+    budget: int = typer.Option(40, min=1, help="Candidates to evaluate at most (no file)."),
+    per_generation: int = typer.Option(8, min=1, help="Candidates per generation (no file)."),
+    seed: int = typer.Option(1, help="Search seed (no file)."),
+    verifiers: int = typer.Option(1, min=1, help="Verifier actors to run here."),
+    benchmarkers: int = typer.Option(1, min=1, help="Benchmarker actors to run here."),
     home: Path | None = HOME,
+    nats: str | None = NATS,
     as_json: bool = JSON,
 ) -> None:
+    spec = _spec(campaign_file, problem, target, budget, per_generation, seed)
     folder = resolve_home(home)
-    if running_server(folder) is not None:
-        raise UserError(f"a server already owns {folder}; stop it or use another --home")
-    try:
-        spec = load_problem(problem)
-    except ProblemLoadError as exc:
-        raise UserError(str(exc)) from None
-    kernel = example_kernel(spec.name)
-    if kernel is None:
-        raise UserError(f"{spec.name} has no example kernel for the cpu target")
+    url = nats_url(nats, folder)
+    if url is None and running_server(folder) is not None:
+        raise UserError(f"a server already owns {folder}")
     quiet_logs()
-    summary = asyncio.run(_campaign(folder, spec.name, kernel.source, kernel.flags, as_json))
+    console = Console(stderr=True, quiet=as_json)
+    outcome = asyncio.run(_main(spec, folder, url, verifiers, benchmarkers, console))
+    if outcome is None:
+        console.print("stopped; run the same command again to resume")
+        raise typer.Exit(130)
     if as_json:
-        print(to_json(summary))
+        print(to_json(outcome))
 
 
-async def _campaign(
-    home: Path, problem_name: str, source: str, flags: tuple[str, ...], as_json: bool
-) -> dict[str, Any]:
-    def say(line: str) -> None:
-        if not as_json:
-            typer.echo(line, err=True)
+def _spec(
+    path: Path | None, problem: str | None, target: str, budget: int, per_gen: int, seed: int
+) -> CampaignSpec:
+    try:
+        if path is not None:
+            spec = load_campaign(path)
+        elif problem is None:
+            raise UserError("give a campaign file, or --problem NAME (see --help)")
+        else:
+            spec = validate(
+                CampaignSpec(
+                    problem=problem,
+                    target=target,
+                    budget=Budget(candidates=budget),
+                    search=Search(per_generation=per_gen, seed=seed),
+                )
+            )
+        loaded = load_problem(spec.problem)
+    except (CampaignError, ProblemLoadError) as exc:
+        raise UserError(str(exc)) from None
+    for shape in spec.shapes:
+        if len(shape) != len(loaded.dims):
+            raise UserError(f"shapes: {shape} does not give the dims {', '.join(loaded.dims)}")
+    if spec.target != "cpu":
+        raise UserError(f"target {spec.target!r}: only cpu campaigns run end to end today")
+    if spec.writer.kind == "llm":
+        raise UserError("writer.kind = 'llm' is not wired into campaigns yet; use 'template'")
+    return spec
 
-    campaign = f"{problem_name}-{datetime.now(UTC):%Y%m%dT%H%M%S%f}"
-    actor = ActorRef.here("cli")
-    spec = load_problem(problem_name)
+
+async def _main(
+    spec: CampaignSpec,
+    home: Path,
+    url: str | None,
+    verifiers: int,
+    benchmarkers: int,
+    console: Console,
+) -> dict[str, Any] | None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if url is not None:
+        return await _follow(spec, url, None, stop, console)
     async with running_hub(home) as hub:
-        say(f"hub: {hub.url}, store {hub.store.path}")
-        nc = await connect(hub.url, "kfactory-run")
-        emitter = Emitter(jetstream(nc))
-        start = new_event(
-            CampaignStarted,
-            campaign_id=campaign,
-            actor=actor,
-            name=campaign,
-            problem=problem_name,
-            target="cpu",
-            config={"kernel": "example", "flags": list(flags)},
-        )
-        events: list[Event] = [start]
+        console.print(f"hub {hub.url}; events in {hub.store.path}")
+        async with running_swarm(hub.url, verifiers=verifiers, benchmarkers=benchmarkers) as swarm:
+            return await _follow(spec, hub.url, swarm, stop, console, hub.check)
 
-        def fact(cls: type[Event], **payload: Any) -> Event:
-            event = new_event(cls, campaign_id=campaign, actor=actor, cause=start, **payload)
-            events.append(event)
-            return event
 
-        await emitter.emit(start)
-        say("calibrating this host (cached after the first run) ...")
-        calibration = await asyncio.to_thread(load_or_calibrate, default_cache_dir().parent)
-        await emitter.emit(
-            fact(
-                HostCalibrated,
-                device="cpu",
-                bandwidth_gbs=calibration.memory_bandwidth_gbs,
-                peak_gflops=calibration.peak_fp32_gflops,
-                method={"host": calibration.host, "cpu": calibration.cpu_model},
-            )
+async def _follow(
+    spec: CampaignSpec,
+    url: str,
+    swarm: Swarm | None,
+    stop: asyncio.Event,
+    console: Console,
+    hub_check: Any = None,
+) -> dict[str, Any] | None:
+    nc = await connect(url, "kfactory-run")
+    try:
+        history = History()
+        campaign_id = spec.campaign_id
+        for position, event in await replay(nc, campaign_id=campaign_id):
+            history.apply(position, event)
+        known = history.campaigns.get(campaign_id)
+        if known is not None and known.finished is not None:
+            console.print(f"campaign {campaign_id} already finished: {known.finished.reason}")
+            return _result(history, campaign_id, console)
+        progress = Progress(history, campaign_id)
+        subscription = await jetstream(nc).subscribe(
+            campaign_filter(campaign_id),
+            stream=STREAM,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            cb=progress.on_message,
         )
-        say(f"verifying the example {problem_name} kernel in the sandbox ...")
-        backend = CpuBackend(cache_dir=default_cache_dir())
-        verdict = await asyncio.to_thread(verify, spec, backend, source, flags)
-        outcome: BenchmarkResult | Rejection | None = verdict.rejection
-        if verdict.verified:
-            await emitter.emit(
-                fact(
-                    KernelVerified,
-                    problem=problem_name,
-                    target="cpu",
-                    candidate_id="example",
-                    generation=0,
-                    source_hash=verdict.source_sha256,
-                    max_rel_err=verdict.max_rel_err or 0.0,
-                    trials=len(verdict.trials),
-                )
+        actor = ActorRef.here("cli")
+        start: Event
+        if known is None:
+            start = new_event(
+                CampaignStarted,
+                campaign_id=campaign_id,
+                actor=actor,
+                name=campaign_id,
+                problem=spec.problem,
+                target=spec.target,
+                config=spec.to_config(),
             )
-            say("timing it against numpy ...")
-            build = backend.compile(spec, source, flags).build
-            outcome = await asyncio.to_thread(benchmark, spec, backend, build, calibration)
-        if isinstance(outcome, Rejection):
-            await emitter.emit(
-                fact(
-                    KernelRejected,
-                    problem=problem_name,
-                    target="cpu",
-                    candidate_id="example",
-                    generation=0,
-                    source_hash=verdict.source_sha256,
-                    stage=outcome.stage,
-                    reason=outcome.reason,
-                    evidence={"message": outcome.message, **outcome.evidence},
-                )
-            )
-        elif isinstance(outcome, BenchmarkResult):
-            await emitter.emit(
-                fact(
-                    BenchmarkCompleted,
-                    problem=problem_name,
-                    target="cpu",
-                    candidate_id="example",
-                    generation=0,
-                    source_hash=verdict.source_sha256,
-                    median_ns=outcome.kernel.median_ns,
-                    iqr_ns=outcome.kernel.iqr_ns,
-                    baseline="numpy float32",
-                    baseline_ns=outcome.baseline.median_ns,
-                    speedup=outcome.speedup,
-                    roofline_fraction=outcome.roofline_fraction,
-                    evidence={"shape": outcome.shape, "runs": outcome.kernel.runs},
-                )
-            )
-        await emitter.emit(
-            fact(CampaignFinished, reason="the example kernel was evaluated", summary={})
-        )
+            console.print(f"campaign {campaign_id}: {spec.problem} on {spec.target}")
+        else:
+            start = new_event(CampaignResumed, campaign_id=campaign_id, actor=actor)
+            console.print(f"campaign {campaign_id}: resuming from its history")
+        await Emitter(jetstream(nc)).emit(start)
+        with Live(progress.table(), console=console, refresh_per_second=4, transient=True) as live:
+            while not progress.finished and not stop.is_set():
+                if swarm is not None:
+                    swarm.check()
+                if hub_check is not None:
+                    hub_check()
+                live.update(progress.table())
+                await asyncio.sleep(0.25)
+        await subscription.unsubscribe()
+        if not progress.finished:
+            return None
+        return _result(progress.history, campaign_id, console)
+    finally:
         await nc.close()
-        deadline = time.monotonic() + 60
-        while not _recorded(hub, campaign, len(events)):
-            hub.check()
-            if time.monotonic() > deadline:
-                raise RuntimeError("the recorder did not store the campaign's events in 60 s")
-            await asyncio.sleep(0.05)
-        rows = hub.store.query(
-            "SELECT position, type, actor_role AS actor, "
-            "coalesce(payload->>'reason', payload->>'speedup', payload->>'bandwidth_gbs', "
-            "payload->>'problem') AS detail FROM events "
-            f"WHERE campaign_id = '{campaign}' ORDER BY position"
+
+
+class Progress:
+    """The campaign's events as they arrive, applied to a history of its own."""
+
+    def __init__(self, history: History, campaign_id: str) -> None:
+        self.history = history
+        self.campaign_id = campaign_id
+        self._next = 0
+        self.started = time.monotonic()
+
+    async def on_message(self, message: Msg) -> None:
+        try:
+            event = decode(message.data)
+        except InvalidEvent:
+            return
+        self._next += 1
+        self.history.apply(self.history.position + 1, event)
+
+    @property
+    def finished(self) -> bool:
+        campaign = self.history.campaigns.get(self.campaign_id)
+        return campaign is not None and campaign.finished is not None
+
+    def table(self) -> Table:
+        table = Table(title=f"campaign {self.campaign_id}", show_header=False)
+        campaign = self.history.campaigns.get(self.campaign_id)
+        if campaign is None:
+            table.add_row("starting", "")
+            return table
+        candidates = self.history.campaign_candidates(self.campaign_id)
+        best = self.history.best(self.campaign_id)
+        table.add_row("generation", str(max(campaign.generations, default=0)))
+        table.add_row(
+            "candidates settled",
+            f"{sum(c.settled for c in candidates)} of {len(candidates)} proposed "
+            f"(budget {campaign.spec.budget.candidates})",
         )
-        chain = hub.store.verify_chain(campaign)
-    best = outcome if isinstance(outcome, BenchmarkResult) else None
-    summary = {
-        "campaign_id": campaign,
-        "events": len(rows.rows),
-        "chain_ok": chain.ok,
-        "verdict": "verified" if verdict.verified and best else "rejected",
-        "speedup": best.speedup if best else None,
-        "roofline_fraction": best.roofline_fraction if best else None,
-        "median_ns": best.kernel.median_ns if best else None,
-        "store": str(home / "events.duckdb"),
-    }
-    if not as_json:
-        print_rows(rows.columns, rows.rows, "table", title=f"campaign {campaign}")
-        if best:
-            say(
-                f"{problem_name}: {best.kernel.median_ns / 1e6:.2f} ms, "
-                f"{best.speedup:.1f}x numpy, {best.roofline_fraction:.0%} of the roofline"
-            )
-        say(f"hash chain: {'intact' if chain.ok else chain.detail} ({chain.events_checked} events)")
-        say(f"query it: kfactory sql \"SELECT * FROM events WHERE campaign_id = '{campaign}'\"")
-    return summary
+        table.add_row("best speedup", f"{best.speedup:.2f}x" if best and best.speedup else "-")
+        rejected = self.history.rejections_by_stage(self.campaign_id)
+        table.add_row(
+            "rejected by stage", ", ".join(f"{k} {v}" for k, v in rejected.items()) or "-"
+        )
+        table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
+        return table
 
 
-def _recorded(hub: Hub, campaign: str, count: int) -> bool:
-    found = hub.store.query(f"SELECT count(*) FROM events WHERE campaign_id = '{campaign}'")
-    return bool(found.rows[0][0] >= count)
+def _result(history: History, campaign_id: str, console: Console) -> dict[str, Any]:
+    campaign = history.campaigns[campaign_id]
+    result = {"campaign_id": campaign_id, **summary(history, campaign)}
+    if campaign.finished is not None:
+        result["finished"] = campaign.finished.reason
+    timed = sorted(
+        (c for c in history.campaign_candidates(campaign_id) if c.benchmark),
+        key=lambda c: c.speedup or 0.0,
+        reverse=True,
+    )
+    board = Table(title=f"leaderboard: {campaign_id}")
+    for column in ("rank", "candidate", "template", "median ms", "speedup", "roofline"):
+        board.add_column(column)
+    for rank, c in enumerate(timed[:10], 1):
+        assert c.benchmark is not None
+        board.add_row(
+            str(rank),
+            c.candidate_id.rsplit(":", 2)[-2] + ":" + c.candidate_id.rsplit(":", 1)[-1],
+            c.proposal.template,
+            f"{c.benchmark.median_ns / 1e6:.3f}",
+            f"{c.benchmark.speedup:.2f}x",
+            f"{c.benchmark.roofline_fraction:.0%}",
+        )
+    console.print(board)
+    console.print(
+        f"evaluated {result['evaluated']}, duplicates avoided {result['duplicates_avoided']}, "
+        f"rejected by stage {result['rejected_by_stage'] or '{}'}"
+        + (f"; finished: {campaign.finished.reason}" if campaign.finished else "")
+    )
+    if sys.stderr.isatty():
+        console.print(
+            f'inspect: kfactory sql "SELECT type, count(*) FROM events '
+            f"WHERE campaign_id = '{campaign_id}' GROUP BY type\""
+        )
+    return result

@@ -1,0 +1,33 @@
+"""The fuser: for graph problems, turns a proposal over the fusion space into a plan
+(which ops run fused in which kernel), recorded as FusionPlanned for the writer."""
+
+from __future__ import annotations
+
+from actors.runtime import Actor, PoisonMessage, Reactions
+from eventstore.events import CandidateProposed, Event, FusionPlanned
+
+
+class Fuser(Actor):
+    role = "fuser"
+    reacts_to = (CandidateProposed,)
+
+    async def handle(self, event: Event, out: Reactions) -> None:
+        assert isinstance(event, CandidateProposed)
+        from kernels.fusion.plan import FUSION_TEMPLATE, groups_of
+
+        if event.template != FUSION_TEMPLATE:
+            return
+        try:
+            groups = groups_of(event.problem, event.params)
+        except ValueError as exc:
+            raise PoisonMessage(str(exc)) from exc
+        out.emit(
+            FusionPlanned,
+            problem=event.problem,
+            target=event.target,
+            candidate_id=event.candidate_id,
+            generation=event.generation,
+            groups=groups,
+            params=event.params,
+            param_key=event.param_key,
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -131,3 +132,19 @@ def test_sources_cannot_make_the_compiler_read_other_files(line: str, reason: st
     assert rejection is not None
     assert (rejection.stage, rejection.reason) == ("static", reason)
     assert source_check((EXAMPLES / "matmul.c").read_text()) is None
+
+
+def test_concurrent_compiles_of_one_kernel_share_the_cache(tmp_path: Path) -> None:
+    source = (EXAMPLES / "rmsnorm.c").read_text()
+    prototype = BUILTIN["rmsnorm"].c_signature()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(
+            pool.map(
+                lambda _: compile_kernel(source, FLAGS, prototype=prototype, cache_dir=tmp_path),
+                range(4),
+            )
+        )
+    assert all(isinstance(r, CompiledKernel) for r in results)
+    assert len({r.library for r in results if isinstance(r, CompiledKernel)}) == 1
+    again = compile_kernel(source, FLAGS, prototype=prototype, cache_dir=tmp_path)
+    assert isinstance(again, CompiledKernel) and again.cache_hit

@@ -135,12 +135,17 @@ def compile_kernel(
     entry = cache / key[:2] / key
     meta_path = entry / "meta.json"
     if meta_path.is_file():
-        cached = msgspec.json.decode(meta_path.read_bytes(), type=CompiledKernel)
-        if Path(cached.library).is_file():
+        try:
+            cached = msgspec.json.decode(meta_path.read_bytes(), type=CompiledKernel)
+        except msgspec.DecodeError:
+            cached = None  # written by an older version: build again
+        if cached is not None and Path(cached.library).is_file():
             return msgspec.structs.replace(cached, cache_hit=True)
     result = _build(source, flags, prototype, entry)
     if isinstance(result, CompiledKernel):
-        meta_path.write_bytes(msgspec.json.encode(result))
+        tmp = meta_path.with_name(f"meta.{os.getpid()}.tmp")
+        tmp.write_bytes(msgspec.json.encode(result))
+        os.replace(tmp, meta_path)  # atomic: a concurrent reader sees all of it or none
     return result
 
 
@@ -226,7 +231,7 @@ def _build(
         entry.mkdir(parents=True, exist_ok=True)
         library = entry / "kernel.so"
         os.replace(work / "kernel.so", library)
-        shutil.copy(work / "kernel.c", entry / "kernel.c")
+        os.replace(work / "kernel.c", entry / "kernel.c")
         return CompiledKernel(
             library=str(library),
             source_sha256=source_sha256(source),

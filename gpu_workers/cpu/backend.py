@@ -24,7 +24,12 @@ from kernels.spec import Problem
 
 RUNNER = "gpu_workers.cpu.runner"
 VERIFY_ENV = {"OMP_WAIT_POLICY": "ACTIVE"}
-TIMING_ENV = {"GOMP_SPINCOUNT": "10000", "OPENBLAS_THREAD_TIMEOUT": "4"}
+TIMING_ENV = {
+    "GOMP_SPINCOUNT": "10000",
+    "OPENBLAS_THREAD_TIMEOUT": "4",
+    "OMP_PROC_BIND": "spread",
+    "OMP_PLACES": "cores",
+}
 ReplyT = TypeVar("ReplyT", p.VerifyReply, p.BenchReply)
 VERIFY_LIMITS = Limits(cpu_seconds=120, address_space_bytes=4 << 30, wall_seconds=60.0)
 BENCH_LIMITS = Limits(cpu_seconds=1200, address_space_bytes=8 << 30, wall_seconds=600.0)
@@ -177,7 +182,8 @@ class CpuBackend:
         (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
         # Verifying: spinning OpenMP threads start together, which is what exposes races.
         # Timing: idle threads of one contender (OpenMP or OpenBLAS) must not spin on the
-        # cores the next contender is using, so both pools go to sleep soon after a call.
+        # cores the next contender is using, so both pools go to sleep soon after a call;
+        # OpenMP threads are pinned one per core, so no run finds two sharing a core.
         env = VERIFY_ENV if isinstance(job, p.VerifyJob) else TIMING_ENV
         return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=env)
 

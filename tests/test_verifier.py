@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.sandbox import Limits
 from gpu_workers.verifier import plan_trials, verify
 from kernels.builtin import BUILTIN
 from kernels.spec import DISTRIBUTIONS
@@ -82,7 +83,13 @@ PLANTED = [
 def test_planted_kernel_is_rejected(
     name: str, problem: str, stage: str, reasons: set[str], cpu_backend: CpuBackend
 ) -> None:
-    verdict = verify(BUILTIN[problem], cpu_backend, planted(name), FLAGS)
+    backend = cpu_backend
+    if name == "loops_forever":  # the whole wall-clock limit is spent: keep it short
+        backend = CpuBackend(
+            cache_dir=cpu_backend.cache_dir,
+            verify_limits=Limits(cpu_seconds=10, address_space_bytes=4 << 30, wall_seconds=3.0),
+        )
+    verdict = verify(BUILTIN[problem], backend, planted(name), FLAGS)
     assert not verdict.verified
     rejection = verdict.rejection
     assert rejection is not None

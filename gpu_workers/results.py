@@ -17,9 +17,13 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
 
     stage: Stage
     reason: str
-    """A stable code, e.g. compile_error, forbidden_symbol, crashed, timeout, memory_limit,
-    exited, unwritten, non_finite, wrong_value, input_modified, out_of_bounds_write,
-    nondeterministic, timing_stall, beyond_roofline."""
+    """A stable code. compile: bad_flags, compile_error, compile_timeout, link_error,
+    unsupported_dtype. static: forbidden_include, forbidden_construct, forbidden_symbol,
+    missing_entry_point. run: crashed, timeout, memory_limit, exited, out_of_bounds_write,
+    missing_result. compare: unwritten, non_finite, wrong_value, wrong_shape, input_modified,
+    nondeterministic. benchmark: crashed, timeout, memory_limit, exited, timing_stall,
+    timing_inconsistent. recheck: unwritten, non_finite, wrong_value. roofline:
+    beyond_roofline."""
     message: str
     """One line for a human."""
     evidence: dict[str, str] = msgspec.field(default_factory=dict)

@@ -126,3 +126,48 @@ def test_bad_input_is_one_clear_line(
         err = capsys.readouterr().err
         assert err.startswith("kfactory: error: ") and expected in err
         assert err.count("\n") == 1
+
+
+SWIGLU_FILE = """
+import numpy as np
+from kernels.spec import Arg, Cost, Problem
+
+
+def _swiglu(i):
+    a, b = i["a"], i["b"]
+    return {"y": a / (1 + np.exp(-np.clip(a, -80, 80))) * b}
+
+
+SWIGLU = Problem(
+    name="swiglu", description="silu(a) * b", dims=("n",),
+    args=(Arg("a", ("n",)), Arg("b", ("n",)), Arg("y", ("n",), output=True)),
+    reference=_swiglu, baseline=_swiglu,
+    test_shapes=({"n": 64}, {"n": 1}, {"n": 1001}), default_shape={"n": 1 << 16},
+    cost=lambda s: Cost(bytes_moved=12 * s["n"], flops=6 * s["n"]),
+)
+"""
+SWIGLU_KERNEL = """
+#include <math.h>
+#include <stdint.h>
+void kernel(const float *a, const float *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        float x = a[i] < -80.0f ? -80.0f : (a[i] > 80.0f ? 80.0f : a[i]);
+        y[i] = a[i] / (1.0f + expf(-x)) * b[i];
+    }
+}
+"""
+
+
+def test_check_a_problem_from_a_user_file(
+    cli: tuple[CliRunner, typer.Typer], tmp_path: Path
+) -> None:
+    runner, app = cli
+    (tmp_path / "my_ops.py").write_text(SWIGLU_FILE)
+    (tmp_path / "swiglu.c").write_text(SWIGLU_KERNEL)
+    problem = f"{tmp_path / 'my_ops.py'}:SWIGLU"
+    args = ["check", problem, "--source", str(tmp_path / "swiglu.c"), "--json"]
+    result = runner.invoke(app, [*args, "--bench", "--flags", "-O2"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["verdict"] == "verified" and report["problem"] == "swiglu"
+    assert report["median_ns"] > 0 and report["shape"] == {"n": 1 << 16}

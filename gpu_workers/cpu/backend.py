@@ -31,8 +31,12 @@ TIMING_ENV = {
     "OMP_PLACES": "cores",
 }
 ReplyT = TypeVar("ReplyT", p.VerifyReply, p.BenchReply)
-VERIFY_LIMITS = Limits(cpu_seconds=120, address_space_bytes=4 << 30, wall_seconds=60.0)
-BENCH_LIMITS = Limits(cpu_seconds=1200, address_space_bytes=8 << 30, wall_seconds=600.0)
+VERIFY_LIMITS = Limits(
+    cpu_seconds=120, address_space_bytes=4 << 30, wall_seconds=60.0, file_size_bytes=256 << 20
+)
+BENCH_LIMITS = Limits(
+    cpu_seconds=1200, address_space_bytes=8 << 30, wall_seconds=600.0, file_size_bytes=1 << 30
+)
 
 
 class CpuBackend:

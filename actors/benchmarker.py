@@ -15,7 +15,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from actors.campaign import CampaignSpec
-from actors.devices import backend_for, calibration_for
+from actors.devices import backend_for, calibration_for, recalibrate
 from actors.librarian import ask_kernel
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
@@ -111,6 +111,7 @@ class Benchmarker(Actor):
                     calibration,
                     incumbent=incumbent_build,
                     shape=_shape(spec, problem.dims),
+                    recalibrate=lambda: recalibrate(event.target),
                 )
 
         result = await asyncio.to_thread(timed)

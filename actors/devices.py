@@ -27,6 +27,13 @@ def calibration_for(target: str) -> HostCalibration:
     return load_or_calibrate(default_cache_dir().parent)
 
 
+def recalibrate(target: str) -> HostCalibration:
+    """Measure the host again (a ceiling measured while it was busy can be too low)."""
+    calibration_for.cache_clear()
+    backend_for(target)
+    return load_or_calibrate(default_cache_dir().parent, force=True)
+
+
 def source_hash(source: str, flags: list[str] | tuple[str, ...]) -> str:
     """The identity of a kernel: its source and the flags it is built with."""
     import hashlib

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from actors.runtime import Actor, PoisonMessage, Reactions
 from eventstore.events import CandidateProposed, Event, FusionPlanned
+from kernels.fusion.plan import FUSION_TEMPLATE, groups_of
 
 
 class Fuser(Actor):
@@ -13,12 +14,10 @@ class Fuser(Actor):
 
     async def handle(self, event: Event, out: Reactions) -> None:
         assert isinstance(event, CandidateProposed)
-        from kernels.fusion.plan import FUSION_TEMPLATE, groups_of
-
         if event.template != FUSION_TEMPLATE:
             return
         try:
-            groups = groups_of(event.problem, event.params)
+            groups = groups_of(event.problem, event.params, event.target)
         except ValueError as exc:
             raise PoisonMessage(str(exc)) from exc
         out.emit(

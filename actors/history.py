@@ -16,6 +16,7 @@ from actors.campaign import CampaignSpec, decode_config
 from eventstore.events import (
     BenchmarkCompleted,
     CampaignFinished,
+    CampaignResumed,
     CampaignStarted,
     CandidateDeduplicated,
     CandidateProposed,
@@ -32,6 +33,7 @@ HISTORY_TYPES = [
     cls.__name__
     for cls in (
         CampaignStarted,
+        CampaignResumed,
         CampaignFinished,
         GenerationOpened,
         CandidateProposed,
@@ -113,7 +115,8 @@ class History:
         self.event_ids: set[str] = set()
 
     def apply(self, position: int, event: Event) -> None:
-        if position <= self.position:
+        """Apply one event; replaying an event already applied changes nothing."""
+        if position <= self.position or event.event_id in self.event_ids:
             return
         self.position = position
         self.event_ids.add(event.event_id)

@@ -22,6 +22,7 @@ from eventstore.events import (
     FusionPlanned,
     KernelWritten,
 )
+from kernels.fusion.plan import render_plan
 from kernels.templates import TEMPLATES, InvalidParams
 
 
@@ -47,8 +48,6 @@ class KernelWriter(Actor):
                 event, out, rendered.source, list(rendered.flags), "template", event.params
             )
         elif isinstance(event, FusionPlanned):
-            from kernels.fusion.plan import render_plan
-
             plan = render_plan(event.problem, event.groups, event.params, event.target)
             await self._written(event, out, plan.source, list(plan.flags), "fuser", event.params)
 

@@ -153,8 +153,7 @@ def test_run_records_a_campaign_and_reads_it_back(tmp_path: Path) -> None:
     assert summary["verdict"] == "verified" and summary["speedup"] > 0
     stored = kfactory(
         "sql",
-        f"SELECT type FROM events WHERE campaign_id = '{summary['campaign_id']}' "
-        "ORDER BY position",
+        f"SELECT type FROM events WHERE campaign_id = '{summary['campaign_id']}' ORDER BY position",
         "-f",
         "csv",
         *home,

@@ -1,6 +1,6 @@
 """Event-store benchmark: prints a table and writes bench/results/store.json.
 
-    python bench/store.py [--events N]
+python bench/store.py [--events N]
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ class Writer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 120.0
-    retries: int = 4
+    attempts: int = 4
+    backoff_s: float = 1.0
 
 
 class Search(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -22,6 +22,7 @@ from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
 from actors.search import Proposal, TemplateSearch
 from actors.spaces import design_spaces
+from actors.variation import LLM_TEMPLATE, seeds, variations
 from eventstore.events import (
     ActorRef,
     CampaignFinished,
@@ -74,6 +75,9 @@ class Planner(Actor):
         remaining = spec.budget.candidates - _spent(history, campaign)
         count = min(spec.search.per_generation, remaining)
         campaign_id = campaign.started.campaign_id
+        if spec.writer.kind == "llm" and generation > 0:
+            self._vary(history, campaign, generation, count, out)
+            return
         avoid = await self._regions_to_avoid(campaign_id)
         scope = history.scope_candidates(spec.problem, spec.target)
         search = TemplateSearch(design_spaces(spec.problem, spec.target), spec.search.seed)
@@ -83,12 +87,16 @@ class Planner(Actor):
             return {key for key, owner in reply.keys.items() if owner is not None}
 
         known = await seen([c.proposal.param_key for c in scope])
-        proposals = search.propose(
-            scope,
-            count,
-            generation,
-            lambda p: p.key in known or _avoided(p, avoid),
-        )
+        if spec.writer.kind == "llm":  # generation 0: the templates' best points seed the archive
+            proposals = [p for p in seeds(spec.problem, spec.target) if p.key not in known]
+            proposals = proposals[:count]
+        else:
+            proposals = search.propose(
+                scope,
+                count,
+                generation,
+                lambda p: p.key in known or _avoided(p, avoid),
+            )
         # The librarian has the last word on what was evaluated (other planners may race).
         fresh = await seen([p.key for p in proposals])
         proposals = [p for p in proposals if p.key not in fresh]
@@ -110,6 +118,36 @@ class Planner(Actor):
                 template=proposal.template,
                 params=proposal.params,
                 param_key=proposal.key,
+            )
+
+    def _vary(
+        self, history: History, campaign: Campaign, generation: int, count: int, out: Reactions
+    ) -> None:
+        spec = campaign.spec
+        campaign_id = campaign.started.campaign_id
+        chosen = variations(
+            history.campaign_candidates(campaign_id), count, generation, spec.search.seed
+        )
+        if not chosen:
+            out.emit(
+                CampaignFinished,
+                reason="no parent to vary: every kernel so far failed before writing",
+                summary=summary(history, campaign),
+            )
+            return
+        out.emit(GenerationOpened, generation=generation, planned=len(chosen))
+        for index, variation in enumerate(chosen):
+            out.emit(
+                CandidateProposed,
+                problem=spec.problem,
+                target=spec.target,
+                candidate_id=f"{campaign_id}:g{generation}:c{index}",
+                generation=generation,
+                template=LLM_TEMPLATE,
+                params={"family": variation.family},
+                param_key=variation.key(campaign_id, generation),
+                operator=variation.operator,
+                parents=variation.parents,
             )
 
     async def _regions_to_avoid(self, campaign_id: str) -> list[dict[str, Any]]:

@@ -133,8 +133,6 @@ def _spec(
             raise UserError(f"shapes: {shape} does not give the dims {', '.join(loaded.dims)}")
     if spec.target != "cpu":
         raise UserError(f"target {spec.target!r}: only cpu campaigns run end to end today")
-    if spec.writer.kind == "llm":
-        raise UserError("writer.kind = 'llm' is not wired into campaigns yet; use 'template'")
     return spec
 
 

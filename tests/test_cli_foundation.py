@@ -36,7 +36,7 @@ def test_every_group_has_help(command: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [["server"], ["sql"], ["events", "tail"], ["actor"], ["bench", "store"]]
+    "command", [["server"], ["sql"], ["events", "tail"], ["actor"], ["bench", "store"], ["run"]]
 )
 def test_every_command_has_help_with_an_example(command: list[str]) -> None:
     done = kfactory(*command, "--help")
@@ -44,16 +44,19 @@ def test_every_command_has_help_with_an_example(command: list[str]) -> None:
     assert "Usage" in done.stdout and "Example" in done.stdout
 
 
-def test_actor_help_says_which_roles_have_not_landed() -> None:
+def test_actor_help_lists_the_roles() -> None:
     done = kfactory("actor", "--help")
-    assert "planner" in done.stdout and "lands with" in done.stdout
+    for role in ("planner", "kernel-writer", "fuser", "verifier", "benchmarker", "librarian"):
+        assert role in done.stdout
 
 
 def test_errors_are_one_line_without_traceback(tmp_path: Path) -> None:
     cases = [
         (["sql", "SELECT 1", "--home", str(tmp_path)], "no event store at"),
         (["actor", "nobody", "--nats", "nats://127.0.0.1:1"], "unknown role"),
-        (["actor", "planner", "--nats", "nats://127.0.0.1:1"], "lands with"),
+        (["run"], "give a campaign file"),
+        (["run", str(tmp_path / "missing.toml")], "cannot read"),
+        (["run", "--problem", "nope"], "unknown problem"),
         (["events", "tail", "--campaign", "a.b", "--nats", "nats://x:1"], "invalid campaign id"),
     ]
     for args, message in cases:
@@ -144,25 +147,13 @@ def test_server_records_serves_sql_and_streams_events(tmp_path: Path) -> None:
     assert not (tmp_path / "home" / "server.json").exists()
 
 
-def test_run_records_a_campaign_and_reads_it_back(tmp_path: Path) -> None:
-    home = ["--home", str(tmp_path)]
-    done = kfactory("run", "--problem", "rmsnorm", "--json", *home, timeout=300)
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
-    assert summary["chain_ok"] and summary["events"] == 5
-    assert summary["verdict"] == "verified" and summary["speedup"] > 0
-    stored = kfactory(
-        "sql",
-        f"SELECT type FROM events WHERE campaign_id = '{summary['campaign_id']}' ORDER BY position",
-        "-f",
-        "csv",
-        *home,
-    )
-    assert stored.stdout.split() == [
-        "type",
-        "CampaignStarted",
-        "HostCalibrated",
-        "KernelVerified",
-        "BenchmarkCompleted",
-        "CampaignFinished",
-    ]
+def test_a_bad_campaign_file_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('problem = "softmax"\n[budget]\ncandidates = "many"\n')
+    done = kfactory("run", str(bad), "--home", str(tmp_path))
+    assert done.returncode == 2
+    assert "$.budget.candidates" in done.stderr and "Expected `int`" in done.stderr
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('problem = "softmax"\n[search]\nper_gen = 3\n')
+    done = kfactory("run", str(unknown), "--home", str(tmp_path))
+    assert done.returncode == 2 and "per_gen" in done.stderr

@@ -10,7 +10,6 @@ import fcntl
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from nats.aio.client import Client
 
@@ -115,13 +114,7 @@ class Benchmarker(Actor):
                 )
 
         result = await asyncio.to_thread(timed)
-        common: dict[str, Any] = {
-            "problem": event.problem,
-            "target": event.target,
-            "candidate_id": event.candidate_id,
-            "generation": event.generation,
-            "source_hash": event.source_hash,
-        }
+        common = {**event.work(), "source_hash": event.source_hash}
         if isinstance(result, BenchmarkResult):
             out.emit(
                 BenchmarkCompleted,

@@ -22,11 +22,8 @@ class Fuser(Actor):
             raise PoisonMessage(str(exc)) from exc
         out.emit(
             FusionPlanned,
-            problem=event.problem,
-            target=event.target,
-            candidate_id=event.candidate_id,
-            generation=event.generation,
             groups=groups,
             params=event.params,
             param_key=event.param_key,
+            **event.work(),
         )

@@ -94,7 +94,7 @@ class KernelWriter(Actor):
         else:
             messages = prompts.improve(problem, known[0].source, lessons, target=event.target)
         reply = await self._recorded_reply(event) or await self._ask(event, writer, messages, out)
-        common = _common(event)
+        common = event.work()
         if reply is None:
             out.emit(
                 KernelRejected,
@@ -136,7 +136,7 @@ class KernelWriter(Actor):
             backoff_base_s=writer.backoff_s,
         )
         exchange: dict[str, Any] = {
-            **_common(event),
+            **event.work(),
             "operator": event.operator,
             "prompt": messages,
         }
@@ -203,7 +203,7 @@ class KernelWriter(Actor):
             self._nc,
             SeenRequest(cause.campaign_id, source_hash=digest, candidate_id=cause.candidate_id),
         )
-        common = {**_common(cause), "param_key": cause.param_key}
+        common = {**cause.work(), "param_key": cause.param_key}
         if reply.source_duplicate_of is not None:
             out.emit(
                 CandidateDeduplicated,
@@ -223,12 +223,3 @@ class KernelWriter(Actor):
             params=dict(params),
             **common,
         )
-
-
-def _common(event: CandidateProposed | FusionPlanned) -> dict[str, Any]:
-    return {
-        "problem": event.problem,
-        "target": event.target,
-        "candidate_id": event.candidate_id,
-        "generation": event.generation,
-    }

@@ -82,8 +82,10 @@ class Planner(Actor):
         scope = history.scope_candidates(spec.problem, spec.target)
         search = TemplateSearch(design_spaces(spec.problem, spec.target), spec.search.seed)
 
+        nc = self._nc
+
         async def seen(keys: list[str]) -> set[str]:
-            reply = await ask_seen(self._nc, SeenRequest(campaign_id, keys))  # type: ignore[arg-type]
+            reply = await ask_seen(nc, SeenRequest(campaign_id, keys))
             return {key for key, owner in reply.keys.items() if owner is not None}
 
         known = await seen([c.proposal.param_key for c in scope])
@@ -100,25 +102,14 @@ class Planner(Actor):
         # The librarian has the last word on what was evaluated (other planners may race).
         fresh = await seen([p.key for p in proposals])
         proposals = [p for p in proposals if p.key not in fresh]
-        if not proposals:
-            out.emit(
-                CampaignFinished,
-                reason="nothing new to try in the design space",
-                summary=summary(history, campaign),
-            )
-            return
-        out.emit(GenerationOpened, generation=generation, planned=len(proposals))
-        for index, proposal in enumerate(proposals):
-            out.emit(
-                CandidateProposed,
-                problem=spec.problem,
-                target=spec.target,
-                candidate_id=f"{campaign_id}:g{generation}:c{index}",
-                generation=generation,
-                template=proposal.template,
-                params=proposal.params,
-                param_key=proposal.key,
-            )
+        _propose(
+            history,
+            campaign,
+            generation,
+            [{"template": p.template, "params": p.params, "param_key": p.key} for p in proposals],
+            "nothing new to try in the design space",
+            out,
+        )
 
     def _vary(
         self, history: History, campaign: Campaign, generation: int, count: int, out: Reactions
@@ -128,32 +119,54 @@ class Planner(Actor):
         chosen = variations(
             history.campaign_candidates(campaign_id), count, generation, spec.search.seed
         )
-        if not chosen:
-            out.emit(
-                CampaignFinished,
-                reason="no parent to vary: every kernel so far failed before writing",
-                summary=summary(history, campaign),
-            )
-            return
-        out.emit(GenerationOpened, generation=generation, planned=len(chosen))
-        for index, variation in enumerate(chosen):
-            out.emit(
-                CandidateProposed,
-                problem=spec.problem,
-                target=spec.target,
-                candidate_id=f"{campaign_id}:g{generation}:c{index}",
-                generation=generation,
-                template=LLM_TEMPLATE,
-                params={"family": variation.family},
-                param_key=variation.key(campaign_id, generation),
-                operator=variation.operator,
-                parents=variation.parents,
-            )
+        _propose(
+            history,
+            campaign,
+            generation,
+            [
+                {
+                    "template": LLM_TEMPLATE,
+                    "params": {"family": v.family},
+                    "param_key": v.key(campaign_id, generation),
+                    "operator": v.operator,
+                    "parents": v.parents,
+                }
+                for v in chosen
+            ],
+            "no parent to vary: every kernel so far failed before writing",
+            out,
+        )
 
     async def _regions_to_avoid(self, campaign_id: str) -> list[dict[str, Any]]:
         assert self._nc is not None
         lessons = await ask_lessons(self._nc, campaign_id)
         return [lesson.data for lesson in lessons if lesson.data.get("avoid")]
+
+
+def _propose(
+    history: History,
+    campaign: Campaign,
+    generation: int,
+    candidates: list[dict[str, Any]],
+    reason_if_none: str,
+    out: Reactions,
+) -> None:
+    """Open the generation with these candidates, or finish the campaign if there are none."""
+    if not candidates:
+        out.emit(CampaignFinished, reason=reason_if_none, summary=summary(history, campaign))
+        return
+    spec = campaign.spec
+    campaign_id = campaign.started.campaign_id
+    out.emit(GenerationOpened, generation=generation, planned=len(candidates))
+    for index, fields in enumerate(candidates):
+        out.emit(
+            CandidateProposed,
+            problem=spec.problem,
+            target=spec.target,
+            candidate_id=f"{campaign_id}:g{generation}:c{index}",
+            generation=generation,
+            **fields,
+        )
 
 
 def _avoided(proposal: Proposal, regions: list[dict[str, Any]]) -> bool:

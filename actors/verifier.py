@@ -4,7 +4,6 @@ sandbox (`gpu_workers.verifier`); emits KernelVerified or KernelRejected with ev
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from actors.devices import backend_for
 from actors.runtime import Actor, Reactions
@@ -27,13 +26,7 @@ class Verifier(Actor):
         verdict = await asyncio.to_thread(
             verify, problem, backend, event.source, tuple(event.flags)
         )
-        common: dict[str, Any] = {
-            "problem": event.problem,
-            "target": event.target,
-            "candidate_id": event.candidate_id,
-            "generation": event.generation,
-            "source_hash": event.source_hash,
-        }
+        common = {**event.work(), "source_hash": event.source_hash}
         if verdict.rejection is None:
             out.emit(
                 KernelVerified,

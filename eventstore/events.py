@@ -104,6 +104,15 @@ class _Targeted(Event, frozen=True):
     def subject_target(self) -> str | None:
         return self.target
 
+    def work(self) -> dict[str, Any]:
+        """The fields that identify this piece of work, for the events that answer it."""
+        return {
+            "problem": self.problem,
+            "target": self.target,
+            "candidate_id": self.candidate_id,
+            "generation": self.generation,
+        }
+
 
 class CandidateProposed(_Targeted, tag=True, frozen=True):
     """One point to evaluate: a template and its parameters, or an LLM variation."""

@@ -12,6 +12,7 @@ import asyncio
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ async def _follow(
     swarm: Swarm | None,
     stop: asyncio.Event,
     console: Console,
-    hub_check: Any = None,
+    hub_check: Callable[[], None] | None = None,
 ) -> dict[str, Any] | None:
     nc = await connect(url, "kfactory-run")
     try:
@@ -221,7 +222,6 @@ class Progress:
     def __init__(self, history: History, campaign_id: str) -> None:
         self.history = history
         self.campaign_id = campaign_id
-        self._next = 0
         self.started = time.monotonic()
 
     async def on_message(self, message: Msg) -> None:
@@ -229,7 +229,6 @@ class Progress:
             event = decode(message.data)
         except InvalidEvent:
             return
-        self._next += 1
         self.history.apply(self.history.position + 1, event)
 
     @property

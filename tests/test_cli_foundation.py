@@ -157,3 +157,25 @@ def test_a_bad_campaign_file_names_the_field(tmp_path: Path) -> None:
     unknown.write_text('problem = "softmax"\n[search]\nper_gen = 3\n')
     done = kfactory("run", str(unknown), "--home", str(tmp_path))
     assert done.returncode == 2 and "per_gen" in done.stderr
+
+
+def test_bench_store_reports_every_figure(tmp_path: Path) -> None:
+    done = kfactory(
+        "bench",
+        "store",
+        "--events",
+        "2000",
+        "--replay-events",
+        "3000",
+        "--sql-repeats",
+        "2",
+        "--json",
+        "--workdir",
+        str(tmp_path),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    for key in ("ingest_events_per_s", "replay_1m_s", "sql_p50_ms", "sql_p99_ms"):
+        assert figures[key] > 0, key
+    assert figures["replay_events"] == 3000 and figures["ingest_events"] == 2000

@@ -41,38 +41,25 @@ from ops.options import HOME, JSON, NATS
 from ops.output import to_json
 from ops.swarm import Swarm, running_swarm
 
-RUN_HELP = """Run a campaign: search for the fastest correct kernel of a problem.
-
-With no --nats, everything runs here: an embedded nats-server, the recorder owning
---home/events.duckdb, and the six actors (planner, kernel-writer, fuser, verifier,
-benchmarker, librarian). With --nats (or a `kfactory server` running for --home) the
-campaign is handed to that swarm and followed from here.
-
-The same command run again resumes the campaign from its history: no candidate is
-evaluated twice. Ctrl-C stops cleanly.
-
-A campaign file (TOML):
-
-  problem = "softmax"            # built-in, or "path/to/ops.py:NAME"
-
-  target  = "cpu"
-
-  shapes  = [[4096, 4096]]       # the first is timed; default: the problem's
-
-  [budget]  candidates = 40, wall_time = "30m", stop_at_roofline = 0.95
-
-  [search]  per_generation = 8, seed = 1
-
-  [writer]  kind = "template"    # or "llm" with base_url, model, api_key_env
-
-Examples:
-
-  kfactory run campaigns/demo.toml
-
-  kfactory run --problem rmsnorm --budget 24 --json
-
-  kfactory run campaigns/demo.toml --nats nats://hub:4222
-"""
+RUN_HELP = (
+    "Run a campaign: search for the fastest correct kernel of a problem.\n\n"
+    "With no --nats, everything runs here: an embedded nats-server, the recorder owning "
+    "--home/events.duckdb, and the six actors (planner, kernel-writer, fuser, verifier, "
+    "benchmarker, librarian). With --nats (or a `kfactory server` running for --home) the "
+    "campaign is handed to that swarm and followed from here.\n\n"
+    "The same command run again resumes the campaign from its history: no candidate is "
+    "evaluated twice. Ctrl-C stops cleanly.\n\n"
+    "A campaign file (TOML), every field but problem optional:\n\n"
+    '  name = "softmax-demo"   problem = "softmax" (or "ops.py:NAME")   target = "cpu"\n\n'
+    "  shapes = [[4096, 4096]]   (the first is timed; default: the problem's)\n\n"
+    '  \\[budget] candidates = 40, wall_time = "30m", stop_at_roofline = 0.95\n\n'
+    "  \\[search] per_generation = 8, seed = 1\n\n"
+    '  \\[writer] kind = "template", or "llm" with base_url, model, api_key_env\n\n'
+    "Examples:\n\n"
+    "  kfactory run campaigns/demo.toml\n\n"
+    "  kfactory run --problem rmsnorm --budget 24 --json\n\n"
+    "  kfactory run campaigns/demo.toml --nats nats://hub:4222"
+)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from functools import cache
 
 from gpu_workers.cpu.backend import CpuBackend
@@ -36,6 +37,4 @@ def recalibrate(target: str) -> HostCalibration:
 
 def source_hash(source: str, flags: list[str] | tuple[str, ...]) -> str:
     """The identity of a kernel: its source and the flags it is built with."""
-    import hashlib
-
     return hashlib.sha256(("// flags: " + " ".join(flags) + "\n" + source).encode()).hexdigest()

@@ -7,7 +7,6 @@ its parent (PR_SET_PDEATHSIG), so it is never orphaned.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import json
 import os
@@ -18,7 +17,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import TracebackType
 
 import structlog
 
@@ -148,13 +146,6 @@ class EmbeddedNatsServer:
             process.kill()
             process.wait()
 
-    def kill(self) -> None:
-        """Stop abruptly, as a crash would."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.kill()
-            process.wait()
-
     def restart(self, down_for: float = 0.0) -> str:
         """Stop, stay down `down_for` seconds, and start again on the same port and store."""
         self.stop()
@@ -164,30 +155,6 @@ class EmbeddedNatsServer:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
-
-    def __enter__(self) -> EmbeddedNatsServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> EmbeddedNatsServer:
-        await asyncio.to_thread(self.start)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await asyncio.to_thread(self.stop)
 
 
 def pid_alive(pid: int) -> bool:

@@ -91,8 +91,3 @@ def _decode_slow(data: bytes, error: msgspec.DecodeError | None, upcasters: Upca
     except msgspec.ValidationError as exc:
         raise InvalidEvent(str(exc)) from exc
     return event
-
-
-def decode_many(payloads: list[bytes], upcasters: Upcasters = UPCASTERS) -> list[Event]:
-    """Decode stored events (the replay path)."""
-    return [decode(p, upcasters) for p in payloads]

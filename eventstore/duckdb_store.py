@@ -244,9 +244,6 @@ class DuckDBEventStore(EventStore):
             truncated=len(rows) > max_rows,
         )
 
-    def count(self) -> int:
-        return self._last_position
-
     def close(self) -> None:
         with self._lock:
             self._conn.close()

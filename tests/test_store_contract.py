@@ -76,3 +76,27 @@ def test_stream_cursor_advances_with_the_batch(store: EventStore) -> None:
 def test_an_empty_store_verifies(store: EventStore) -> None:
     report = store.verify_chain()
     assert report.ok and report.events_checked == 0
+
+
+def test_an_old_schema_is_upcast_on_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgspec
+
+    from eventstore.codec import InvalidEvent, Upcasters, decode
+    from eventstore.events import HostCalibrated
+
+    old = msgspec.json.decode(encode(calibrated(bandwidth=36.0)))
+    old["bandwidth"] = old.pop("bandwidth_gbs")  # how schema 1 spelled it, in this test
+    raw = msgspec.json.encode(old)
+    monkeypatch.setattr(HostCalibrated, "SCHEMA", 2)
+    with pytest.raises(InvalidEvent, match="no upcaster for HostCalibrated schema 1"):
+        decode(raw, Upcasters())
+    upcasters = Upcasters()
+
+    @upcasters.register("HostCalibrated", 1)
+    def rename(event: dict[str, object]) -> dict[str, object]:
+        event["bandwidth_gbs"] = event.pop("bandwidth")
+        return event
+
+    upgraded = decode(raw, upcasters)
+    assert isinstance(upgraded, HostCalibrated)
+    assert upgraded.bandwidth_gbs == 36.0 and upgraded.schema == 2

@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 
 from bus.server import pid_alive
+from gpu_workers.atomic_file import write_atomically
 
 DEFAULT_HOME = Path(".kfactory")
 
@@ -35,10 +36,7 @@ def server_file(home: Path) -> Path:
 
 
 def write_server_info(home: Path, info: ServerInfo) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    tmp = server_file(home).with_suffix(".tmp")
-    tmp.write_bytes(msgspec.json.encode(info))
-    tmp.replace(server_file(home))
+    write_atomically(server_file(home), msgspec.json.encode(info))
 
 
 def clear_server_info(home: Path, pid: int) -> None:

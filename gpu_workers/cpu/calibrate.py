@@ -11,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 
+from gpu_workers.atomic_file import write_atomically
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.backend import contention
 from gpu_workers.cpu.compiler import CompileFailure, compile_kernel, default_cache_dir
@@ -72,10 +73,7 @@ def load_or_calibrate(cache_dir: Path | None = None, *, force: bool = False) -> 
         except msgspec.DecodeError:
             pass  # an old or damaged file: measure again
     calibration = measure(cache_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(msgspec.json.encode(calibration))
-    os.replace(tmp, path)
+    write_atomically(path, msgspec.json.encode(calibration))
     return calibration
 
 

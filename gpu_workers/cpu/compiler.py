@@ -18,6 +18,8 @@ from pathlib import Path
 
 import msgspec
 
+from gpu_workers.atomic_file import write_atomically
+
 COMPILER = os.environ.get("KFACTORY_CC", "cc")
 COMPILE_TIMEOUT_S = 60.0
 COMPILER_ADDRESS_SPACE = 4 << 30
@@ -143,9 +145,7 @@ def compile_kernel(
             return msgspec.structs.replace(cached, cache_hit=True)
     result = _build(source, flags, prototype, entry)
     if isinstance(result, CompiledKernel):
-        tmp = meta_path.with_name(f"meta.{os.getpid()}.tmp")
-        tmp.write_bytes(msgspec.json.encode(result))
-        os.replace(tmp, meta_path)  # atomic: a concurrent reader sees all of it or none
+        write_atomically(meta_path, msgspec.json.encode(result))
     return result
 
 

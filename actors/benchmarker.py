@@ -94,11 +94,11 @@ class Benchmarker(Actor):
         problem = load_problem(event.problem)
         backend = backend_for(event.target)
         calibration = calibration_for(event.target)
-        build = backend.compile(problem, kernel.source, tuple(kernel.flags)).build
+        build = backend.compile(problem, kernel.source, tuple(kernel.flags), event.dtype).build
         incumbent_build = None
         if incumbent is not None and incumbent.candidate_id != event.candidate_id:
             incumbent_build = backend.compile(
-                problem, incumbent.source, tuple(incumbent.flags)
+                problem, incumbent.source, tuple(incumbent.flags), event.dtype
             ).build
 
         def timed() -> BenchmarkResult | Rejection:
@@ -110,6 +110,7 @@ class Benchmarker(Actor):
                     calibration,
                     incumbent=incumbent_build,
                     shape=_shape(spec, problem.dims),
+                    dtype=event.dtype,
                     recalibrate=lambda: recalibrate(event.target),
                 )
 
@@ -120,7 +121,7 @@ class Benchmarker(Actor):
                 BenchmarkCompleted,
                 median_ns=result.kernel.median_ns,
                 iqr_ns=result.kernel.iqr_ns,
-                baseline="numpy float32",
+                baseline=result.baseline_name,
                 baseline_ns=result.baseline.median_ns,
                 speedup=result.speedup,
                 roofline_fraction=result.roofline_fraction,

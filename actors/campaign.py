@@ -11,6 +11,7 @@ from typing import Any, Literal
 import msgspec
 
 from bus.subjects import check_token
+from kernels.design_space import TARGET_DTYPES
 
 
 class CampaignError(ValueError):
@@ -84,6 +85,17 @@ def validate(spec: CampaignSpec) -> CampaignSpec:
     if not 0 < spec.budget.stop_at_roofline <= 1.5:
         raise CampaignError("budget.stop_at_roofline must be in (0, 1.5]")
     spec.budget.wall_seconds()
+    if spec.target not in TARGET_DTYPES:
+        raise CampaignError(f"target {spec.target!r} is unknown; use one of {list(TARGET_DTYPES)}")
+    if spec.dtype not in TARGET_DTYPES[spec.target]:
+        raise CampaignError(
+            f"dtype {spec.dtype!r}: {spec.target} kernels take {list(TARGET_DTYPES[spec.target])}"
+        )
+    if spec.writer.kind == "llm" and spec.target != "cpu":
+        raise CampaignError(
+            f"writer.kind = 'llm' writes cpu kernels only so far; {spec.target} campaigns "
+            "search the templates (writer.kind = 'template')"
+        )
     if spec.writer.kind == "llm" and not (spec.writer.base_url and spec.writer.model):
         raise CampaignError("writer.base_url and writer.model are needed for writer.kind = 'llm'")
     try:

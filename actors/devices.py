@@ -1,4 +1,5 @@
-"""The device back end for a campaign target, shared by the verifier and benchmarker."""
+"""The device back end for a campaign target, shared by the compiler, verifier and
+benchmarker; and whether this host has the device at all."""
 
 from __future__ import annotations
 
@@ -6,33 +7,55 @@ import hashlib
 from functools import cache
 
 from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.cpu.calibrate import load_or_calibrate
+from gpu_workers.cpu.calibrate import load_or_calibrate as calibrate_cpu
 from gpu_workers.cpu.compiler import default_cache_dir
+from gpu_workers.cuda.backend import CudaBackend
+from gpu_workers.cuda.calibrate import load_or_calibrate as calibrate_gpu
+from gpu_workers.cuda.device import gpu_unavailable_reason
 from gpu_workers.results import HostCalibration
+
+TARGETS = ("cpu", "cuda")
 
 
 class UnsupportedTarget(ValueError):
-    """No back end on this host serves this target."""
+    """No back end serves this target."""
+
+
+def device_missing(target: str) -> str | None:
+    """Why this host cannot run `target` kernels, or None when it can."""
+    check_target(target)
+    return gpu_unavailable_reason() if target == "cuda" else None
+
+
+def check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise UnsupportedTarget(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
 
 
 @cache
-def backend_for(target: str) -> CpuBackend:
-    if target != "cpu":
-        raise UnsupportedTarget(f"target {target!r} has no back end on this host yet")
+def backend_for(target: str) -> CpuBackend | CudaBackend:
+    check_target(target)
+    if target == "cuda":
+        return CudaBackend(cache_dir=default_cache_dir().parent / "cuda-kernels")
     return CpuBackend(cache_dir=default_cache_dir())
 
 
 @cache
 def calibration_for(target: str) -> HostCalibration:
-    backend_for(target)
-    return load_or_calibrate(default_cache_dir().parent)
+    return _calibrate(target, force=False)
 
 
 def recalibrate(target: str) -> HostCalibration:
-    """Measure the host again (a ceiling measured while it was busy can be too low)."""
+    """Measure the device again (a ceiling measured while it was busy can be too low)."""
     calibration_for.cache_clear()
-    backend_for(target)
-    return load_or_calibrate(default_cache_dir().parent, force=True)
+    return _calibrate(target, force=True)
+
+
+def _calibrate(target: str, *, force: bool) -> HostCalibration:
+    check_target(target)
+    if target == "cuda":
+        return calibrate_gpu(default_cache_dir().parent, force=force)
+    return calibrate_cpu(default_cache_dir().parent, force=force)
 
 
 def source_hash(source: str, flags: list[str] | tuple[str, ...]) -> str:

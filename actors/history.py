@@ -23,6 +23,7 @@ from eventstore.events import (
     Event,
     GenerationClosed,
     GenerationOpened,
+    KernelCompiled,
     KernelRejected,
     KernelVerified,
     KernelWritten,
@@ -39,6 +40,7 @@ HISTORY_TYPES = [
         CandidateProposed,
         KernelWritten,
         CandidateDeduplicated,
+        KernelCompiled,
         KernelVerified,
         KernelRejected,
         BenchmarkCompleted,
@@ -57,6 +59,7 @@ def param_key(template: str, params: dict[str, Any]) -> str:
 class Candidate:
     proposal: CandidateProposed
     written: KernelWritten | None = None
+    compiled: KernelCompiled | None = None
     verified: KernelVerified | None = None
     rejected: KernelRejected | None = None
     benchmark: BenchmarkCompleted | None = None
@@ -74,6 +77,11 @@ class Candidate:
     def evaluated(self) -> bool:
         """Verification ran on it (a deduplicated candidate was not evaluated)."""
         return bool(self.rejected or self.verified)
+
+    @property
+    def waiting_for_device(self) -> bool:
+        """Compiled and checked on some host, not yet run on the device."""
+        return bool(self.compiled and not (self.rejected or self.verified))
 
     @property
     def speedup(self) -> float | None:
@@ -153,6 +161,8 @@ class History:
         if isinstance(event, KernelWritten):
             candidate.written = event
             self._by_hash.setdefault((campaign.scope, event.source_hash), candidate.candidate_id)
+        elif isinstance(event, KernelCompiled):
+            candidate.compiled = event
         elif isinstance(event, KernelVerified):
             candidate.verified = event
         elif isinstance(event, KernelRejected) and candidate.rejected is None:
@@ -184,12 +194,12 @@ class History:
             for cid in campaign.generations[generation].candidates
         ]
 
-    def scope_candidates(self, problem: str, target: str) -> list[Candidate]:
-        """Every candidate ever proposed for this problem and target, any campaign."""
+    def scope_candidates(self, problem: str, target: str, dtype: str) -> list[Candidate]:
+        """Every candidate ever proposed for this problem, target and dtype, any campaign."""
         return [
             c
             for c in self.candidates.values()
-            if c.proposal.problem == problem and c.proposal.target == target
+            if (c.proposal.problem, c.proposal.target, c.proposal.dtype) == (problem, target, dtype)
         ]
 
     def best(self, campaign_id: str) -> Candidate | None:

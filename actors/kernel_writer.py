@@ -35,9 +35,10 @@ from eventstore.events import (
     LlmExchanged,
 )
 from eventstore.queries import replay
+from kernels.design_space import InvalidParams
 from kernels.fusion.plan import render_plan
 from kernels.loading import load_problem
-from kernels.templates import TEMPLATES, InvalidParams
+from kernels.templates import TEMPLATES
 
 
 class KernelWriter(Actor):
@@ -59,14 +60,19 @@ class KernelWriter(Actor):
             if event.template not in TEMPLATES:
                 return  # fusion spaces go through the fuser
             try:
-                rendered = TEMPLATES[event.template].render(event.params)
+                rendered = TEMPLATES[event.template].render(event.params, event.dtype)
             except InvalidParams as exc:
                 raise PoisonMessage(str(exc)) from exc
             await self._written(
                 event, out, rendered.source, list(rendered.flags), "template", event.params
             )
         elif isinstance(event, FusionPlanned):
-            plan = render_plan(event.problem, event.groups, event.params, event.target)
+            try:
+                plan = render_plan(
+                    event.problem, event.groups, event.params, event.target, event.dtype
+                )
+            except InvalidParams as exc:
+                raise PoisonMessage(str(exc)) from exc
             await self._written(event, out, plan.source, list(plan.flags), "fuser", event.params)
 
     async def _vary(self, event: CandidateProposed, out: Reactions) -> None:

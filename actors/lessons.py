@@ -32,7 +32,9 @@ class Lesson:
 
 def draw_lessons(history: History, campaign_id: str) -> list[Lesson]:
     campaign = history.campaigns[campaign_id]
-    scope = history.scope_candidates(campaign.spec.problem, campaign.spec.target)
+    scope = history.scope_candidates(
+        campaign.spec.problem, campaign.spec.target, campaign.spec.dtype
+    )
     return [
         *parameter_effects(scope),
         *failure_signatures(scope),

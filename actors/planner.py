@@ -79,8 +79,10 @@ class Planner(Actor):
             self._vary(history, campaign, generation, count, out)
             return
         avoid = await self._regions_to_avoid(campaign_id)
-        scope = history.scope_candidates(spec.problem, spec.target)
-        search = TemplateSearch(design_spaces(spec.problem, spec.target), spec.search.seed)
+        scope = history.scope_candidates(spec.problem, spec.target, spec.dtype)
+        search = TemplateSearch(
+            design_spaces(spec.problem, spec.target, spec.dtype), spec.search.seed
+        )
 
         nc = self._nc
 
@@ -163,6 +165,7 @@ def _propose(
             CandidateProposed,
             problem=spec.problem,
             target=spec.target,
+            dtype=spec.dtype,
             candidate_id=f"{campaign_id}:g{generation}:c{index}",
             generation=generation,
             **fields,
@@ -217,6 +220,8 @@ def summary(history: History, campaign: Campaign) -> dict[str, Any]:
             "speedup": best.benchmark.speedup,
             "roofline_fraction": best.benchmark.roofline_fraction,
             "median_ns": best.benchmark.median_ns,
+            "baseline": best.benchmark.baseline,
+            "baseline_ns": best.benchmark.baseline_ns,
             "source_hash": best.benchmark.source_hash,
         },
     }

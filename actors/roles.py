@@ -1,4 +1,4 @@
-"""The six roles: what each does, and how to make one."""
+"""The roles: what each does, and how to make one for a device target."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from actors.benchmarker import Benchmarker
+from actors.compiler import PRECHECKED_TARGETS, Compiler
 from actors.fuser import Fuser
 from actors.kernel_writer import KernelWriter
 from actors.librarian import Librarian
@@ -18,17 +19,56 @@ from actors.verifier import Verifier
 class Role:
     name: str
     summary: str
-    create: Callable[[], Actor]
+    create: Callable[[str], Actor]
+    """Makes an instance serving one target (roles that serve every target ignore it)."""
+    targets: tuple[str, ...] | None = None
+    """The targets an instance can serve; None: it serves every campaign, any target."""
+
+    @property
+    def device_bound(self) -> bool:
+        return self.targets is not None
+
+
+def _ignore(make: Callable[[], Actor]) -> Callable[[str], Actor]:
+    return lambda _target: make()
 
 
 ROLES: dict[str, Role] = {
     role.name: role
     for role in (
-        Role("planner", "opens generations, proposes candidates, finishes campaigns", Planner),
-        Role("kernel-writer", "renders templates and fusion plans (or asks an LLM)", KernelWriter),
-        Role("fuser", "turns graph-problem proposals into fusion plans", Fuser),
-        Role("verifier", "compiles and checks kernels against the reference", Verifier),
-        Role("benchmarker", "times verified kernels against the baseline", Benchmarker),
-        Role("librarian", "draws lessons, answers dedupe questions, closes generations", Librarian),
+        Role(
+            "planner",
+            "opens generations, proposes candidates, finishes campaigns",
+            _ignore(Planner),
+        ),
+        Role(
+            "kernel-writer",
+            "renders templates and fusion plans (or asks an LLM)",
+            _ignore(KernelWriter),
+        ),
+        Role("fuser", "turns graph-problem proposals into fusion plans", _ignore(Fuser)),
+        Role(
+            "compiler",
+            "compiles and statically checks cuda kernels on any host (no GPU needed)",
+            Compiler,
+            PRECHECKED_TARGETS,
+        ),
+        Role(
+            "verifier",
+            "checks kernels against the reference on the device",
+            Verifier.for_target,
+            ("cpu", "cuda"),
+        ),
+        Role(
+            "benchmarker",
+            "times verified kernels against the baseline on the device",
+            Benchmarker,
+            ("cpu", "cuda"),
+        ),
+        Role(
+            "librarian",
+            "draws lessons, answers dedupe questions, closes generations",
+            _ignore(Librarian),
+        ),
     )
 }

@@ -10,9 +10,11 @@ from kernels.loading import load_problem
 from kernels.templates import templates_for
 
 
-def design_spaces(problem: str, target: str) -> Sequence[Space]:
-    """The problem's templates, plus the fusion space for graph problems."""
-    spaces: list[Space] = list(templates_for(problem, target))
+def design_spaces(problem: str, target: str, dtype: str = "fp32") -> Sequence[Space]:
+    """The problem's templates written for `dtype`, plus the fusion space for graph problems."""
+    spaces: list[Space] = [t for t in templates_for(problem, target) if t.accepts(dtype)]
     if load_problem(problem).graph:
-        spaces.append(fusion_space(problem, target))
+        fused = fusion_space(problem, target)
+        if fused.accepts(dtype):
+            spaces.append(fused)
     return spaces

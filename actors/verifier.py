@@ -1,30 +1,55 @@
 """The verifier: compiles each written kernel and checks it against the reference in the
-sandbox (`gpu_workers.verifier`); emits KernelVerified or KernelRejected with evidence."""
+sandbox (`gpu_workers.verifier`); emits KernelVerified or KernelRejected with evidence.
+
+On a prechecked target (cuda) it takes `KernelCompiled` instead: the compiler already
+refused what does not build or fit, and the source comes from the librarian.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
+from nats.aio.client import Client
+
+from actors.compiler import PRECHECKED_TARGETS
 from actors.devices import backend_for
+from actors.librarian import ask_kernel
 from actors.runtime import Actor, Reactions
-from eventstore.events import Event, KernelRejected, KernelVerified, KernelWritten
+from eventstore.events import (
+    ActorRef,
+    Event,
+    KernelCompiled,
+    KernelRejected,
+    KernelVerified,
+    KernelWritten,
+)
 from gpu_workers.verifier import verify
 from kernels.loading import load_problem
 
 
 class Verifier(Actor):
     role = "verifier"
-    reacts_to = (KernelWritten,)
+    reacts_to: ClassVar[tuple[type[Event], ...]] = (KernelWritten,)
 
     def __init__(self, target: str = "cpu") -> None:
         self.target = target
 
+    @staticmethod
+    def for_target(target: str) -> Verifier:
+        return DeviceVerifier(target) if target in PRECHECKED_TARGETS else Verifier(target)
+
     async def handle(self, event: Event, out: Reactions) -> None:
         assert isinstance(event, KernelWritten)
+        await self._verify(event, event.source, event.flags, out)
+
+    async def _verify(
+        self, event: KernelWritten | KernelCompiled, source: str, flags: list[str], out: Reactions
+    ) -> None:
         problem = load_problem(event.problem)
         backend = backend_for(event.target)
         verdict = await asyncio.to_thread(
-            verify, problem, backend, event.source, tuple(event.flags)
+            verify, problem, backend, source, tuple(flags), dtype=event.dtype
         )
         common = {**event.work(), "source_hash": event.source_hash}
         if verdict.rejection is None:
@@ -44,3 +69,23 @@ class Verifier(Actor):
                 evidence={"message": rejection.message, **rejection.evidence},
                 **common,
             )
+
+
+class DeviceVerifier(Verifier):
+    """Runs the kernels the compiler passed, on the device this host has."""
+
+    reacts_to = (KernelCompiled,)
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self._nc: Client | None = None
+
+    async def setup(self, nc: Client, ref: ActorRef) -> None:
+        self._nc = nc
+
+    async def handle(self, event: Event, out: Reactions) -> None:
+        assert isinstance(event, KernelCompiled) and self._nc is not None
+        kernel = await ask_kernel(self._nc, event.campaign_id, event.candidate_id)
+        if kernel is None:
+            raise RuntimeError(f"the librarian has no source for {event.candidate_id} yet")
+        await self._verify(event, kernel.source, kernel.flags, out)

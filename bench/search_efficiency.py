@@ -52,8 +52,9 @@ from gpu_workers.cpu.calibrate import load_or_calibrate  # noqa: E402
 from gpu_workers.cpu.compiler import default_cache_dir  # noqa: E402
 from gpu_workers.results import BenchmarkResult  # noqa: E402
 from gpu_workers.verifier import verify  # noqa: E402
+from kernels.design_space import Template  # noqa: E402
 from kernels.loading import load_problem  # noqa: E402
-from kernels.templates import TEMPLATES, Template  # noqa: E402
+from kernels.templates import TEMPLATES  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 ACTOR = ActorRef.here("bench")

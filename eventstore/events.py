@@ -92,13 +92,14 @@ class GenerationOpened(Event, tag=True, frozen=True):
     planned: int
 
 
-class _Targeted(Event, frozen=True):
+class _Targeted(Event, frozen=True, kw_only=True):
     """Work routed to the actors serving one device target (`kf.ev.<c>.<type>.<target>`)."""
 
     problem: str
     target: str
     candidate_id: str
     generation: int
+    dtype: str = "fp32"
 
     @property
     def subject_target(self) -> str | None:
@@ -111,6 +112,7 @@ class _Targeted(Event, frozen=True):
             "target": self.target,
             "candidate_id": self.candidate_id,
             "generation": self.generation,
+            "dtype": self.dtype,
         }
 
 
@@ -161,6 +163,19 @@ class CandidateDeduplicated(_Targeted, tag=True, frozen=True):
     source_hash: str
     param_key: str
     duplicate_of: str  # the event id of the earlier evaluation
+
+
+class KernelCompiled(_Targeted, tag=True, frozen=True):
+    """The compile and static stages passed, on any host; the run stage needs the device.
+
+    Targets whose devices are scarce (cuda) are pre-filtered this way, so a laptop can
+    refuse what would fail and a GPU's time goes to kernels that can run."""
+
+    source_hash: str
+    arch: str
+    resources: list[dict[str, Any]]
+    """Per kernel, what the assembler reported: registers, shared memory, spills."""
+    evidence: dict[str, Any] = {}
 
 
 class KernelVerified(_Targeted, tag=True, frozen=True):
@@ -261,6 +276,7 @@ AnyEvent = (
     | LlmExchanged
     | KernelWritten
     | CandidateDeduplicated
+    | KernelCompiled
     | KernelVerified
     | KernelRejected
     | BenchmarkCompleted

@@ -49,6 +49,8 @@ class TimingRun:
     wall_seconds: float = 0.0
     timed_seconds: float = 0.0
     host_contention_cores: float | None = None
+    baseline_name: str = "numpy float32"
+    """What the baseline samples timed: the implementation users run today."""
     timed_poison_bits: int = 0
     recheck_poison_bits: int = 0
     rejection: Rejection | None = None
@@ -87,10 +89,10 @@ def timing_stats(samples: list[int]) -> TimingStats:
     )
 
 
-def roofline_ns(cost: Cost, calibration: HostCalibration) -> float:
+def roofline_ns(cost: Cost, calibration: HostCalibration, dtype: str = "fp32") -> float:
     """The least time this host allows: memory traffic at full bandwidth or flops at peak."""
     memory = cost.bytes_moved / (calibration.memory_bandwidth_gbs * 1e9)
-    compute = cost.flops / (calibration.peak_fp32_gflops * 1e9)
+    compute = cost.flops / (calibration.peak_gflops(dtype) * 1e9)
     return max(memory, compute) * 1e9
 
 
@@ -160,7 +162,7 @@ def _judge(
     if rejection is not None:
         return rejection
     median = float(np.median(run.kernel_ns))
-    floor = roofline_ns(problem.cost(shape), calibration)
+    floor = roofline_ns(problem.cost_for(shape, dtype), calibration, dtype)
     if median * ROOFLINE_SLACK < floor:
         return Rejection(
             stage="roofline",
@@ -173,7 +175,7 @@ def _judge(
                 "median_ns": f"{median:.0f}",
                 "roofline_ns": f"{floor:.0f}",
                 "bandwidth_gbs": f"{calibration.memory_bandwidth_gbs:.1f}",
-                "peak_gflops": f"{calibration.peak_fp32_gflops:.1f}",
+                "peak_gflops": f"{calibration.peak_gflops(dtype):.1f}",
                 "slack": str(ROOFLINE_SLACK),
             },
         )
@@ -257,13 +259,14 @@ def benchmark(
     kernel = timing_stats(run.kernel_ns)
     baseline = timing_stats(run.baseline_ns)
     incumbent_stats = timing_stats(run.incumbent_ns) if run.incumbent_ns else None
-    floor = roofline_ns(problem.cost(shape), calibration)
+    floor = roofline_ns(problem.cost_for(shape, dtype), calibration, dtype)
     return BenchmarkResult(
         problem=problem.name,
         target=backend.target,
         shape=shape,
         kernel=kernel,
         baseline=baseline,
+        baseline_name=run.baseline_name,
         incumbent=incumbent_stats,
         speedup=baseline.median_ns / kernel.median_ns,
         speedup_vs_incumbent=(

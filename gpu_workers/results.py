@@ -18,12 +18,14 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     stage: Stage
     reason: str
     """A stable code. compile: bad_flags, compile_error, compile_timeout, link_error,
-    unsupported_dtype. static: forbidden_include, forbidden_construct, forbidden_symbol,
-    missing_entry_point. run: crashed, timeout, memory_limit, exited, out_of_bounds_write,
-    missing_result. compare: unwritten, non_finite, wrong_value, wrong_shape, input_modified,
-    nondeterministic. benchmark: crashed, timeout, memory_limit, exited, timing_stall,
-    timing_inconsistent. recheck: unwritten, non_finite, wrong_value. roofline:
-    beyond_roofline."""
+    unsupported_dtype, no_compiler, bad_launch. static: forbidden_include,
+    forbidden_construct, forbidden_symbol, missing_entry_point; for cuda also
+    signature_mismatch, bad_launch, launch_bounds, too_many_registers,
+    shared_memory_exceeded, register_spill. run: crashed, timeout, memory_limit, exited,
+    out_of_bounds_write, missing_result, launch_failed, bad_launch. compare: unwritten,
+    non_finite, wrong_value, wrong_shape, input_modified, nondeterministic. benchmark:
+    crashed, timeout, memory_limit, exited, timing_stall, timing_inconsistent. recheck:
+    unwritten, non_finite, wrong_value. roofline: beyond_roofline."""
     message: str
     """One line for a human."""
     evidence: dict[str, str] = msgspec.field(default_factory=dict)
@@ -37,6 +39,7 @@ class SandboxReport(msgspec.Struct, frozen=True, kw_only=True):
     network_note: str
     cpu_seconds_limit: int
     address_space_limit_bytes: int
+    """-1: not limited (a CUDA child maps far more virtual memory than it uses)."""
     wall_seconds_limit: float
 
 
@@ -98,6 +101,12 @@ class HostCalibration(msgspec.Struct, frozen=True, kw_only=True):
     method: str
     host_contention_cores: float | None = None
     """Cores' worth of CPU other work used while calibrating; high values mean low ceilings."""
+    peak_gflops_by_dtype: dict[str, float] = {}
+    """Compute ceilings of other element types (a GPU's tensor cores for bf16 and fp16);
+    a dtype not named here is held to `peak_fp32_gflops`."""
+
+    def peak_gflops(self, dtype: str) -> float:
+        return self.peak_gflops_by_dtype.get(dtype, self.peak_fp32_gflops)
 
 
 class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,6 +115,7 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     shape: dict[str, int]
     kernel: TimingStats
     baseline: TimingStats
+    baseline_name: str
     incumbent: TimingStats | None
     speedup: float
     """baseline median / kernel median."""

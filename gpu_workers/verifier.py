@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict
-from kernels.spec import DISTRIBUTIONS, Arrays, Problem, Tolerance
+from kernels.spec import DISTRIBUTIONS, Array, Arrays, Problem, Tolerance
 
 RUNS_PER_TRIAL = 2
 STRESS_RUNS = 6
@@ -60,11 +60,13 @@ class RunOutcome:
 
 
 class DeviceBackend(Protocol):
-    """What a target must provide to be verified (CPU now, CUDA later)."""
+    """What a target must provide to be verified."""
 
     target: str
 
-    def compile(self, problem: Problem, source: str, flags: tuple[str, ...]) -> CompileOutcome: ...
+    def compile(
+        self, problem: Problem, source: str, flags: tuple[str, ...], dtype: str
+    ) -> CompileOutcome: ...
 
     def static_check(self, build: object) -> Rejection | None: ...
 
@@ -88,6 +90,22 @@ def plan_trials(problem: Problem, dtype: str = "fp32", seed: int = 0) -> list[Tr
             inputs = problem.generate(shape, distribution, s, dtype)
             trials.append(Trial(index, dict(shape), distribution, s, inputs, runs))
     return trials
+
+
+def bits(values: Array) -> Array:
+    """The raw bits of each element, as unsigned integers of the element's size."""
+    return values.view(np.dtype(f"uint{8 * values.dtype.itemsize}"))
+
+
+def rounded_infinities(expected: Array, dtype: np.dtype[Any]) -> Array:
+    """Where a finite exact result rounds to infinity in `dtype` (it exceeds the type)."""
+    with np.errstate(over="ignore"):
+        rounded = expected.astype(dtype).astype(np.float64)
+    return np.isinf(rounded) & np.isfinite(expected)
+
+
+def overflowed_to(expected: Array) -> Array:
+    return np.copysign(np.inf, expected)
 
 
 def _where(shape: tuple[int, ...], flat: int) -> str:
@@ -116,7 +134,7 @@ def check_outputs(
         if g.shape != e.shape:
             return _reject(stage, "wrong_shape", f"{arg.name} has shape {g.shape}", ctx), worst
         flat_g = g.reshape(-1)
-        unwritten = np.flatnonzero(flat_g.view(np.uint32) == np.uint32(poison_bits))
+        unwritten = np.flatnonzero(bits(flat_g) == poison_bits)
         if unwritten.size:
             i = int(unwritten[0])
             return _reject(
@@ -134,7 +152,10 @@ def check_outputs(
             ), worst
         g64 = flat_g.astype(np.float64)
         e64, s64 = e.reshape(-1), scale.reshape(-1)
-        nonfinite = np.flatnonzero(~np.isfinite(g64))
+        # Where the exact result overflows the output type, the right answer is that
+        # infinity; everywhere else NaN and Inf never pass.
+        overflowed = rounded_infinities(e64, flat_g.dtype)
+        nonfinite = np.flatnonzero(~np.isfinite(g64) & ~(overflowed & (g64 == overflowed_to(e64))))
         if nonfinite.size:
             i = int(nonfinite[0])
             return _reject(
@@ -151,7 +172,7 @@ def check_outputs(
                     "non_finite_count": str(nonfinite.size),
                 },
             ), worst
-        err = np.abs(g64 - e64)
+        err = np.where(overflowed, 0.0, np.abs(g64 - e64))
         rel = err / np.maximum(s64, tolerance.atol / tolerance.rtol)
         if rel.size:
             worst = max(worst, float(rel.max()))
@@ -225,8 +246,8 @@ def judge_runs(
                     worst_overall,
                 )
             for arg in problem.inputs:
-                before = trial.inputs[arg.name].reshape(-1).view(np.uint32)
-                after = r.inputs_after[arg.name].reshape(-1).view(np.uint32)
+                before = bits(trial.inputs[arg.name].reshape(-1))
+                after = bits(r.inputs_after[arg.name].reshape(-1))
                 changed = np.flatnonzero(before != after)
                 if changed.size:
                     i = int(changed[0])
@@ -257,8 +278,8 @@ def judge_runs(
         first = trial_runs[0]
         for other in trial_runs[1:]:
             for arg in problem.outputs:
-                a = first.outputs[arg.name].reshape(-1).view(np.uint32)
-                b = other.outputs[arg.name].reshape(-1).view(np.uint32)
+                a = bits(first.outputs[arg.name].reshape(-1))
+                b = bits(other.outputs[arg.name].reshape(-1))
                 differ = np.flatnonzero(a != b)
                 if differ.size:
                     i = int(differ[0])
@@ -274,7 +295,9 @@ def judge_runs(
                                 "output": arg.name,
                                 "first_index": _where(shape, i),
                                 "run0": repr(float(first.outputs[arg.name].reshape(-1)[i])),
-                                f"run{other.run}": repr(float(b.view(np.float32)[i])),
+                                f"run{other.run}": repr(
+                                    float(other.outputs[arg.name].reshape(-1)[i])
+                                ),
                             },
                         ),
                         reports,
@@ -290,6 +313,25 @@ def judge_runs(
         )
         worst_overall = max(worst_overall, worst)
     return None, reports, worst_overall
+
+
+def precheck(
+    problem: Problem, backend: DeviceBackend, source: str, flags: tuple[str, ...], dtype: str
+) -> CompileOutcome:
+    """The stages that need no device, compile and static: a build, or why there is none."""
+    if dtype not in problem.tolerances:
+        reason = f"{problem.name} has no tolerance for {dtype}; it takes {problem.dtypes}"
+        return CompileOutcome(None, _reject("compile", "unsupported_dtype", reason, {}))
+    compiled = backend.compile(problem, source, flags, dtype)
+    if compiled.rejection is not None:
+        return compiled
+    if compiled.build is None:
+        missing = _reject("compile", "no_build", "the back end returned no build", {})
+        return CompileOutcome(None, missing, compiled.cache_hit)
+    static = backend.static_check(compiled.build)
+    if static is not None:
+        return CompileOutcome(None, static, compiled.cache_hit)
+    return compiled
 
 
 def verify(
@@ -325,15 +367,9 @@ def verify(
             sandbox=sandbox,
         )
 
-    if dtype not in problem.tolerances:
-        return done(_reject("compile", "unsupported_dtype", f"{problem.name} has no {dtype}", {}))
-    compiled = backend.compile(problem, source, flags)
+    compiled = precheck(problem, backend, source, flags, dtype)
     if compiled.rejection is not None or compiled.build is None:
-        missing = _reject("compile", "no_build", "the back end returned no build", {})
-        return done(compiled.rejection or missing, cache_hit=compiled.cache_hit)
-    static = backend.static_check(compiled.build)
-    if static is not None:
-        return done(static, cache_hit=compiled.cache_hit)
+        return done(compiled.rejection, cache_hit=compiled.cache_hit)
     trials = plan_trials(problem, dtype, seed)
     outcome = backend.run_trials(problem, compiled.build, trials)
     if outcome.rejection is not None:

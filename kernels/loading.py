@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from kernels.builtin import BUILTIN
-from kernels.spec import Problem
+from kernels.spec import DTYPES, Problem
 
 
 class ProblemLoadError(Exception):
@@ -75,6 +75,8 @@ def _validate(problem: Problem, where: str) -> None:
         missing = dims - set(shape)
         if missing:
             raise ProblemLoadError(f"{where}: shape {shape} lacks dims {sorted(missing)}")
-    for dtype in problem.dtypes:
-        if dtype not in problem.tolerances:
-            raise ProblemLoadError(f"{where}: no tolerance for dtype {dtype}")
+    unknown_dtypes = sorted(set(problem.tolerances) - set(DTYPES))
+    if unknown_dtypes:
+        raise ProblemLoadError(
+            f"{where}: tolerances for unknown dtypes {unknown_dtypes}; known: {list(DTYPES)}"
+        )

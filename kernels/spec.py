@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -26,7 +27,8 @@ tiny: N(0, 1) * 1e-15 (squares and cubes approach the denormal range).
 ties: a few exact values repeated, including constant rows.
 """
 
-DTYPES: dict[str, type[np.floating]] = {"fp32": np.float32}
+DTYPES: dict[str, type[Any]] = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
+"""Element types, by the name campaigns use. Kernels take and return arrays of one dtype."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,20 @@ class Cost:
     flops: int
 
 
+def tolerances(fp32: Tolerance) -> dict[str, Tolerance]:
+    """Tolerances for every dtype from the fp32 one. A half-precision output carries a
+    rounding error of up to half an ulp (2^-8 relative for bf16, 2^-11 for fp16): the
+    tolerance allows four of them (so a result one ulp off passes), and for fp16 one
+    subnormal step absolute."""
+    return {
+        "fp32": fp32,
+        "bf16": Tolerance(rtol=max(fp32.rtol, 1.6e-2), atol=max(fp32.atol, 1e-30)),
+        "fp16": Tolerance(rtol=max(fp32.rtol, 2e-3), atol=max(fp32.atol, 6e-8)),
+    }
+
+
 def default_tolerances() -> dict[str, Tolerance]:
-    return {"fp32": Tolerance(rtol=1e-4, atol=1e-30)}
+    return tolerances(Tolerance(rtol=1e-4, atol=1e-30))
 
 
 @dataclass(frozen=True)
@@ -82,13 +96,17 @@ class Problem:
     """Per-element magnitude the error is judged against; by default |expected|."""
     graph: tuple[str, ...] = ()
     """For graph problems: the chain of elementary ops a fuser may fuse."""
-    dtypes: tuple[str, ...] = ("fp32",)
     spec: str = ""
     """How to load it again in another process: a built-in name or `path.py:NAME`."""
 
     @property
     def load_spec(self) -> str:
         return self.spec or self.name
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes the problem can be verified in: those it has a tolerance for."""
+        return tuple(d for d in DTYPES if d in self.tolerances)
 
     @property
     def inputs(self) -> tuple[Arg, ...]:
@@ -99,7 +117,9 @@ class Problem:
         return tuple(a for a in self.args if a.output)
 
     def c_signature(self, dtype: str = "fp32", name: str = "kernel") -> str:
-        ctype = {"fp32": "float"}[dtype]
+        if dtype != "fp32":
+            raise ValueError(f"C kernels take fp32 arrays, not {dtype}")
+        ctype = "float"
         params = [
             f"{ctype} *{a.name}" if a.output else f"const {ctype} *{a.name}" for a in self.args
         ]
@@ -115,8 +135,7 @@ class Problem:
             raw = self.make_inputs(shape, distribution, rng)
         else:
             raw = {a.name: fill(a.shape(shape), distribution, rng) for a in self.inputs}
-        np_dtype = DTYPES[dtype]
-        return {a.name: np.ascontiguousarray(raw[a.name], dtype=np_dtype) for a in self.inputs}
+        return {a.name: to_dtype(raw[a.name], dtype) for a in self.inputs}
 
     def expected(self, inputs: Arrays) -> Arrays:
         as64 = {k: v.astype(np.float64) for k, v in inputs.items()}
@@ -128,9 +147,23 @@ class Problem:
         as64 = {k: v.astype(np.float64) for k, v in inputs.items()}
         return self.error_scale(as64, expected)
 
+    def cost_for(self, shape: Shape, dtype: str = "fp32") -> Cost:
+        """`cost` counts fp32 bytes; the traffic of another dtype scales with its size."""
+        cost = self.cost(shape)
+        itemsize = np.dtype(DTYPES[dtype]).itemsize
+        return Cost(bytes_moved=cost.bytes_moved * itemsize // 4, flops=cost.flops)
+
     def nbytes(self, shape: Shape, dtype: str = "fp32") -> int:
         itemsize = np.dtype(DTYPES[dtype]).itemsize
         return sum(int(np.prod(a.shape(shape))) * itemsize for a in self.args)
+
+
+def to_dtype(values: Array, dtype: str) -> Array:
+    """float64 values in a dtype: out-of-range values clipped to its largest finite value
+    (an input is a finite number in the kernel's type, never an overflowed infinity)."""
+    np_dtype = DTYPES[dtype]
+    largest = float(ml_dtypes.finfo(np_dtype).max)
+    return np.ascontiguousarray(np.clip(values, -largest, largest).astype(np_dtype))
 
 
 def fill(shape: tuple[int, ...], distribution: str, rng: np.random.Generator) -> Array:

@@ -1,108 +1,18 @@
-"""Kernel templates and the design spaces a planner searches.
-
-A design space is plain data: named parameters, each with its finite choices, and named
-constraint predicates over a full assignment. `Template.render(params)` turns one valid
-assignment into (source, compiler flags). The target is a field, so CUDA templates can
-join the same registry.
+"""The kernel templates of every target, by name: the CPU ones here (jinja files in
+`cpu_templates/`), the CUDA ones in `kernels.cuda_templates`; and the example kernels.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
-
-import jinja2
-
-ParamValue = int | str | bool
-Params = Mapping[str, ParamValue]
-
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("kernels", "cpu_templates"),
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
+from kernels.cuda_templates import CUDA_TEMPLATES
+from kernels.design_space import (
+    Constraint,
+    Param,
+    Params,
+    ParamValue,
+    Rendered,
+    Template,
 )
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    choices: tuple[ParamValue, ...]
-    doc: str
-
-
-@dataclass(frozen=True)
-class Constraint:
-    name: str
-    doc: str
-    holds: Callable[[Params], bool]
-
-
-@dataclass(frozen=True)
-class Rendered:
-    source: str
-    flags: tuple[str, ...]
-
-
-class InvalidParams(ValueError):
-    """An assignment outside the space or violating a constraint."""
-
-
-@dataclass(frozen=True)
-class Template:
-    name: str
-    problem: str
-    target: str
-    file: str
-    algorithm: str
-    params: tuple[Param, ...]
-    constraints: tuple[Constraint, ...]
-    defaults: dict[str, ParamValue]
-    best_known: dict[str, ParamValue]
-    """The hand-picked assignment behind `kernels/examples/` (the best found by hand)."""
-
-    def space(self) -> dict[str, tuple[ParamValue, ...]]:
-        return {p.name: p.choices for p in self.params}
-
-    def violations(self, params: Params) -> list[str]:
-        problems: list[str] = []
-        for p in self.params:
-            if p.name not in params:
-                problems.append(f"missing parameter {p.name}")
-            elif params[p.name] not in p.choices:
-                problems.append(f"{p.name}={params[p.name]!r} not in {p.choices}")
-        extra = set(params) - {p.name for p in self.params}
-        problems += [f"unknown parameter {name}" for name in sorted(extra)]
-        if not problems:
-            problems += [c.name for c in self.constraints if not c.holds(params)]
-        return problems
-
-    def is_valid(self, params: Params) -> bool:
-        return not self.violations(params)
-
-    def valid_points(self) -> Iterator[dict[str, ParamValue]]:
-        names = [p.name for p in self.params]
-        for values in itertools.product(*(p.choices for p in self.params)):
-            point = dict(zip(names, values, strict=True))
-            if self.is_valid(point):
-                yield point
-
-    def render(self, params: Params) -> Rendered:
-        problems = self.violations(params)
-        if problems:
-            raise InvalidParams(f"{self.name}: {'; '.join(problems)}")
-        context: dict[str, Any] = dict(params)
-        source = _ENV.get_template(self.file).render(template=self.name, **context)
-        flags = list(str(params["flags"]).split())
-        if int(params.get("threads", 1)) != 1:
-            flags.append("-fopenmp")
-        else:
-            flags.append("-fopenmp-simd")
-        return Rendered(source=source, flags=tuple(flags))
-
 
 FLAG_CHOICES: tuple[str, ...] = (
     "-O3 -march=native",
@@ -359,6 +269,7 @@ TEMPLATES: dict[str, Template] = {
         ),
         MATMUL_BLOCKED,
         MATMUL_PACKED,
+        *CUDA_TEMPLATES,
     )
 }
 

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import typer
 
+from actors.devices import device_missing
 from actors.roles import ROLES
 from actors.runtime import run_actor
 from ops.errors import UserError
 from ops.home import nats_url, resolve_home
 from ops.options import HOME, NATS
+from ops.swarm import RUN_ON_THE_DEVICE
 
 
 def _roles_help() -> str:
@@ -25,13 +27,18 @@ def register(app: typer.Typer) -> None:
             "Run one actor process that joins a hub over NATS. Instances of a role "
             "share the role's work; run as many as you like, on any host.\n\n"
             "Roles:\n\n" + _roles_help() + "\n\n"
-            "Example:\n\n  kfactory actor verifier --nats nats://hub:4222"
+            "Examples:\n\n  kfactory actor verifier --nats nats://hub:4222\n\n"
+            "  kfactory actor compiler --target cuda --nats nats://hub:4222   (any host)\n\n"
+            "  kfactory actor verifier --target cuda --nats nats://hub:4222   (a GPU host)"
         ),
     )(actor)
 
 
 def actor(
     role: str = typer.Argument(..., help="One of: " + ", ".join(ROLES)),
+    target: str = typer.Option(
+        "cpu", help="The device target a verifier, benchmarker or compiler serves (cpu, cuda)."
+    ),
     instance: str | None = typer.Option(None, help="Instance name (default: ROLE-PID)."),
     home: Path | None = HOME,
     nats: str | None = NATS,
@@ -39,7 +46,11 @@ def actor(
     spec = ROLES.get(role)
     if spec is None:
         raise UserError(f"unknown role {role!r}; choose one of: {', '.join(ROLES)}")
-    implementation = spec.create()
+    if spec.targets is not None and target not in spec.targets:
+        raise UserError(f"the {role} serves the targets {', '.join(spec.targets)}, not {target!r}")
+    if spec.name in RUN_ON_THE_DEVICE and (missing := device_missing(target)) is not None:
+        raise UserError(f"a {role} for {target} needs the device here: {missing}")
+    implementation = spec.create(target)
     url = nats_url(nats, resolve_home(home))
     if url is None:
         raise UserError("no NATS URL: pass --nats nats://HOST:PORT (see `kfactory server`)")

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "ops.run_cmd",
     "ops.problems_cmd",
     "ops.check_cmd",
+    "ops.gpu_check_cmd",
 )
 
 app = typer.Typer(

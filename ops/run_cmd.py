@@ -1,7 +1,7 @@
 """`kfactory run`: a campaign, from a file or from flags.
 
 On the embedded defaults it starts the hub (nats-server, recorder, SQL service) and
-the six roles in this process; with --nats it submits the campaign to a running swarm
+the roles of its target in this process; with --nats it submits the campaign to a running swarm
 instead. It shows progress until the campaign finishes, then a leaderboard. Running the
 same command again resumes the campaign from its history.
 """
@@ -44,13 +44,16 @@ from ops.swarm import Swarm, running_swarm
 RUN_HELP = (
     "Run a campaign: search for the fastest correct kernel of a problem.\n\n"
     "With no --nats, everything runs here: an embedded nats-server, the recorder owning "
-    "--home/events.duckdb, and the six actors (planner, kernel-writer, fuser, verifier, "
-    "benchmarker, librarian). With --nats (or a `kfactory server` running for --home) the "
+    "--home/events.duckdb, and the actors (planner, kernel-writer, fuser, verifier, "
+    "benchmarker, librarian; and the compiler for cuda). A cuda campaign on a host without "
+    "a GPU compiles and checks its kernels here, then waits for a GPU host's verifier and "
+    "benchmarker to join the bus. With --nats (or a `kfactory server` running for --home) the "
     "campaign is handed to that swarm and followed from here.\n\n"
     "The same command run again resumes the campaign from its history: no candidate is "
     "evaluated twice. Ctrl-C stops cleanly.\n\n"
     "A campaign file (TOML), every field but problem optional:\n\n"
     '  name = "softmax-demo"   problem = "softmax" (or "ops.py:NAME")   target = "cpu"\n\n'
+    '  dtype = "fp32" (cuda also takes "bf16" and "fp16")\n\n'
     "  shapes = [[4096, 4096]]   (the first is timed; default: the problem's)\n\n"
     '  \\[budget] candidates = 40, wall_time = "30m", stop_at_roofline = 0.95\n\n'
     "  \\[search] per_generation = 8, seed = 1\n\n"
@@ -71,7 +74,8 @@ def run(
         None, metavar="[CAMPAIGN.toml]", help="The campaign file; or use --problem."
     ),
     problem: str | None = typer.Option(None, help="Problem, when no campaign file is given."),
-    target: str = typer.Option("cpu", help="Device target (no file)."),
+    target: str = typer.Option("cpu", help="Device target: cpu or cuda (no file)."),
+    dtype: str = typer.Option("fp32", help="Element type: fp32, bf16 or fp16 (no file)."),
     budget: int = typer.Option(40, min=1, help="Candidates to evaluate at most (no file)."),
     per_generation: int = typer.Option(8, min=1, help="Candidates per generation (no file)."),
     seed: int = typer.Option(1, help="Search seed (no file)."),
@@ -81,7 +85,7 @@ def run(
     nats: str | None = NATS,
     as_json: bool = JSON,
 ) -> None:
-    spec = _spec(campaign_file, problem, target, budget, per_generation, seed)
+    spec = _spec(campaign_file, problem, target, dtype, budget, per_generation, seed)
     folder = resolve_home(home)
     url = nats_url(nats, folder)
     if url is None and running_server(folder) is not None:
@@ -97,7 +101,13 @@ def run(
 
 
 def _spec(
-    path: Path | None, problem: str | None, target: str, budget: int, per_gen: int, seed: int
+    path: Path | None,
+    problem: str | None,
+    target: str,
+    dtype: str,
+    budget: int,
+    per_gen: int,
+    seed: int,
 ) -> CampaignSpec:
     try:
         if path is not None:
@@ -109,6 +119,7 @@ def _spec(
                 CampaignSpec(
                     problem=problem,
                     target=target,
+                    dtype=dtype,
                     budget=Budget(candidates=budget),
                     search=Search(per_generation=per_gen, seed=seed),
                 )
@@ -119,8 +130,8 @@ def _spec(
     for shape in spec.shapes:
         if len(shape) != len(loaded.dims):
             raise UserError(f"shapes: {shape} does not give the dims {', '.join(loaded.dims)}")
-    if spec.target != "cpu":
-        raise UserError(f"target {spec.target!r}: only cpu campaigns run end to end today")
+    if spec.dtype not in loaded.dtypes:
+        raise UserError(f"dtype {spec.dtype!r}: {loaded.name} is defined for {loaded.dtypes}")
     return spec
 
 
@@ -137,14 +148,23 @@ async def _main(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if url is not None:
-        return await _follow(spec, url, None, stop, console)
+        return await follow(spec, url, None, stop, console)
     async with running_hub(home) as hub:
         console.print(f"hub {hub.url}; events in {hub.store.path}")
-        async with running_swarm(hub.url, verifiers=verifiers, benchmarkers=benchmarkers) as swarm:
-            return await _follow(spec, hub.url, swarm, stop, console, hub.check)
+        async with running_swarm(
+            hub.url, target=spec.target, verifiers=verifiers, benchmarkers=benchmarkers
+        ) as swarm:
+            if swarm.device_missing is not None:
+                console.print(
+                    f"no {spec.target} device here ({swarm.device_missing}): kernels are "
+                    "compiled and checked here, then wait for a device worker:\n"
+                    f"  kfactory actor verifier --target {spec.target} --nats {hub.url}\n"
+                    f"  kfactory actor benchmarker --target {spec.target} --nats {hub.url}"
+                )
+            return await follow(spec, hub.url, swarm, stop, console, hub.check)
 
 
-async def _follow(
+async def follow(
     spec: CampaignSpec,
     url: str,
     swarm: Swarm | None,
@@ -182,7 +202,7 @@ async def _follow(
                 target=spec.target,
                 config=spec.to_config(),
             )
-            console.print(f"campaign {campaign_id}: {spec.problem} on {spec.target}")
+            console.print(f"campaign {campaign_id}: {spec.problem} ({spec.dtype}) on {spec.target}")
         else:
             start = new_event(CampaignResumed, campaign_id=campaign_id, actor=actor)
             console.print(f"campaign {campaign_id}: resuming from its history")
@@ -237,6 +257,12 @@ class Progress:
             f"{sum(c.settled for c in candidates)} of {len(candidates)} proposed "
             f"(budget {campaign.spec.budget.candidates})",
         )
+        waiting = sum(c.waiting_for_device for c in candidates)
+        if waiting:
+            table.add_row(
+                "waiting for the device",
+                f"{waiting} compiled and checked, not yet run on a {campaign.spec.target} worker",
+            )
         table.add_row("best speedup", f"{best.speedup:.2f}x" if best and best.speedup else "-")
         rejected = self.history.rejections_by_stage(self.campaign_id)
         table.add_row(

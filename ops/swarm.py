@@ -1,4 +1,4 @@
-"""Running the six roles inside this process (the laptop mode of `kfactory run`)."""
+"""Running every role inside this process (the laptop mode of `kfactory run`)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,20 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from actors.devices import device_missing
 from actors.roles import ROLES
 from actors.runtime import ActorRuntime
 from bus.connection import connect
+
+RUN_ON_THE_DEVICE = ("verifier", "benchmarker")
 
 
 @dataclass
 class Swarm:
     runtimes: list[ActorRuntime]
     tasks: list[asyncio.Task[None]]
+    device_missing: str | None = None
+    """Why the device's own roles are not running here (None: they are)."""
 
     def check(self) -> None:
         """Raise the failure of any actor that died."""
@@ -26,21 +31,27 @@ class Swarm:
 
 @contextlib.asynccontextmanager
 async def running_swarm(
-    url: str, *, verifiers: int = 1, benchmarkers: int = 1
+    url: str, *, target: str = "cpu", verifiers: int = 1, benchmarkers: int = 1
 ) -> AsyncIterator[Swarm]:
-    """Start every role (several verifiers/benchmarkers if asked); stop them on exit."""
+    """Start every role for `target` (several verifiers/benchmarkers if asked); stop them on
+    exit. Without the device, the roles that run kernels are left to hosts that have it."""
     counts = {"verifier": verifiers, "benchmarker": benchmarkers}
+    missing = device_missing(target)
     stop = asyncio.Event()
     runtimes: list[ActorRuntime] = []
     tasks: list[asyncio.Task[None]] = []
     try:
         for role in ROLES.values():
+            if role.targets is not None and target not in role.targets:
+                continue
+            if missing is not None and role.name in RUN_ON_THE_DEVICE:
+                continue
             for index in range(counts.get(role.name, 1)):
                 nc = await connect(url, f"kf-{role.name}")
-                runtime = ActorRuntime(role.create(), nc, f"{role.name}-{index}")
+                runtime = ActorRuntime(role.create(target), nc, f"{role.name}-{index}")
                 runtimes.append(runtime)
                 tasks.append(asyncio.create_task(runtime.run(stop), name=role.name))
-        yield Swarm(runtimes, tasks)
+        yield Swarm(runtimes, tasks, missing)
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)

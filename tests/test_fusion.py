@@ -15,6 +15,8 @@ import pytest
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.verifier import verify
 from kernels.builtin import BUILTIN
+from kernels.cuda_launch import parse_launch_plan
+from kernels.design_space import InvalidParams, Template
 from kernels.fusion import (
     NotAGraphProblem,
     Partition,
@@ -28,11 +30,10 @@ from kernels.fusion import (
     plan,
     unfused_chain,
 )
-from kernels.fusion.codegen_cuda import launches
+from kernels.fusion.codegen_cuda import launch_plan
 from kernels.fusion.ir import MATRIX, RowReduce
 from kernels.fusion.plan import FUSION_TEMPLATE, groups_of, render_plan
 from kernels.spec import DISTRIBUTIONS
-from kernels.templates import InvalidParams, Template
 from tests.cpu_support import calibration, cpu_backend, kf_cache
 
 __all__ = ["calibration", "cpu_backend", "kf_cache"]
@@ -237,11 +238,13 @@ def test_a_plan_is_plain_data_for_a_fusion_planned_event() -> None:
 
 
 def test_every_partition_compiles_with_nvcc_for_sm_90(tmp_path: Path) -> None:
+    """Device code only: the launches and buffers are declared in the source and match
+    `launch_plan`; each partition and reuse mode compiles to a cubin for every dtype."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not installed on this host: the CUDA output cannot be compiled")
     space = fusion_space(PROBLEM, "cuda:sm_90")
-    jobs = []
+    jobs: list[tuple[str, str, str, subprocess.Popen[str]]] = []
     for index, key in enumerate(KEYS):
         for reuse in ("recompute", "stash"):
             point = {
@@ -252,15 +255,23 @@ def test_every_partition_compiles_with_nvcc_for_sm_90(tmp_path: Path) -> None:
             }
             if not space.is_valid(point):
                 continue
-            fused = plan(PROBLEM, key, point, "cuda:sm_90")
-            assert "-arch=sm_90" in fused.flags
-            assert len(fused.launches) == len(fused.groups)
-            assert fused.launches == launches(
-                PROBLEM, parse_partition(key, PROBLEM.graph), int(point["block"])
+            dtype = ("fp32", "bf16", "fp16")[len(jobs) % 3]
+            fused = plan(PROBLEM, key, point, "cuda:sm_90", dtype)
+            assert not any(f.startswith("-arch") for f in fused.flags)
+            assert "__host__" not in fused.source and "cudaMalloc" not in fused.source
+            declared = parse_launch_plan(fused.source, PROBLEM)
+            expected = launch_plan(
+                PROBLEM, parse_partition(key, PROBLEM.graph), int(point["block"]), reuse, dtype
             )
+            assert declared.render() == expected.render()
+            assert len(fused.launches) == len(fused.groups) == len(declared.launches)
+            crossing = min(2, len(fused.groups) - 1)
+            apart = reuse == "stash" and dtype != "fp32" and len(fused.groups) == 1
+            assert len(declared.buffers) == crossing + apart, (key, reuse, dtype)
             name = f"k{len(jobs)}"
             (tmp_path / f"{name}.cu").write_text(fused.source)
-            command = [nvcc, *fused.flags, "-Xptxas", "-v", "-c", f"{name}.cu", "-o", f"{name}.o"]
+            command = [nvcc, "-cubin", "-arch=sm_90", "-Xptxas", "-v", *fused.flags]
+            command += [f"{name}.cu", "-o", f"{name}.cubin"]
             jobs.append(
                 (
                     key,
@@ -279,8 +290,8 @@ def test_every_partition_compiles_with_nvcc_for_sm_90(tmp_path: Path) -> None:
     for key, reuse, name, proc in jobs:
         log, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, (key, reuse, log)
-        assert (tmp_path / f"{name}.o").stat().st_size > 0
+        assert (tmp_path / f"{name}.cubin").stat().st_size > 0
         groups = key.count("|") + 1
         compiled = re.findall(r"Compiling entry function '(kf_group_\d+)'", log)
         assert sorted(compiled) == [f"kf_group_{g}" for g in range(groups)], log
-        assert " 0 bytes spill stores" in log
+        assert log.count(" 0 bytes spill stores") == groups, log

@@ -57,7 +57,15 @@ class CpuBackend:
         self.bench_limits = bench_limits
         self.dtype = dtype
 
-    def compile(self, problem: Problem, source: str, flags: tuple[str, ...]) -> CompileOutcome:
+    def compile(
+        self, problem: Problem, source: str, flags: tuple[str, ...], dtype: str = "fp32"
+    ) -> CompileOutcome:
+        if dtype != self.dtype:
+            message = f"this back end builds {self.dtype} kernels, not {dtype}"
+            return CompileOutcome(
+                build=None,
+                rejection=Rejection(stage="compile", reason="unsupported_dtype", message=message),
+            )
         unsafe = source_check(source)
         if unsafe is not None:
             return CompileOutcome(build=None, rejection=unsafe)
@@ -102,7 +110,7 @@ class CpuBackend:
                 )
             job = p.VerifyJob(library=build.library, arg_names=names, outputs=outputs, trials=jobs)
             outcome = self._run(job, workdir, self.verify_limits)
-            failure = _failure(outcome, workdir, "run")
+            failure = sandbox_failure(outcome, workdir, "run")
             if failure is not None:
                 return RunOutcome(rejection=failure, sandbox=outcome.report)
             reply = _reply(workdir, p.VerifyReply)
@@ -154,7 +162,7 @@ class CpuBackend:
         )
         with sandbox_dir("kf-bench-") as workdir:
             outcome = self._run(job, workdir, self.bench_limits)
-            failure = _failure(outcome, workdir, "benchmark")
+            failure = sandbox_failure(outcome, workdir, "benchmark")
             if failure is not None:
                 return TimingRun(rejection=failure, wall_seconds=outcome.wall_seconds)
             reply = _reply(workdir, p.BenchReply)
@@ -205,14 +213,17 @@ def _reply(workdir: Path, kind: type[ReplyT]) -> ReplyT:
     return reply
 
 
-def _failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | None:
-    """Turn a child that did not finish into a rejection with evidence; None if it finished."""
+def sandbox_failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | None:
+    """Turn a child that did not finish into a rejection with evidence; None if it finished.
+    Shared by every back end whose runner leaves RESULT_FILE and PROGRESS_FILE behind."""
     if outcome.ok and (workdir / p.RESULT_FILE).is_file():
         return None
     try:
         progress = (workdir / p.PROGRESS_FILE).read_text()
     except OSError:
         progress = "before the first kernel call"
+    limit = outcome.report.address_space_limit_bytes
+    address_space = f"{limit >> 20} MiB" if limit >= 0 else "not limited"
     evidence = {
         "progress": progress,
         "exit_status": str(outcome.returncode),
@@ -223,8 +234,7 @@ def _failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | 
         "stdout": outcome.stdout[-2000:],
         "limits": (
             f"wall {outcome.report.wall_seconds_limit:g} s, cpu "
-            f"{outcome.report.cpu_seconds_limit} s, address space "
-            f"{outcome.report.address_space_limit_bytes >> 20} MiB"
+            f"{outcome.report.cpu_seconds_limit} s, address space {address_space}"
         ),
     }
     refused = next(
@@ -239,10 +249,7 @@ def _failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | 
     elif refused is not None or "MemoryError" in outcome.stderr:
         reason = "memory_limit"
         what = refused[len(ALLOCATION_REFUSED_MARK) :].strip() if refused else "MemoryError"
-        message = (
-            f"allocation refused under the {outcome.report.address_space_limit_bytes >> 30} GiB "
-            f"address-space limit: {what}"
-        )
+        message = f"allocation refused (address space {address_space}): {what}"
         if outcome.signal_name:
             message += f", then killed by {outcome.signal_name}"
     elif outcome.signal_name:

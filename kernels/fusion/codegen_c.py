@@ -20,6 +20,7 @@ The same parameters always give the same bytes.
 
 from __future__ import annotations
 
+from kernels.design_space import Constraint, Param, Params, ParamValue, Rendered
 from kernels.fusion.ir import COLUMN, MATRIX, Graph, graph_of
 from kernels.fusion.lower import (
     REUSE_CHOICES,
@@ -37,15 +38,7 @@ from kernels.fusion.lower import (
 from kernels.fusion.partitions import Partition, parse_partition, partitions
 from kernels.fusion.space import FUSION_SPACE_NAME, FusionSpace
 from kernels.spec import Problem
-from kernels.templates import (
-    FLAG_CHOICES,
-    ROW_CONSTRAINTS,
-    Constraint,
-    Param,
-    Params,
-    ParamValue,
-    Rendered,
-)
+from kernels.templates import FLAG_CHOICES, ROW_CONSTRAINTS
 
 ALIGN = 64
 
@@ -295,7 +288,7 @@ def space(problem: Problem) -> FusionSpace:
         "reuse": "stash" if fused in stashable else "recompute",
     }
 
-    def render(p: Params) -> Rendered:
+    def render(p: Params, dtype: str = "fp32") -> Rendered:
         source = generate(
             problem,
             parse_partition(str(p["partition"]), graph.op_names),

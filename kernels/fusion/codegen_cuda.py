@@ -1,29 +1,32 @@
 """CUDA C for the cuda target, generated from the same IR and lowering as the C.
 
-Launch contract (also returned as data by `launches`):
+The source holds device code only; how to run it is declared in it with the
+`// kf-buffer:` and `// kf-launch:` lines of `kernels.cuda_launch` (also returned as a
+`LaunchPlan` by `launch_plan`):
 
-- one `extern "C" __global__` kernel per group, `kf_group_<k>`, in partition order;
+- one `extern "C" __global__` kernel per group, `kf_group_<k>`, launched in partition
+  order on one stream;
 - arguments: device pointers to the group's inputs (problem inputs or the previous
-  group's intermediate), then the destination, then `int64_t rows, int64_t cols`;
-- grid: `min(rows, KF_MAX_GRID)` blocks of exactly `KF_BLOCK` threads, no dynamic
-  shared memory; a block walks rows `blockIdx.x, blockIdx.x + gridDim.x, ...` and its
-  threads stride over the columns of a row; a row reduction is a block reduction
-  (warp shuffles, then one shared value per warp);
-- intermediates: [rows, cols] float buffers, two used in turn as in the C back end.
-
-The source also defines the host entry point with the problem's exact C signature
-(`extern "C" void kernel(...)`, all pointers on the device): it allocates the
-intermediates with cudaMalloc (256-byte aligned), launches the groups in order on the
-default stream, and frees them (cudaFree waits for the work). If an allocation fails it
-fills the output with NaN instead, so a failure is never a silently wrong answer. A
-loader that only takes `__global__` functions (pycuda's SourceModule) can follow the
-contract itself.
+  group's intermediate), then the destination, then (see below) a stash buffer, then
+  `int64_t rows, int64_t cols`;
+- grid: `min(rows, 65535)` blocks of exactly `block` threads, no dynamic shared memory;
+  a block walks rows `blockIdx.x, blockIdx.x + gridDim.x, ...` and its threads stride
+  over the columns of a row; a row reduction is a block reduction (warp shuffles, then
+  one shared value per warp);
+- problem arguments are in the campaign's dtype (`kf_t`); all math is fp32, and the
+  intermediates are [rows, cols] fp32 buffers (`kf_buf0`, `kf_buf1`, used in turn as in
+  the C back end);
+- reuse="stash" writes the stashed value into the destination row when that row is
+  fp32; a 16-bit output would round it (or overflow, in fp16), so the last group stashes
+  into its own fp32 buffer `kf_stash` instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kernels.cuda_launch import Launch, LaunchPlan, buffer, launch
+from kernels.design_space import CUDA_TYPES, Constraint, Param, Params, ParamValue, Rendered
 from kernels.fusion.ir import COLUMN, MATRIX, Graph, graph_of
 from kernels.fusion.lower import (
     REUSE_CHOICES,
@@ -41,28 +44,27 @@ from kernels.fusion.lower import (
 from kernels.fusion.partitions import Partition, parse_partition, partitions
 from kernels.fusion.space import FUSION_SPACE_NAME, FusionSpace
 from kernels.spec import Problem
-from kernels.templates import Constraint, Param, Params, ParamValue, Rendered
 
 MAX_GRID = 65535
 DEFAULT_ARCH = "sm_90"
 CUDA_FLAG_CHOICES: tuple[str, ...] = ("-O3", "-O3 --use_fast_math")
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch of a fused plan, in order."""
-
-    kernel: str
-    args: tuple[str, ...]
-    """Problem argument names, intermediate buffer names (`kf_buf0`, ...) or dim names."""
-    block: int
-    grid: str
-    """An expression over the dims: `min(rows, 65535)`."""
-    shared_bytes: int = 0
+STASH_BUFFER = "kf_stash"
+ELEMENT = "kf_t"
+"""The C type of problem arguments (the campaign's dtype); intermediates are float."""
 
 
 PRELUDE = r"""#include <stdint.h>
-#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+static __device__ __forceinline__ float kf_to_float(float v) { return v; }
+static __device__ __forceinline__ float kf_to_float(__half v) { return __half2float(v); }
+static __device__ __forceinline__ float kf_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ void kf_store(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void kf_store(__half *p, float v) { *p = __float2half_rn(v); }
+static __device__ __forceinline__ void kf_store(__nv_bfloat16 *p, float v) {
+    *p = __float2bfloat16_rn(v);
+}
 
 /* 0.5 x (1 + tanh u) = x / (1 + exp(-2u)): no cancellation for x << 0, no overflow. */
 static __device__ __forceinline__ float kf_gelu_tanh(float x) {
@@ -88,51 +90,93 @@ static __device__ __forceinline__ float kf_block_sum(float v, float *shared) {
     __syncthreads();
     return v;
 }
-
-extern "C" __global__ void kf_fill_nan(float *y, int64_t n) {
-    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
-         k += (int64_t)gridDim.x * blockDim.x)
-        y[k] = __int_as_float(0x7fc00000);
-}
 """
 
 
-def _spell(program: GroupProgram) -> dict[str, str]:
+@dataclass(frozen=True)
+class _Wiring:
+    """Where one group reads and writes: argument names and their element types."""
+
+    inputs: tuple[tuple[str, str], ...]
+    """(argument, element type) per input of the group, in `program.inputs` order."""
+    dest: str
+    dest_type: str
+    stash: str | None
+    """The argument the group stashes into when it is not the destination."""
+
+
+def _wiring(
+    problem: Problem, programs: tuple[GroupProgram, ...], dtype: str
+) -> tuple[_Wiring, ...]:
+    output = problem.outputs[0].name
+    buffers = _buffers(programs)
+    where: dict[str, tuple[str, str]] = {a.name: (a.name, ELEMENT) for a in problem.inputs}
+    wired: list[_Wiring] = []
+    for program in programs:
+        last = program.index == len(programs) - 1
+        dest, dest_type = (output, ELEMENT) if last else (buffers[program.index % 2], "float")
+        stash = STASH_BUFFER if _stashes_apart(program, last, dtype) else None
+        wired.append(_Wiring(tuple(where[t.name] for t in program.inputs), dest, dest_type, stash))
+        where[program.output] = (dest, dest_type)
+    return tuple(wired)
+
+
+def _stashes_apart(program: GroupProgram, last: bool, dtype: str) -> bool:
+    return program.stashes and last and dtype != "fp32"
+
+
+def _buffers(programs: tuple[GroupProgram, ...]) -> list[str]:
+    return [f"kf_buf{k}" for k in range(min(2, len(programs) - 1))]
+
+
+def _read(pointer: str, element: str) -> str:
+    return f"kf_to_float({pointer})" if element == ELEMENT else pointer
+
+
+def _kernel(program: GroupProgram, wiring: _Wiring, unroll: int) -> list[str]:
+    stash_row = "kf_stash_i" if wiring.stash else "kf_dst_i"
+    stash_type = "float" if wiring.stash else wiring.dest_type
     spelled: dict[str, str] = {}
-    for t in program.inputs:
+    for t, (_, element) in zip(program.inputs, wiring.inputs, strict=True):
         p = tensor_param(t.name)
-        if t.kind == MATRIX:
-            spelled[t.name] = f"r_{p[2:]}[j]"
-        elif t.kind == COLUMN:
-            spelled[t.name] = f"{p}[j]"
-        else:
-            spelled[t.name] = f"{p}[i]"
-    spelled[STASH] = "kf_dst_i[j]"
-    return spelled
-
-
-def _kernel(program: GroupProgram, unroll: int) -> list[str]:
-    spelled = _spell(program)
+        index = (
+            f"r_{p[2:]}[j]" if t.kind == MATRIX else (f"{p}[j]" if t.kind == COLUMN else f"{p}[i]")
+        )
+        spelled[t.name] = _read(index, element)
+    spelled[STASH] = _read(f"{stash_row}[j]", stash_type)
     dims = {"rows": "rows", "cols": "cols"}
 
     def text(expr: object) -> str:
         return c_expr(expr, lambda n: spelled.get(n, value_name(n)), dims)  # type: ignore[arg-type]
 
-    params = [f"const float *__restrict__ {tensor_param(t.name)}" for t in program.inputs]
-    params += ["float *__restrict__ kf_dst", "int64_t rows", "int64_t cols"]
+    def store(row: str, element: str, value: str) -> str:
+        if element == ELEMENT:
+            return f"kf_store(&{row}[j], {value});"
+        return f"{row}[j] = {value};"
+
+    params = [
+        f"const {element} *__restrict__ {tensor_param(t.name)}"
+        for t, (_, element) in zip(program.inputs, wiring.inputs, strict=True)
+    ]
+    params.append(f"{wiring.dest_type} *__restrict__ kf_dst")
+    if wiring.stash:
+        params.append(f"float *__restrict__ {wiring.stash}")
+    params += ["int64_t rows", "int64_t cols"]
     lines = [
         f"/* group {program.index}: {' + '.join(program.ops)} */",
-        f'extern "C" __global__ void __launch_bounds__(KF_BLOCK) kf_group_{program.index}(',
+        f'extern "C" __global__ void __launch_bounds__(kf_block) kf_group_{program.index}(',
         f"    {', '.join(params)}) {{",
     ]
     if program.reductions:
         lines.append("    __shared__ float kf_red[32];")
     lines.append("    for (int64_t i = blockIdx.x; i < rows; i += gridDim.x) {")
-    for t in program.inputs:
+    for t, (_, element) in zip(program.inputs, wiring.inputs, strict=True):
         if t.kind == MATRIX:
             p = tensor_param(t.name)
-            lines.append(f"        const float *__restrict__ r_{p[2:]} = {p} + i * cols;")
-    lines.append("        float *__restrict__ kf_dst_i = kf_dst + i * cols;")
+            lines.append(f"        const {element} *__restrict__ r_{p[2:]} = {p} + i * cols;")
+    lines.append(f"        {wiring.dest_type} *__restrict__ kf_dst_i = kf_dst + i * cols;")
+    if wiring.stash:
+        lines.append(f"        float *__restrict__ kf_stash_i = {wiring.stash} + i * cols;")
     for statement in program.body:
         if isinstance(statement, Scalar):
             lines.append(
@@ -143,73 +187,41 @@ def _kernel(program: GroupProgram, unroll: int) -> list[str]:
             acc = value_name(statement.acc)
             lines.append(f"        float {acc} = 0.0f;")
         lines.append(f"#pragma unroll {unroll}")
-        lines.append("        for (int64_t j = threadIdx.x; j < cols; j += KF_BLOCK) {")
+        lines.append("        for (int64_t j = threadIdx.x; j < cols; j += kf_block) {")
         for let in statement.lets:
             lines.append(f"            const float {value_name(let.name)} = {text(let.expr)};")
         if isinstance(statement, ReduceLoop):
             if statement.stash is not None:
-                lines.append(f"            kf_dst_i[j] = {value_name(statement.stash)};")
+                value = value_name(statement.stash)
+                lines.append(f"            {store(stash_row, stash_type, value)}")
             lines.append(f"            {acc} += {text(statement.term)};")
             lines.append("        }")
             lines.append(f"        {acc} = kf_block_sum({acc}, kf_red);")
         else:
             assert isinstance(statement, StoreLoop)
-            lines.append(f"            kf_dst_i[j] = {text(statement.value)};")
+            value = text(statement.value)
+            lines.append(f"            {store('kf_dst_i', wiring.dest_type, value)}")
             lines.append("        }")
     lines += ["    }", "}", ""]
     return lines
 
 
-def _buffers(programs: tuple[GroupProgram, ...]) -> list[str]:
-    return [f"kf_buf{k}" for k in range(min(2, len(programs) - 1))]
-
-
-def _launches(problem: Problem, programs: tuple[GroupProgram, ...], block: int) -> list[Launch]:
+def _plan(
+    problem: Problem, programs: tuple[GroupProgram, ...], block: int, dtype: str
+) -> LaunchPlan:
     rows, cols = problem.dims
-    output = problem.outputs[0].name
-    buffers = _buffers(programs)
-    where: dict[str, str] = {a.name: a.name for a in problem.inputs}
-    found: list[Launch] = []
-    for program in programs:
-        last = program.index == len(programs) - 1
-        dest = output if last else buffers[program.index % 2]
-        args = (*(where[t.name] for t in program.inputs), dest, rows, cols)
-        found.append(Launch(f"kf_group_{program.index}", args, block, f"min({rows}, {MAX_GRID})"))
-        where[program.output] = dest
-    return found
-
-
-def _entry(problem: Problem, programs: tuple[GroupProgram, ...], block: int) -> list[str]:
-    rows, cols = problem.dims
-    output = problem.outputs[0].name
-    buffers = _buffers(programs)
-    lines = [
-        f'extern "C" {problem.c_signature()} {{',
-        f"    if ({rows} <= 0 || {cols} <= 0) return;",
-        f"    const unsigned int kf_grid = {rows} < KF_MAX_GRID ? (unsigned int){rows} "
-        ": KF_MAX_GRID;",
-    ]
-    if buffers:
-        lines.append(f"    const size_t kf_bytes = (size_t)({rows} * {cols}) * sizeof(float);")
-        for b in buffers:
-            lines += [
-                f"    float *{b} = NULL;",
-                f"    if (cudaMalloc((void **)&{b}, kf_bytes) != cudaSuccess) {b} = NULL;",
-            ]
-        failed = " || ".join(f"{b} == NULL" for b in buffers)
-        lines += [
-            f"    if ({failed}) {{",
-            *[f"        if ({b} != NULL) cudaFree({b});" for b in buffers],
-            "        /* no scratch memory: NaN everywhere, never a silently wrong answer */",
-            f"        kf_fill_nan<<<kf_grid, KF_BLOCK>>>({output}, {rows} * {cols});",
-            "        return;",
-            "    }",
-        ]
-    for launch in _launches(problem, programs, block):
-        lines.append(f"    {launch.kernel}<<<kf_grid, KF_BLOCK>>>({', '.join(launch.args)});")
-    lines += [f"    cudaFree({b});" for b in buffers]
-    lines += ["}", ""]
-    return lines
+    nbytes = f"4 * {rows} * {cols}"
+    wired = _wiring(problem, programs, dtype)
+    buffers = [buffer(b, nbytes) for b in _buffers(programs)]
+    if any(w.stash for w in wired):
+        buffers.append(buffer(STASH_BUFFER, nbytes))
+    launches: list[Launch] = []
+    for program, w in zip(programs, wired, strict=True):
+        args = (*(arg for arg, _ in w.inputs), w.dest, *([w.stash] if w.stash else []), rows, cols)
+        launches.append(
+            launch(f"kf_group_{program.index}", args, f"min({rows}, {MAX_GRID})", block)
+        )
+    return LaunchPlan(tuple(buffers), tuple(launches))
 
 
 def generate(
@@ -219,33 +231,39 @@ def generate(
     block: int,
     unroll: int,
     reuse: str,
+    dtype: str = "fp32",
     graph: Graph | None = None,
 ) -> str:
-    """The CUDA source of `problem` fused as `partition` (kernels and host entry)."""
+    """The CUDA source of `problem` fused as `partition`, for elements of `dtype`."""
     graph = graph or graph_of(problem)
     partition = parse_partition(partition, graph.op_names)
     programs = lower(graph, partition.groups, reuse)
+    wired = _wiring(problem, programs, dtype)
     header = [
-        f"/* Generated by kfactory fusion from the IR of {problem.name}. */",
+        f"/* Generated by kfactory fusion from the IR of {problem.name}, {dtype} elements. */",
         f"/* partition {partition.key}; block={block} unroll={unroll} reuse={reuse} */",
+        _plan(problem, programs, block, dtype).render(),
         PRELUDE,
-        f"#define KF_BLOCK {block}",
-        f"#define KF_MAX_GRID {MAX_GRID}",
+        f"typedef {CUDA_TYPES[dtype]} {ELEMENT};",
+        f"constexpr int kf_block = {block};",
         "",
     ]
-    kernels = [line for p in programs for line in _kernel(p, unroll)]
-    return "\n".join([*header, *kernels, *_entry(problem, programs, block)])
+    kernels = [line for p, w in zip(programs, wired, strict=True) for line in _kernel(p, w, unroll)]
+    return "\n".join([*header, *kernels])
 
 
-def launches(problem: Problem, partition: Partition, block: int) -> tuple[Launch, ...]:
-    """The launches the host entry makes, in order: the contract for other loaders."""
+def launch_plan(
+    problem: Problem, partition: Partition, block: int, reuse: str, dtype: str = "fp32"
+) -> LaunchPlan:
+    """The buffers and launches the source of this point declares, as data."""
     graph = graph_of(problem)
     partition = parse_partition(partition, graph.op_names)
-    return tuple(_launches(problem, lower(graph, partition.groups), block))
+    return _plan(problem, lower(graph, partition.groups, reuse), block, dtype)
 
 
 def space(problem: Problem, arch: str = DEFAULT_ARCH) -> FusionSpace:
-    """The cuda design space of a graph problem, compiled for `arch` (nvcc -arch)."""
+    """The cuda design space of a graph problem. The back end compiles for `arch` (nvcc
+    -arch is its flag, not the space's); the sources here do not depend on it."""
     graph = graph_of(problem)
     keys = tuple(p.key for p in partitions(graph.op_names))
     stashable = frozenset(
@@ -259,7 +277,7 @@ def space(problem: Problem, arch: str = DEFAULT_ARCH) -> FusionSpace:
             "reuse",
             REUSE_CHOICES,
             "a value needed before and after a row reduction: recompute it, or stash it "
-            "in the output row",
+            "in fp32 memory (the output row when it is fp32)",
         ),
         Param("flags", CUDA_FLAG_CHOICES, "nvcc flags"),
     )
@@ -280,16 +298,17 @@ def space(problem: Problem, arch: str = DEFAULT_ARCH) -> FusionSpace:
         "flags": "-O3",
     }
 
-    def render(p: Params) -> Rendered:
+    def render(p: Params, dtype: str = "fp32") -> Rendered:
         source = generate(
             problem,
             parse_partition(str(p["partition"]), graph.op_names),
             block=int(p["block"]),
             unroll=int(p["unroll"]),
             reuse=str(p["reuse"]),
+            dtype=dtype,
             graph=graph,
         )
-        return Rendered(source=source, flags=(*str(p["flags"]).split(), f"-arch={arch}"))
+        return Rendered(source=source, flags=tuple(str(p["flags"]).split()))
 
     return FusionSpace(
         name=FUSION_SPACE_NAME,

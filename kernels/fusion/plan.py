@@ -13,14 +13,14 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kernels.cuda_launch import Launch, parse_launch_plan
+from kernels.design_space import InvalidParams, ParamValue
 from kernels.fusion import codegen_c, codegen_cuda
-from kernels.fusion.codegen_cuda import Launch
 from kernels.fusion.ir import graph_of
 from kernels.fusion.partitions import Partition, parse_partition
 from kernels.fusion.space import FUSION_SPACE_NAME, FusionSpace
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import Problem
-from kernels.templates import InvalidParams, ParamValue
 
 TARGETS: tuple[str, ...] = ("cpu", "cuda")
 FUSION_TEMPLATE = FUSION_SPACE_NAME
@@ -74,8 +74,11 @@ class FusionPlan:
     source: str
     flags: tuple[str, ...]
     entry_point: str = "kernel"
-    launches: tuple[Launch, ...] = field(default_factory=tuple)
-    """cuda only: the kernel launches the host entry makes, in order."""
+    """cpu only: the exported function; a cuda source has none (see `launches`)."""
+    launches: tuple[Launch, ...] = field(default_factory=tuple, compare=False)
+    """cuda only: the launches its `// kf-launch:` lines declare, in order (left out of
+    equality: they are a function of `source`, and their parsed sizes compare by identity)."""
+    dtype: str = "fp32"
 
     def event_fields(self) -> dict[str, object]:
         """The payload fields of a `FusionPlanned` event."""
@@ -91,8 +94,9 @@ def plan(
     partition: str | Partition | Sequence[Sequence[str]],
     params: Mapping[str, ParamValue] | None = None,
     target: str = "cpu",
+    dtype: str = "fp32",
 ) -> FusionPlan:
-    """Render `problem` fused as `partition` with `params` for `target`.
+    """Render `problem` fused as `partition` with `params` for `target` and `dtype`.
 
     `params` are the code-generation parameters of `fusion_space(problem, target)`; any
     left out take the space's defaults, and a "partition" entry, if present, must agree
@@ -107,10 +111,10 @@ def plan(
             f"params say partition {given['partition']!r} but the plan is for {chosen.key!r}"
         )
     full: dict[str, ParamValue] = {**space.defaults, **given, "partition": chosen.key}
-    rendered = space.render(full)
+    rendered = space.render(full, dtype)
     launches: tuple[Launch, ...] = ()
     if space.target == "cuda":
-        launches = codegen_cuda.launches(problem, chosen, int(full["block"]))
+        launches = parse_launch_plan(rendered.source, problem).launches
     normalised = dict(sorted(full.items()))
     return FusionPlan(
         problem=problem.name,
@@ -122,6 +126,7 @@ def plan(
         source=rendered.source,
         flags=rendered.flags,
         launches=launches,
+        dtype=dtype,
     )
 
 
@@ -158,6 +163,7 @@ def render_plan(
     groups: Sequence[Sequence[str]],
     params: Mapping[str, ParamValue],
     target: str = "cpu",
+    dtype: str = "fp32",
 ) -> FusionPlan:
     """A `FusionPlan` from the fields of a `FusionPlanned` event (what the writer calls)."""
-    return plan(problem, groups, params, target)
+    return plan(problem, groups, params, target, dtype)

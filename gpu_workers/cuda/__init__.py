@@ -1,0 +1,1 @@
+"""The CUDA target: nvcc builds, ptxas resources and the static stage; the GPU runtime."""

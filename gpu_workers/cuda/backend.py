@@ -1,0 +1,324 @@
+"""The CUDA device back end: nvcc builds checked statically here, run only in a sandboxed
+child that owns the CUDA context (gpu_workers.cuda.runner).
+
+Without a usable GPU, running and timing raise NoGpu with the reason: never a result.
+The CUDA child runs without an address-space limit (the driver reserves a very large
+virtual address range at start-up and fails under any RLIMIT_AS a kernel's data would
+fit in); the SandboxReport says so with address_space_limit_bytes = -1.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections import OrderedDict
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+
+from gpu_workers.benchmarker import TimingRun
+from gpu_workers.cpu.backend import contention, sandbox_failure
+from gpu_workers.cpu.compiler import CompileFailure
+from gpu_workers.cuda import protocol as p
+from gpu_workers.cuda.arch import DEFAULT_ARCH
+from gpu_workers.cuda.baselines import NAIVE_CUDA, choose_baseline, naive_template
+from gpu_workers.cuda.compiler import CudaBuild, compile_cuda
+from gpu_workers.cuda.device import cuda_env, device_arch, gpu_unavailable_reason, require_gpu
+from gpu_workers.cuda.static import source_check, static_check
+from gpu_workers.results import Rejection
+from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
+from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial
+from kernels.cuda_launch import LaunchError, LaunchPlan, parse_launch_plan
+from kernels.spec import Problem
+
+RUNNER = "gpu_workers.cuda.runner"
+UNLIMITED = resource.RLIM_INFINITY
+"""No RLIMIT_AS for a CUDA child (reported as -1)."""
+VERIFY_LIMITS = Limits(
+    cpu_seconds=240, address_space_bytes=UNLIMITED, wall_seconds=120.0, file_size_bytes=1 << 30
+)
+BENCH_LIMITS = Limits(
+    cpu_seconds=1200, address_space_bytes=UNLIMITED, wall_seconds=600.0, file_size_bytes=2 << 30
+)
+"""CPU time is twice the wall clock: the host thread spins while it waits for the GPU, and a
+kernel that never finishes must meet the wall-clock limit (reported as a timeout)."""
+LAUNCH_TIMEOUT_S = 20.0
+PLANS_REMEMBERED = 4096
+ReplyT = TypeVar("ReplyT", p.VerifyReply, p.BenchReply)
+
+
+class CudaBackend:
+    """Compile, statically check, run and time CUDA kernels on this host's GPU."""
+
+    target = "cuda"
+
+    def __init__(
+        self,
+        *,
+        cache_dir: Path | None = None,
+        arch: str | None = None,
+        verify_limits: Limits = VERIFY_LIMITS,
+        bench_limits: Limits = BENCH_LIMITS,
+        launch_timeout_s: float = LAUNCH_TIMEOUT_S,
+    ) -> None:
+        self.cache_dir = cache_dir
+        self._arch = arch
+        self.verify_limits = verify_limits
+        self.bench_limits = bench_limits
+        self.launch_timeout_s = launch_timeout_s
+        self._plans: OrderedDict[str, tuple[Problem, LaunchPlan]] = OrderedDict()
+
+    @property
+    def arch(self) -> str:
+        """The GPU's architecture when this host has one, else the constructor's or sm_90."""
+        if self._arch is None:
+            self._arch = device_arch() if gpu_unavailable_reason() is None else DEFAULT_ARCH
+        return self._arch
+
+    def compile(
+        self, problem: Problem, source: str, flags: tuple[str, ...], dtype: str = "fp32"
+    ) -> CompileOutcome:
+        unsafe = source_check(source)
+        if unsafe is not None:
+            return CompileOutcome(build=None, rejection=unsafe)
+        result = compile_cuda(
+            source, flags, problem=problem, dtype=dtype, arch=self.arch, cache_dir=self.cache_dir
+        )
+        if isinstance(result, CompileFailure):
+            return CompileOutcome(
+                build=None,
+                rejection=Rejection(
+                    stage="compile",
+                    reason=result.reason,
+                    message=result.message,
+                    evidence={"log": result.log},
+                ),
+            )
+        self._remember(problem, result)
+        return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
+
+    def static_check(self, build: object) -> Rejection | None:
+        assert isinstance(build, CudaBuild)
+        remembered = self._plans.get(build.cubin)
+        if remembered is None:
+            raise ValueError(f"{build.cubin} was not built by this back end's compile()")
+        problem, plan = remembered
+        return static_check(build, plan, shapes=(*problem.test_shapes, problem.default_shape))
+
+    def run_trials(self, problem: Problem, build: object, trials: list[Trial]) -> RunOutcome:
+        assert isinstance(build, CudaBuild)
+        require_gpu()
+        plan = parse_launch_plan(Path(build.source).read_text(), problem)
+        for trial in trials:
+            bad = _unlaunchable(plan, trial.shape)
+            if bad is not None:
+                return RunOutcome(rejection=bad)
+        with sandbox_dir("kf-cuda-verify-") as workdir:
+            jobs = []
+            for trial in trials:
+                for name, array in trial.inputs.items():
+                    p.save_bits(workdir / p.input_file(trial.index, name), array, build.dtype)
+                jobs.append(
+                    p.TrialJob(
+                        index=trial.index,
+                        shape=trial.shape,
+                        distribution=trial.distribution,
+                        seed=trial.seed,
+                        runs=trial.runs,
+                    )
+                )
+            job = p.VerifyJob(
+                kernel=_ref(build),
+                problem=problem.load_spec,
+                dtype=build.dtype,
+                trials=jobs,
+                launch_timeout_s=self.launch_timeout_s,
+            )
+            outcome = _run(job, workdir, self.verify_limits)
+            failure = _failure(outcome, workdir, "run")
+            if failure is not None:
+                return RunOutcome(rejection=failure, sandbox=outcome.report)
+            reply = _reply(workdir, p.VerifyReply)
+            runs = [
+                RunOutput(
+                    trial=r.trial,
+                    run=r.run,
+                    poison_bits=p.POISON_BITS[build.dtype][r.run % 2],
+                    outputs={
+                        a.name: p.load_elements(
+                            workdir / p.out_file(r.trial, r.run, a.name), build.dtype
+                        )
+                        for a in problem.outputs
+                    },
+                    inputs_after={
+                        a.name: p.load_elements(
+                            workdir / p.after_file(r.trial, r.run, a.name), build.dtype
+                        )
+                        for a in problem.inputs
+                    },
+                    damaged_slack=tuple(r.damaged_slack),
+                )
+                for r in reply.runs
+            ]
+            return RunOutcome(runs=runs, sandbox=outcome.report)
+
+    def time(
+        self,
+        problem: Problem,
+        build: object,
+        incumbent: object | None,
+        shape: dict[str, int],
+        *,
+        seeds: list[int],
+        recheck_seed: int,
+        rotate_bytes: int,
+        min_runs: int,
+        min_seconds: float,
+    ) -> TimingRun:
+        """Time the kernel, its baseline and the incumbent, interleaved, by CUDA events;
+        L2 is flushed before every timed call (by writing at least `rotate_bytes`)."""
+        assert isinstance(build, CudaBuild)
+        assert incumbent is None or isinstance(incumbent, CudaBuild)
+        require_gpu()
+        choice = choose_baseline(problem, build.dtype)
+        job = p.BenchJob(
+            kernel=_ref(build),
+            incumbent=_ref(incumbent) if incumbent is not None else None,
+            baseline=choice,
+            baseline_kernel=self._naive_baseline(problem, build)
+            if choice == "naive_cuda"
+            else None,
+            problem=problem.load_spec,
+            dtype=build.dtype,
+            shape=shape,
+            seeds=seeds,
+            recheck_seed=recheck_seed,
+            l2_flush_bytes=rotate_bytes,
+            min_runs=min_runs,
+            min_seconds=min_seconds,
+        )
+        poison = p.POISON_BITS[build.dtype]
+        with sandbox_dir("kf-cuda-bench-") as workdir:
+            outcome = _run(job, workdir, self.bench_limits)
+            failure = _failure(outcome, workdir, "benchmark")
+            if failure is not None:
+                return TimingRun(rejection=failure, wall_seconds=outcome.wall_seconds)
+            reply = _reply(workdir, p.BenchReply)
+            return TimingRun(
+                kernel_ns=reply.kernel_ns,
+                kernel_warmup_ns=reply.kernel_warmup_ns,
+                baseline_ns=reply.baseline_ns,
+                incumbent_ns=reply.incumbent_ns,
+                input_sets=reply.input_sets,
+                rotated_bytes=reply.rotated_bytes,
+                timed_outputs=[
+                    {
+                        a.name: p.load_elements(workdir / p.timed_out_file(i, a.name), build.dtype)
+                        for a in problem.outputs
+                    }
+                    for i in range(len(seeds))
+                ],
+                recheck_outputs={
+                    a.name: p.load_elements(workdir / p.recheck_file(a.name), build.dtype)
+                    for a in problem.outputs
+                },
+                wall_seconds=outcome.wall_seconds,
+                timed_seconds=reply.timed_seconds,
+                host_contention_cores=contention(outcome),
+                baseline_name=reply.baseline,
+                timed_poison_bits=poison[0],
+                recheck_poison_bits=poison[1],
+            )
+
+    def _remember(self, problem: Problem, build: CudaBuild) -> None:
+        plan = parse_launch_plan(Path(build.source).read_text(), problem)
+        self._plans[build.cubin] = (problem, plan)
+        self._plans.move_to_end(build.cubin)
+        while len(self._plans) > PLANS_REMEMBERED:
+            self._plans.popitem(last=False)
+
+    def _naive_baseline(self, problem: Problem, build: CudaBuild) -> p.KernelRef:
+        template = naive_template(problem)
+        if template is None:
+            raise ValueError(f"{problem.name} has no CUDA template to build a baseline from")
+        rendered = template.render(template.defaults, build.dtype)
+        result = compile_cuda(
+            rendered.source,
+            rendered.flags,
+            problem=problem,
+            dtype=build.dtype,
+            arch=build.arch,
+            cache_dir=self.cache_dir,
+        )
+        if isinstance(result, CompileFailure):
+            raise RuntimeError(
+                f"the {NAIVE_CUDA} baseline {template.name} failed to build: "
+                f"{result.reason}: {result.message}\n{result.log}"
+            )
+        return _ref(result)
+
+
+def _ref(build: CudaBuild) -> p.KernelRef:
+    return p.KernelRef(cubin=build.cubin, source=build.source)
+
+
+def _unlaunchable(plan: LaunchPlan, shape: dict[str, int]) -> Rejection | None:
+    try:
+        plan.resolve(shape)
+        plan.buffer_bytes(shape)
+    except LaunchError as exc:
+        return Rejection(
+            stage="run",
+            reason="bad_launch",
+            message=f"the launch lines do not fit the shape {shape}: {exc}",
+            evidence={"shape": str(shape)},
+        )
+    return None
+
+
+def _run(job: p.Job, workdir: Path, limits: Limits) -> SandboxOutcome:
+    (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
+    return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=cuda_env())
+
+
+def _read_reply(workdir: Path) -> p.Reply | None:
+    try:
+        return msgspec.json.decode((workdir / p.RESULT_FILE).read_bytes(), type=p.Reply)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def _reply(workdir: Path, kind: type[ReplyT]) -> ReplyT:
+    reply = _read_reply(workdir)
+    if not isinstance(reply, kind):
+        raise RuntimeError(f"the CUDA runner answered with {type(reply).__name__}")
+    return reply
+
+
+def _failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | None:
+    """A rejection for a kernel that faulted or did not finish; None if the run finished.
+    A fault of the runner itself raises: it says nothing about the kernel."""
+    reply = _read_reply(workdir)
+    if isinstance(reply, p.FaultReply):
+        if reply.harness or reply.reason not in p.KERNEL_FAULTS:
+            raise RuntimeError(
+                f"the CUDA runner failed (not the kernel's fault): {reply.message}\n"
+                f"{reply.evidence.get('traceback', '')}{outcome.stderr[-2000:]}"
+            )
+        try:
+            progress = (workdir / p.PROGRESS_FILE).read_text()
+        except OSError:
+            progress = "before the first kernel call"
+        return Rejection(
+            stage=stage,  # type: ignore[arg-type]
+            reason=reply.reason,
+            message=reply.message,
+            evidence={
+                **reply.evidence,
+                "progress": progress,
+                "exit_status": str(outcome.returncode),
+                "wall_seconds": f"{outcome.wall_seconds:.2f}",
+                "stderr": outcome.stderr[-4000:],
+            },
+        )
+    return sandbox_failure(outcome, workdir, stage)

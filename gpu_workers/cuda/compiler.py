@@ -1,0 +1,299 @@
+"""Compile CUDA kernel sources with nvcc into cubins, with a content-keyed cache.
+
+One nvcc run builds the cubin and keeps the PTX it was assembled from:
+
+    nvcc -cubin -arch=<arch> -Xptxas -v <flags> --keep --keep-dir keep kernel.cu -o kernel.cubin
+
+The ptxas report (`-Xptxas -v`) gives each function's registers, shared memory, stack
+and spills; the PTX gives each kernel's parameters and launch bounds and what the code
+reaches outside itself (device-runtime calls, global variables, clock registers). Both
+are stored in the build for the static stage. Only device code is compiled: nvcc
+`-cubin` never builds or runs host code from the source.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+from gpu_workers.atomic_file import write_atomically
+from gpu_workers.cpu.compiler import CompileFailure
+from gpu_workers.cuda.arch import DEFAULT_ARCH, limits_for
+from gpu_workers.cuda.ptxas import (
+    KernelResources,
+    PtxEntry,
+    PtxGlobal,
+    parse_ptx,
+    parse_ptxas_report,
+)
+from gpu_workers.cuda.static import source_check
+from kernels.cuda_launch import LaunchError, parse_launch_plan
+from kernels.spec import Problem
+
+__all__ = ["CompileFailure", "CudaBuild", "bad_flags", "compile_cuda"]
+
+NVCC_ENV = "KFACTORY_NVCC"
+COMPILE_TIMEOUT_S = 120.0
+COMPILER_ADDRESS_SPACE = 8 << 30
+LOG_LIMIT = 8000
+CUDA_DTYPES = ("fp32", "bf16", "fp16")
+BUILD_FORMAT = "cuda-build-1"
+"""Part of the cache key: change it when the command or what a build records changes."""
+
+_ALLOWED_FLAGS = re.compile(
+    r"^(-O[0-3]"
+    r"|--?use_fast_math|--?extra-device-vectorization|--?restrict"
+    r"|-lineinfo|--generate-line-info"
+    r"|--?maxrregcount=(1[6-9]|[2-9]\d|1\d\d|2[0-4]\d|25[0-5])"
+    r"|--?(ftz|prec-div|prec-sqrt|fmad)=(true|false)"
+    r"|-std=c\+\+(17|20)"
+    r"|-D[A-Za-z_][A-Za-z0-9_]*(=[A-Za-z0-9_.+-]+)?)$"
+)
+
+
+class CudaBuild(msgspec.Struct, frozen=True, kw_only=True):
+    cubin: str
+    """Path of the cubin in the cache entry."""
+    source: str
+    """Path of the .cu it was built from, in the cache entry."""
+    ptx: str
+    """Path of the PTX ptxas assembled the cubin from."""
+    arch: str
+    dtype: str
+    flags: tuple[str, ...]
+    source_sha256: str
+    resources: tuple[KernelResources, ...]
+    """ptxas's figures for every kernel, then every non-inlined device function."""
+    entries: tuple[PtxEntry, ...]
+    extern_functions: tuple[str, ...]
+    global_variables: tuple[PtxGlobal, ...]
+    special_registers: tuple[str, ...]
+    log: str
+    """nvcc's output, the ptxas report included (truncated to LOG_LIMIT characters)."""
+    cache_hit: bool
+
+
+def source_sha256(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def bad_flags(flags: tuple[str, ...]) -> list[str]:
+    return [f for f in flags if not _ALLOWED_FLAGS.match(f)]
+
+
+def nvcc_path() -> str | None:
+    return shutil.which(os.environ.get(NVCC_ENV) or "nvcc")
+
+
+@functools.cache
+def nvcc_identity(nvcc: str) -> str:
+    """The release line of `nvcc --version` ("Cuda compilation tools, release 13.0, V13.0.88")."""
+    try:
+        out = subprocess.run(
+            [nvcc, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable: {exc}"
+    lines = out.stdout.splitlines()
+    return next((ln for ln in lines if "release" in ln), lines[-1] if lines else "unknown")
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("KFACTORY_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kfactory"
+    )
+    return Path(base) / "cuda-kernels"
+
+
+def compile_cuda(
+    source: str,
+    flags: tuple[str, ...],
+    *,
+    problem: Problem,
+    dtype: str,
+    arch: str = DEFAULT_ARCH,
+    cache_dir: Path | None = None,
+) -> CudaBuild | CompileFailure:
+    """Build `source` for `arch` into a cached cubin; an unknown `arch` raises UnknownArch.
+
+    Refused before nvcc runs: flags outside the allow list (bad_flags), a dtype the
+    problem or this target does not take (unsupported_dtype), launch lines that do not
+    parse or do not fit the problem (bad_launch), includes outside the allow list
+    (forbidden_include) and a missing nvcc (no_compiler)."""
+    limits_for(arch)
+    rejected = bad_flags(flags)
+    if rejected:
+        return CompileFailure(
+            reason="bad_flags",
+            message=f"nvcc flags not allowed: {' '.join(rejected)}",
+            log="allowed: -O0..-O3, --use_fast_math, --ftz/--prec-div/--prec-sqrt/--fmad="
+            "true|false, -maxrregcount=16..255, --extra-device-vectorization, --restrict, "
+            "-lineinfo, -std=c++17|c++20, -D macros; the target arch is the back end's",
+        )
+    if dtype not in CUDA_DTYPES or dtype not in problem.dtypes:
+        return CompileFailure(
+            reason="unsupported_dtype",
+            message=f"{problem.name} on cuda takes {', '.join(problem.dtypes)}, not {dtype}",
+            log="",
+        )
+    try:
+        parse_launch_plan(source, problem)
+    except LaunchError as err:
+        return CompileFailure(reason="bad_launch", message=str(err), log="")
+    unsafe = source_check(source)
+    if unsafe is not None:
+        return CompileFailure(
+            reason=unsafe.reason, message=unsafe.message, log=str(unsafe.evidence)
+        )
+    nvcc = nvcc_path()
+    if nvcc is None:
+        wanted = os.environ.get(NVCC_ENV) or "nvcc"
+        return CompileFailure(
+            reason="no_compiler",
+            message=f"nvcc not found ({wanted!r}): set {NVCC_ENV} to the nvcc to use "
+            "or put nvcc on PATH",
+            log="",
+        )
+    cache = cache_dir or default_cache_dir()
+    key = hashlib.sha256(
+        "\0".join(
+            (BUILD_FORMAT, source, " ".join(flags), arch, dtype, nvcc_identity(nvcc))
+        ).encode()
+    ).hexdigest()
+    entry = cache / key[:2] / key
+    meta_path = entry / "meta.json"
+    if meta_path.is_file():
+        try:
+            cached = msgspec.json.decode(meta_path.read_bytes(), type=CudaBuild)
+        except msgspec.DecodeError:
+            cached = None  # written by an older version: build again
+        if cached is not None and all(
+            Path(p).is_file() for p in (cached.cubin, cached.ptx, cached.source)
+        ):
+            return msgspec.structs.replace(cached, cache_hit=True)
+    result = _build(nvcc, source, flags, arch, dtype, entry)
+    if isinstance(result, CudaBuild):
+        write_atomically(meta_path, msgspec.json.encode(result))
+    return result
+
+
+def _limited(argv: list[str]) -> list[str]:
+    """nvcc reads untrusted source: cap the memory and CPU time of it and its children
+    (cudafe++, cicc, ptxas) where prlimit exists."""
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        return argv
+    return [
+        prlimit,
+        f"--as={COMPILER_ADDRESS_SPACE}",
+        f"--cpu={max(1, int(COMPILE_TIMEOUT_S))}",
+        "--",
+        *argv,
+    ]
+
+
+def _run(argv: list[str], cwd: Path) -> tuple[int | None, str]:
+    """Run in a process group of its own, so a timeout ends nvcc's children too."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "TMPDIR": str(cwd),
+        "HOME": str(cwd),
+        "LANG": "C",
+    }
+    proc = subprocess.Popen(
+        _limited(argv),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=COMPILE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, f"nvcc timed out after {COMPILE_TIMEOUT_S:.0f} s"
+    return proc.returncode, out
+
+
+def _truncated(log: str) -> str:
+    if len(log) <= LOG_LIMIT:
+        return log
+    return log[:LOG_LIMIT] + f"\n... ({len(log) - LOG_LIMIT} more characters)"
+
+
+def _build(
+    nvcc: str, source: str, flags: tuple[str, ...], arch: str, dtype: str, entry: Path
+) -> CudaBuild | CompileFailure:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=entry.parent))
+    try:
+        (work / "kernel.cu").write_text(source)
+        (work / "keep").mkdir()
+        argv = [nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", *flags]
+        argv += ["--keep", "--keep-dir", "keep", "kernel.cu", "-o", "kernel.cubin"]
+        code, log = _run(argv, work)
+        if code is None:
+            return CompileFailure(reason="compile_timeout", message=log, log=log)
+        if code != 0:
+            first = next(
+                (ln for ln in log.splitlines() if re.search(r"\berror\b", ln)),
+                f"nvcc exited with status {code}",
+            )
+            return CompileFailure(
+                reason="compile_error", message=first.strip(), log=_truncated(log)
+            )
+        missing = [p for p in ("kernel.cubin", "keep/kernel.ptx") if not (work / p).is_file()]
+        if missing:
+            message = f"nvcc reported success but wrote no {' or '.join(missing)}"
+            return CompileFailure(reason="compile_error", message=message, log=_truncated(log))
+        ptx_text = (work / "keep" / "kernel.ptx").read_text()
+        facts = parse_ptx(ptx_text)
+        bounds = {e.name: e.required_threads or e.max_threads for e in facts.entries}
+        resources = tuple(
+            msgspec.structs.replace(r, max_threads_per_block=_product(bounds.get(r.kernel)))
+            for r in parse_ptxas_report(log)
+        )
+        entry.mkdir(parents=True, exist_ok=True)
+        cubin, ptx, cu = entry / "kernel.cubin", entry / "kernel.ptx", entry / "kernel.cu"
+        os.replace(work / "keep" / "kernel.ptx", ptx)
+        os.replace(work / "kernel.cu", cu)
+        os.replace(work / "kernel.cubin", cubin)
+        return CudaBuild(
+            cubin=str(cubin),
+            source=str(cu),
+            ptx=str(ptx),
+            arch=arch,
+            dtype=dtype,
+            flags=flags,
+            source_sha256=source_sha256(source),
+            resources=resources,
+            entries=facts.entries,
+            extern_functions=facts.extern_functions,
+            global_variables=facts.global_variables,
+            special_registers=facts.special_registers,
+            log=_truncated(log),
+            cache_hit=False,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _product(dims: tuple[int, ...] | None) -> int | None:
+    if dims is None:
+        return None
+    total = 1
+    for d in dims:
+        total *= d
+    return total

@@ -1,0 +1,206 @@
+"""Messages between the worker and its sandboxed CUDA runner (files in the sandbox dir).
+
+File names are those of the CPU runner (`gpu_workers.cpu.protocol`), so the shared
+failure handling reads both. Arrays travel as .npy files of their raw bits (uint32 for
+fp32, uint16 for bf16 and fp16): numpy cannot save every element type (ml_dtypes'
+bfloat16) and the bits are what the verifier compares anyway.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+
+from gpu_workers.cpu.protocol import (
+    PROGRESS_FILE,
+    REQUEST_FILE,
+    RESULT_FILE,
+    after_file,
+    input_file,
+    out_file,
+    recheck_file,
+    timed_out_file,
+)
+
+__all__ = [
+    "PROGRESS_FILE",
+    "REQUEST_FILE",
+    "RESULT_FILE",
+    "after_file",
+    "input_file",
+    "out_file",
+    "recheck_file",
+    "timed_out_file",
+]
+
+POISON_BITS: dict[str, tuple[int, int]] = {
+    "fp32": (0x7FBADBAD, 0xFFC0FFEE),
+    "fp16": (0x7DAD, 0xFEED),
+    "bf16": (0x7FAD, 0xFFED),
+}
+"""Output poison per dtype and run: two NaN payloads of the element's width, so an
+unwritten element is recognisable and a run cannot pass by leaving the last one's output."""
+
+SLACK_BYTES = 256
+"""Canary bytes before and after every device array and scratch buffer."""
+
+KERNEL_FAULTS = ("crashed", "launch_failed", "timeout", "memory_limit", "bad_launch")
+"""Reasons a runner gives for a kernel that faulted; anything else is the harness's own."""
+
+
+class TrialJob(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    shape: dict[str, int]
+    distribution: str
+    seed: int
+    runs: int
+
+
+class KernelRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A compiled kernel: its cubin and the source whose kf-launch lines say how to run it."""
+
+    cubin: str
+    source: str
+
+
+class VerifyJob(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
+    kernel: KernelRef
+    problem: str
+    """`Problem.load_spec`; the runner loads it with kernels.loading.load_problem."""
+    dtype: str
+    trials: list[TrialJob]
+    launch_timeout_s: float = 20.0
+    """A launch still running after this long is reported as a timeout by the runner
+    itself (the sandbox's wall-clock limit stays the backstop)."""
+
+
+class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
+    kernel: KernelRef
+    incumbent: KernelRef | None
+    baseline: str
+    """One of baselines.CHOICES, decided by the worker."""
+    baseline_kernel: KernelRef | None
+    """The naive CUDA baseline's build, when `baseline` is "naive_cuda"."""
+    problem: str
+    dtype: str
+    shape: dict[str, int]
+    seeds: list[int]
+    recheck_seed: int
+    l2_flush_bytes: int
+    """At least this many bytes are written before every timed call (raised to twice the
+    device's L2 size when that is larger)."""
+    warmup: int = 3
+    warmup_seconds: float = 0.3
+    min_runs: int = 30
+    min_seconds: float = 0.5
+    max_seconds: float = 60.0
+    call_timeout_s: float = 60.0
+    """A timed call still running after this long is reported as a timeout."""
+
+
+class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):
+    copy_bytes: int
+    matmul_n: int
+    dtypes: list[str]
+    repeats: int = 10
+
+
+Job = VerifyJob | BenchJob | CalibrateJob
+
+
+class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
+    trial: int
+    run: int
+    damaged_slack: list[str]
+    seconds: float
+
+
+class VerifyReply(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
+    runs: list[RunRecord]
+
+
+class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
+    kernel_ns: list[int]
+    kernel_warmup_ns: list[int]
+    baseline_ns: list[int]
+    incumbent_ns: list[int]
+    input_sets: int
+    rotated_bytes: int
+    timed_seconds: float
+    baseline: str
+    """What the kernel was compared against, for a human (library, version, formula)."""
+    l2_flush_bytes: int
+    cache_policy: str
+
+
+class CalibrateReply(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):
+    device_name: str
+    pci_bus_id: str
+    sm_count: int
+    l2_bytes: int
+    copy_bytes: int
+    """Bytes read plus bytes written by one timed device-to-device copy."""
+    copy_seconds: float
+    matmul_n: int
+    matmul_seconds: dict[str, float]
+    matmul_library: str
+
+
+class FaultReply(msgspec.Struct, frozen=True, kw_only=True, tag="fault"):
+    """The runner stopped early. A kernel fault (reason in KERNEL_FAULTS) rejects the
+    kernel; a harness fault is the runner's own failure and must never reject one."""
+
+    reason: str
+    message: str
+    harness: bool = False
+    evidence: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+Reply = VerifyReply | BenchReply | CalibrateReply | FaultReply
+
+
+def bits_dtype(dtype: str) -> np.dtype[Any]:
+    """The unsigned integer type with the element's width."""
+    widths = {"fp32": np.uint32, "fp16": np.uint16, "bf16": np.uint16}
+    if dtype not in widths:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(widths)}")
+    return np.dtype(widths[dtype])
+
+
+def element_dtype(dtype: str) -> np.dtype[Any]:
+    if dtype == "fp32":
+        return np.dtype(np.float32)
+    if dtype == "fp16":
+        return np.dtype(np.float16)
+    if dtype == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    raise ValueError(f"unknown dtype {dtype!r}; known: bf16, fp16, fp32")
+
+
+def as_bits(array: npt.NDArray[Any], dtype: str) -> npt.NDArray[Any]:
+    """The raw bits of an array of `dtype` elements (a view, C-contiguous)."""
+    bits = bits_dtype(dtype)
+    contiguous = np.ascontiguousarray(array)
+    if contiguous.dtype.itemsize != bits.itemsize:
+        raise ValueError(
+            f"an array of {contiguous.dtype} ({contiguous.dtype.itemsize} bytes) is not {dtype}"
+        )
+    return contiguous.view(bits)
+
+
+def save_bits(path: Path | str, array: npt.NDArray[Any], dtype: str) -> None:
+    np.save(path, as_bits(array, dtype))
+
+
+def load_elements(path: Path | str, dtype: str) -> npt.NDArray[Any]:
+    """An array saved by save_bits, as `dtype` elements."""
+    bits = np.load(path)
+    if bits.dtype != bits_dtype(dtype):
+        raise ValueError(f"{path} holds {bits.dtype}, not the bits of {dtype}")
+    return bits.view(element_dtype(dtype))

@@ -1,0 +1,118 @@
+"""What a design space is: named parameters with finite choices, constraints over a full
+assignment, and a `Template` that renders one valid assignment into (source, flags) for a
+target and dtype. Plain data, so a planner can search any space the same way; the
+registry of concrete templates is `kernels.templates`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+ParamValue = int | str | bool
+Params = Mapping[str, ParamValue]
+
+
+def _environment(folder: str) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("kernels", folder),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+_ENVIRONMENTS = {"cpu": _environment("cpu_templates"), "cuda": _environment("cuda_templates")}
+TARGET_DTYPES: dict[str, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp32", "bf16", "fp16")}
+"""The element types each target's templates are written for."""
+CUDA_TYPES = {"fp32": "float", "bf16": "__nv_bfloat16", "fp16": "__half"}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    choices: tuple[ParamValue, ...]
+    doc: str
+
+
+@dataclass(frozen=True)
+class Constraint:
+    name: str
+    doc: str
+    holds: Callable[[Params], bool]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    source: str
+    flags: tuple[str, ...]
+
+
+class InvalidParams(ValueError):
+    """An assignment outside the space or violating a constraint."""
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    problem: str
+    target: str
+    file: str
+    algorithm: str
+    params: tuple[Param, ...]
+    constraints: tuple[Constraint, ...]
+    defaults: dict[str, ParamValue]
+    best_known: dict[str, ParamValue]
+    """The hand-picked assignment behind `kernels/examples/` (the best found by hand)."""
+
+    def space(self) -> dict[str, tuple[ParamValue, ...]]:
+        return {p.name: p.choices for p in self.params}
+
+    def violations(self, params: Params) -> list[str]:
+        problems: list[str] = []
+        for p in self.params:
+            if p.name not in params:
+                problems.append(f"missing parameter {p.name}")
+            elif params[p.name] not in p.choices:
+                problems.append(f"{p.name}={params[p.name]!r} not in {p.choices}")
+        extra = set(params) - {p.name for p in self.params}
+        problems += [f"unknown parameter {name}" for name in sorted(extra)]
+        if not problems:
+            problems += [c.name for c in self.constraints if not c.holds(params)]
+        return problems
+
+    def is_valid(self, params: Params) -> bool:
+        return not self.violations(params)
+
+    def valid_points(self) -> Iterator[dict[str, ParamValue]]:
+        names = [p.name for p in self.params]
+        for values in itertools.product(*(p.choices for p in self.params)):
+            point = dict(zip(names, values, strict=True))
+            if self.is_valid(point):
+                yield point
+
+    def accepts(self, dtype: str) -> bool:
+        return dtype in TARGET_DTYPES[self.target]
+
+    def render(self, params: Params, dtype: str = "fp32") -> Rendered:
+        """The source and flags of one valid assignment, for elements of `dtype`."""
+        problems = self.violations(params)
+        if not self.accepts(dtype):
+            problems.append(f"dtype {dtype!r}: {self.name} is not written for it")
+        if problems:
+            raise InvalidParams(f"{self.name}: {'; '.join(problems)}")
+        context: dict[str, Any] = dict(params)
+        if self.target == "cuda":
+            context.update(dtype=dtype, T=CUDA_TYPES[dtype])
+        source = (
+            _ENVIRONMENTS[self.target].get_template(self.file).render(template=self.name, **context)
+        )
+        flags = list(str(params["flags"]).split())
+        if self.target == "cpu":
+            flags.append("-fopenmp" if int(params.get("threads", 1)) != 1 else "-fopenmp-simd")
+        return Rendered(source=source, flags=tuple(flags))

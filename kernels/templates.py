@@ -290,12 +290,14 @@ EXAMPLE_TEMPLATES: dict[str, str] = {
 """For each problem, the template whose best known point is its example kernel."""
 
 
-def example_kernel(problem: str, target: str = "cpu") -> Rendered | None:
-    """The best hand-tuned kernel for a problem, rendered; None if it has no template."""
-    name = EXAMPLE_TEMPLATES.get(problem)
-    if name is None or TEMPLATES[name].target != target:
-        return None
-    return TEMPLATES[name].render(TEMPLATES[name].best_known)
+def example_kernel(problem: str, target: str = "cpu", dtype: str = "fp32") -> Rendered | None:
+    """The best hand-tuned kernel for a problem, rendered; None if it has no template.
+    For cuda: the best known point of its first template written for `dtype`."""
+    if target == "cpu":
+        name = EXAMPLE_TEMPLATES.get(problem)
+        return TEMPLATES[name].render(TEMPLATES[name].best_known) if name else None
+    fitting = [t for t in templates_for(problem, target) if t.accepts(dtype)]
+    return fitting[0].render(fitting[0].best_known, dtype) if fitting else None
 
 
 def example_file_text(problem: str) -> str:

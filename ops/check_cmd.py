@@ -4,28 +4,39 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 import typer
 
+from actors.devices import backend_for, calibration_for, device_missing
+from actors.devices import recalibrate as recalibrate_device
 from gpu_workers.benchmarker import benchmark
 from gpu_workers.cpu.backend import VERIFY_LIMITS, CpuBackend
-from gpu_workers.cpu.calibrate import CalibrationError, load_or_calibrate
+from gpu_workers.cpu.calibrate import CalibrationError
 from gpu_workers.cpu.compiler import default_cache_dir
+from gpu_workers.cuda.backend import VERIFY_LIMITS as CUDA_VERIFY_LIMITS
+from gpu_workers.cuda.backend import CudaBackend
+from gpu_workers.cuda.calibrate import CalibrationError as GpuCalibrationError
+from gpu_workers.cuda.compiler import CudaBuild
 from gpu_workers.results import BenchmarkResult, Rejection, Verdict
-from gpu_workers.verifier import verify
+from gpu_workers.verifier import precheck, verify
+from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
+from kernels.spec import Problem
 from ops.errors import UserError
 
-DEFAULT_FLAGS = "-O3 -march=native -fopenmp"
+DEFAULT_FLAGS = {"cpu": "-O3 -march=native -fopenmp", "cuda": "-O3"}
+EXIT_NOT_RUN = 3
 FLAGS_COMMENT = re.compile(r"^\s*//\s*kfactory-flags:\s*(.+?)\s*$", re.MULTILINE)
 
 CHECK_HELP = """Verify a hand-written kernel against a problem's reference; --bench also times it.
 
-The kernel must define the problem's C signature (see `kfactory problems show NAME`). It is compiled, statically checked, and run in a sandbox on fresh inputs from every distribution and test shape. With --bench it is then timed at the default shape against the float32 numpy baseline, re-checked on new inputs, and compared with this host's roofline.
+The kernel must define the problem's C signature (see `kfactory problems show NAME`). It is compiled, statically checked, and run in a sandbox on fresh inputs from every distribution and test shape. With --bench it is then timed at the default shape against the baseline (float32 numpy on the CPU; torch eager, cupy or the naive kernel on a GPU), re-checked on new inputs, and compared with this host's roofline.
 
-Compiler flags come from --flags, else from a `// kfactory-flags: ...` line in the source, else "-O3 -march=native -fopenmp". Exit status: 0 verified, 1 rejected, 2 bad input.
+A cuda kernel (--target cuda) is device code with `// kf-launch:` lines saying what to launch (see a template's output: `kfactory problems show NAME`). On a host without a GPU only the compile and static stages run: nvcc for sm_90, the ptxas report, spills and the architecture's limits.
+
+Compiler flags come from --flags, else from a `// kfactory-flags: ...` line in the source, else "-O3 -march=native -fopenmp" (cpu) or "-O3" (cuda). Exit status: 0 verified, 1 rejected, 2 bad input, 3 passed compile and static checks but not run (no GPU here).
 
 Examples:
 
@@ -36,6 +47,8 @@ Examples:
   kfactory check matmul --source mm.c --flags "-O3 -march=native -fopenmp" --bench
 
   kfactory check rmsnorm --source rms.c --bench --shape rows=1024,cols=8192
+
+  kfactory check softmax --target cuda --dtype bf16 --source softmax.cu
 """  # noqa: E501
 
 
@@ -53,11 +66,11 @@ def _parse_shape(text: str | None, dims: tuple[str, ...]) -> dict[str, int] | No
     return shape
 
 
-def _flags(source: str, flags: str | None) -> tuple[str, ...]:
+def _flags(source: str, flags: str | None, target: str = "cpu") -> tuple[str, ...]:
     if flags is not None:
         return tuple(flags.split())
     found = FLAGS_COMMENT.search(source)
-    return tuple((found.group(1) if found else DEFAULT_FLAGS).split())
+    return tuple((found.group(1) if found else DEFAULT_FLAGS[target]).split())
 
 
 def _report(verdict: Verdict, bench: BenchmarkResult | Rejection | None) -> dict[str, Any]:
@@ -79,6 +92,7 @@ def _report(verdict: Verdict, bench: BenchmarkResult | Rejection | None) -> dict
         "iqr_ns": result.kernel.iqr_ns if result else None,
         "runs": result.kernel.runs if result else None,
         "baseline_ns": result.baseline.median_ns if result else None,
+        "baseline": result.baseline_name if result else None,
         "speedup": result.speedup if result else None,
         "roofline_ns": result.roofline_ns if result else None,
         "roofline_fraction": result.roofline_fraction if result else None,
@@ -86,6 +100,16 @@ def _report(verdict: Verdict, bench: BenchmarkResult | Rejection | None) -> dict
         "host_contention_cores": result.host_contention_cores if result else None,
         "sandbox": msgspec.to_builtins(verdict.sandbox) if verdict.sandbox else None,
     }
+
+
+def _print_rejection(report: dict[str, Any]) -> None:
+    print(f"rejected at stage {report['stage']} ({report['reason']}): {report['message']}")
+    for key, value in report["evidence"].items():
+        text = str(value).strip()
+        if text:
+            lines = text.splitlines()
+            shown = "\n    ".join(lines[-15:])
+            print(f"  {key}: {shown}")
 
 
 def _print_human(report: dict[str, Any]) -> None:
@@ -96,20 +120,14 @@ def _print_human(report: dict[str, Any]) -> None:
             f"max relative error {err:.3g}"
         )
     else:
-        print(f"rejected at stage {report['stage']} ({report['reason']}): {report['message']}")
-        for key, value in report["evidence"].items():
-            text = str(value).strip()
-            if text:
-                lines = text.splitlines()
-                shown = "\n    ".join(lines[-15:])
-                print(f"  {key}: {shown}")
+        _print_rejection(report)
     if report["median_ns"] is not None:
         print(
             f"time:     {report['median_ns'] / 1e6:.3f} ms median "
             f"(IQR {report['iqr_ns'] / 1e6:.3f} ms, {report['runs']} runs) at {report['shape']}"
         )
-        print(f"baseline: {report['baseline_ns'] / 1e6:.3f} ms (numpy float32)")
-        print(f"speedup:  {report['speedup']:.2f}x over numpy")
+        print(f"baseline: {report['baseline_ns'] / 1e6:.3f} ms ({report['baseline']})")
+        print(f"speedup:  {report['speedup']:.2f}x over the baseline")
         print(
             f"roofline: {report['roofline_fraction']:.3f} of this host's ceiling "
             f"({report['roofline_ns'] / 1e6:.3f} ms)"
@@ -125,7 +143,8 @@ def _print_human(report: dict[str, Any]) -> None:
 def check(
     problem: str = typer.Argument(..., help="Problem: a built-in name (softmax) or path.py:NAME."),
     source: Path = typer.Option(..., "--source", "-s", help="The kernel's C source file."),
-    target: str = typer.Option("cpu", "--target", "-t", help="Device target; today: cpu."),
+    target: str = typer.Option("cpu", "--target", "-t", help="Device target: cpu or cuda."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Element type: fp32 (cuda: bf16, fp16)."),
     bench: bool = typer.Option(False, "--bench", help="Also time it against numpy."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     flags: str | None = typer.Option(
@@ -145,37 +164,50 @@ def check(
         False, "--recalibrate", help="Measure this host's bandwidth and peak again (with --bench)."
     ),
 ) -> None:
-    if target != "cpu":
-        raise UserError(f"target {target!r} is not available yet; use --target cpu")
+    if target not in TARGET_DTYPES:
+        raise UserError(f"unknown target {target!r}; use one of {', '.join(TARGET_DTYPES)}")
+    if dtype not in TARGET_DTYPES[target]:
+        raise UserError(f"{target} kernels take {', '.join(TARGET_DTYPES[target])}, not {dtype!r}")
     try:
         spec = load_problem(problem)
     except ProblemLoadError as exc:
         raise UserError(str(exc)) from None
+    if dtype not in spec.dtypes:
+        raise UserError(f"{spec.name} is defined for {', '.join(spec.dtypes)}, not {dtype}")
     if not source.is_file():
         raise UserError(f"kernel source {source} does not exist")
     text = source.read_text()
     bench_shape = _parse_shape(shape, spec.dims)
     if timeout <= 0:
         raise UserError("--timeout must be a positive number of seconds")
-    backend = CpuBackend(
-        cache_dir=default_cache_dir(),
-        verify_limits=msgspec.structs.replace(
-            VERIFY_LIMITS, wall_seconds=timeout, cpu_seconds=max(1, int(timeout * 2) + 1)
-        ),
-    )
-    kernel_flags = _flags(text, flags)
-    verdict = verify(spec, backend, text, kernel_flags, seed=seed)
+    limits = {"wall_seconds": timeout, "cpu_seconds": max(1, int(timeout * 2) + 1)}
+    backend: CpuBackend | CudaBackend
+    if target == "cuda":
+        backend = CudaBackend(
+            cache_dir=backend_for("cuda").cache_dir,
+            verify_limits=msgspec.structs.replace(CUDA_VERIFY_LIMITS, **limits),
+        )
+    else:
+        backend = CpuBackend(
+            cache_dir=default_cache_dir(),
+            verify_limits=msgspec.structs.replace(VERIFY_LIMITS, **limits),
+        )
+    kernel_flags = _flags(text, flags, target)
+    missing = device_missing(target)
+    if missing is not None:
+        _not_run(spec, backend, text, kernel_flags, dtype, missing, json_out)
+    verdict = verify(spec, backend, text, kernel_flags, dtype=dtype, seed=seed)
     outcome: BenchmarkResult | Rejection | None = None
     if bench and verdict.verified:
         try:
-            calibration = load_or_calibrate(default_cache_dir().parent, force=recalibrate)
-        except CalibrationError as exc:
+            calibration = calibration_for(target) if not recalibrate else recalibrate_device(target)
+        except (CalibrationError, GpuCalibrationError) as exc:
             raise UserError(f"cannot calibrate this host: {exc}") from None
-        build = backend.compile(spec, text, kernel_flags).build
+        build = backend.compile(spec, text, kernel_flags, dtype).build
         incumbent_build = None
         if incumbent is not None:
             inc_text = incumbent.read_text()
-            inc = backend.compile(spec, inc_text, _flags(inc_text, None))
+            inc = backend.compile(spec, inc_text, _flags(inc_text, None, target), dtype)
             if inc.build is None:
                 raise UserError(f"the incumbent {incumbent} does not compile")
             incumbent_build = inc.build
@@ -186,8 +218,9 @@ def check(
             calibration,
             incumbent=incumbent_build,
             shape=bench_shape,
+            dtype=dtype,
             seed=seed,
-            recalibrate=lambda: load_or_calibrate(default_cache_dir().parent, force=True),
+            recalibrate=lambda: recalibrate_device(target),
         )
     report = _report(verdict, outcome)
     if json_out:
@@ -196,6 +229,52 @@ def check(
         _print_human(report)
     if report["verdict"] != "verified":
         raise typer.Exit(code=1)
+
+
+def _not_run(
+    spec: Problem,
+    backend: CudaBackend | CpuBackend,
+    text: str,
+    flags: tuple[str, ...],
+    dtype: str,
+    missing: str,
+    json_out: bool,
+) -> NoReturn:
+    """The stages this host can make; then exit 1 (rejected) or 3 (passed, not run)."""
+    outcome = precheck(spec, backend, text, flags, dtype)
+    rejection = outcome.rejection
+    build = outcome.build
+    resources = (
+        [msgspec.to_builtins(r) for r in build.resources if r.entry]
+        if isinstance(build, CudaBuild)
+        else []
+    )
+    report: dict[str, Any] = {
+        "verdict": "rejected" if rejection else "not_run",
+        "stage": rejection.stage if rejection else None,
+        "reason": rejection.reason if rejection else None,
+        "message": rejection.message if rejection else f"not run: {missing}",
+        "evidence": rejection.evidence if rejection else {},
+        "problem": spec.name,
+        "target": backend.target,
+        "dtype": dtype,
+        "flags": list(flags),
+        "arch": build.arch if isinstance(build, CudaBuild) else None,
+        "resources": resources,
+    }
+    if json_out:
+        print(msgspec.json.encode(report).decode())
+    elif rejection is not None:
+        _print_rejection(report)
+    else:
+        print(f"compiled and checked for {report['arch']}: no spills, within its limits")
+        for r in resources:
+            print(
+                f"  {r['kernel']}: {r['registers']} registers, {r['shared_bytes']} bytes "
+                f"static shared memory, {r['stack_frame_bytes']} bytes stack"
+            )
+        print(f"not run: {missing}")
+    raise typer.Exit(code=1 if rejection else EXIT_NOT_RUN)
 
 
 def register(app: typer.Typer) -> None:

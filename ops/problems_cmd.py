@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernels.builtin import BUILTIN
+from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import DISTRIBUTIONS, Problem
 from kernels.templates import example_kernel, templates_for
@@ -76,12 +77,16 @@ def list_problems(
 def show(
     name: str = typer.Argument(..., help="A built-in name (softmax) or path.py:NAME."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+    target: str = typer.Option("cpu", help="Whose templates and example: cpu or cuda."),
+    dtype: str = typer.Option("fp32", help="The example's element type (cuda: bf16, fp16)."),
 ) -> None:
     """Show one problem: reference, signature, shapes, tolerances, cost, templates, an example.
 
     Examples:
 
       kfactory problems show softmax
+
+      kfactory problems show softmax --target cuda --dtype bf16
 
       kfactory problems show matmul --json
 
@@ -92,8 +97,10 @@ def show(
     except ProblemLoadError as exc:
         raise UserError(str(exc)) from None
     cost = problem.cost(problem.default_shape)
-    templates = templates_for(problem.name)
-    example = example_kernel(problem.name) if problem.name in BUILTIN else None
+    if target not in TARGET_DTYPES or dtype not in TARGET_DTYPES[target]:
+        raise UserError(f"choose a target and dtype among {TARGET_DTYPES}")
+    templates = templates_for(problem.name, target)
+    example = example_kernel(problem.name, target, dtype) if problem.name in BUILTIN else None
     details = {
         **_summary(problem),
         "arguments": [

@@ -157,9 +157,11 @@ async def _main(
             if swarm.device_missing is not None:
                 console.print(
                     f"no {spec.target} device here ({swarm.device_missing}): kernels are "
-                    "compiled and checked here, then wait for a device worker:\n"
-                    f"  kfactory actor verifier --target {spec.target} --nats {hub.url}\n"
-                    f"  kfactory actor benchmarker --target {spec.target} --nats {hub.url}"
+                    "compiled and checked here, then wait for a device host to join the bus. "
+                    "For that, run the hub where the device host reaches it (`kfactory server "
+                    "--listen 0.0.0.0`, then this command with --nats), and on the device "
+                    f"host:\n  kfactory actor verifier --target {spec.target} --nats URL\n"
+                    f"  kfactory actor benchmarker --target {spec.target} --nats URL"
                 )
             return await follow(spec, hub.url, swarm, stop, console, hub.check)
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
+from actors.devices import device_missing
+from kernels.templates import example_kernel
 from ops import check_cmd, problems_cmd
 from ops.cli import main
 from tests.cpu_support import EXAMPLES, PLANTED, kf_cache
@@ -117,7 +120,8 @@ def test_bad_input_is_one_clear_line(
     cases = [
         (["check", "sofmax", "--source", source], "unknown problem 'sofmax'"),
         (["check", "softmax", "--source", "/nope.c"], "does not exist"),
-        (["check", "softmax", "--source", source, "--target", "cuda"], "not available yet"),
+        (["check", "softmax", "--source", source, "--target", "tpu"], "unknown target 'tpu'"),
+        (["check", "softmax", "--source", source, "--dtype", "bf16"], "not 'bf16'"),
         (["check", "softmax", "--source", source, "--shape", "rows=4"], "exactly the dims"),
         (["problems", "show", "nope.py:X"], "does not exist"),
     ]
@@ -171,3 +175,44 @@ def test_check_a_problem_from_a_user_file(
     report = json.loads(result.output)
     assert report["verdict"] == "verified" and report["problem"] == "swiglu"
     assert report["median_ns"] > 0 and report["shape"] == {"n": 1 << 16}
+
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+no_gpu = pytest.mark.skipif(device_missing("cuda") is None, reason="this host has a GPU")
+
+
+@needs_nvcc
+@no_gpu
+def test_check_of_a_cuda_kernel_without_a_gpu_compiles_checks_and_says_it_did_not_run(
+    cli: tuple[CliRunner, typer.Typer], tmp_path: Path
+) -> None:
+    runner, app = cli
+    example = example_kernel("softmax", "cuda", "bf16")
+    assert example is not None
+    source = tmp_path / "softmax.cu"
+    source.write_text(example.source)
+    args = ["check", "softmax", "--target", "cuda", "--dtype", "bf16", "--source", str(source)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == check_cmd.EXIT_NOT_RUN, result.output
+    report = json.loads(result.output)
+    assert report["verdict"] == "not_run" and report["arch"] == "sm_90"
+    assert report["message"] == f"not run: {device_missing('cuda')}"
+    assert [r["kernel"] for r in report["resources"]] == ["kf_softmax_rows"]
+    assert report["resources"][0]["registers"] > 0
+    human = runner.invoke(app, args)
+    assert "compiled and checked for sm_90" in human.output and "not run:" in human.output
+
+
+@needs_nvcc
+@no_gpu
+def test_check_refuses_a_spilling_cuda_kernel_on_any_host(
+    cli: tuple[CliRunner, typer.Typer],
+) -> None:
+    runner, app = cli
+    spills = str(PLANTED / "cuda_spills.cu")
+    result = runner.invoke(
+        app, ["check", "softmax", "--target", "cuda", "--source", spills, "--json"]
+    )
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert (report["stage"], report["reason"]) == ("static", "register_spill")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from gpu_workers.atomic_file import write_atomically
+from gpu_workers.calibration_cache import cached_calibration
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.backend import contention
 from gpu_workers.cpu.compiler import CompileFailure, compile_kernel, default_cache_dir
@@ -66,15 +66,7 @@ def calibration_path(cache_dir: Path | None = None) -> Path:
 
 def load_or_calibrate(cache_dir: Path | None = None, *, force: bool = False) -> HostCalibration:
     """The cached calibration of this host, measuring it first if there is none."""
-    path = calibration_path(cache_dir)
-    if path.is_file() and not force:
-        try:
-            return msgspec.json.decode(path.read_bytes(), type=HostCalibration)
-        except msgspec.DecodeError:
-            pass  # an old or damaged file: measure again
-    calibration = measure(cache_dir)
-    write_atomically(path, msgspec.json.encode(calibration))
-    return calibration
+    return cached_calibration(calibration_path(cache_dir), lambda: measure(cache_dir), force=force)
 
 
 QUIET_CORES = 0.25

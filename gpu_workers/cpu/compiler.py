@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from gpu_workers.atomic_file import write_atomically
+from gpu_workers.compiler_process import run_compiler
 
 COMPILER = os.environ.get("KFACTORY_CC", "cc")
 COMPILE_TIMEOUT_S = 60.0
@@ -149,34 +150,11 @@ def compile_kernel(
     return result
 
 
-def _limited(argv: list[str]) -> list[str]:
-    """The compiler reads untrusted source: cap its memory and CPU time where prlimit exists."""
-    prlimit = shutil.which("prlimit")
-    if prlimit is None:
-        return argv
-    return [
-        prlimit,
-        f"--as={COMPILER_ADDRESS_SPACE}",
-        f"--cpu={int(COMPILE_TIMEOUT_S)}",
-        "--",
-        *argv,
-    ]
-
-
 def _run(argv: list[str], cwd: Path) -> tuple[int | None, str]:
-    try:
-        proc = subprocess.run(
-            _limited(argv),
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=COMPILE_TIMEOUT_S,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C"},
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {COMPILE_TIMEOUT_S:.0f} s"
-    return proc.returncode, (proc.stdout + proc.stderr)[-LOG_LIMIT:]
+    code, out = run_compiler(
+        argv, cwd, timeout_s=COMPILE_TIMEOUT_S, address_space_bytes=COMPILER_ADDRESS_SPACE
+    )
+    return code, out[-LOG_LIMIT:]
 
 
 def _symbols(obj: Path, cwd: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:

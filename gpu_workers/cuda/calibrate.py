@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from gpu_workers.atomic_file import write_atomically
+from gpu_workers.calibration_cache import cached_calibration
 from gpu_workers.cpu.backend import contention
 from gpu_workers.cpu.compiler import default_cache_dir
 from gpu_workers.cuda import protocol as p
@@ -58,15 +58,7 @@ def calibration_path(cache_dir: Path | None = None) -> Path:
 
 def load_or_calibrate(cache_dir: Path | None = None, *, force: bool = False) -> HostCalibration:
     """The cached calibration of this worker's GPU, measuring it first if there is none."""
-    path = calibration_path(cache_dir)
-    if path.is_file() and not force:
-        try:
-            return msgspec.json.decode(path.read_bytes(), type=HostCalibration)
-        except msgspec.DecodeError:
-            pass  # an old or damaged file: measure again
-    calibration = measure()
-    write_atomically(path, msgspec.json.encode(calibration))
-    return calibration
+    return cached_calibration(calibration_path(cache_dir), measure, force=force)
 
 
 def measure() -> HostCalibration:

@@ -18,7 +18,6 @@ import hashlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from gpu_workers.atomic_file import write_atomically
+from gpu_workers.compiler_process import run_compiler
 from gpu_workers.cpu.compiler import CompileFailure
 from gpu_workers.cuda.arch import DEFAULT_ARCH, limits_for
 from gpu_workers.cuda.ptxas import (
@@ -186,45 +186,10 @@ def compile_cuda(
     return result
 
 
-def _limited(argv: list[str]) -> list[str]:
-    """nvcc reads untrusted source: cap the memory and CPU time of it and its children
-    (cudafe++, cicc, ptxas) where prlimit exists."""
-    prlimit = shutil.which("prlimit")
-    if prlimit is None:
-        return argv
-    return [
-        prlimit,
-        f"--as={COMPILER_ADDRESS_SPACE}",
-        f"--cpu={max(1, int(COMPILE_TIMEOUT_S))}",
-        "--",
-        *argv,
-    ]
-
-
 def _run(argv: list[str], cwd: Path) -> tuple[int | None, str]:
-    """Run in a process group of its own, so a timeout ends nvcc's children too."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "TMPDIR": str(cwd),
-        "HOME": str(cwd),
-        "LANG": "C",
-    }
-    proc = subprocess.Popen(
-        _limited(argv),
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
+    return run_compiler(
+        argv, cwd, timeout_s=COMPILE_TIMEOUT_S, address_space_bytes=COMPILER_ADDRESS_SPACE
     )
-    try:
-        out, _ = proc.communicate(timeout=COMPILE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return None, f"nvcc timed out after {COMPILE_TIMEOUT_S:.0f} s"
-    return proc.returncode, out
 
 
 def _truncated(log: str) -> str:

@@ -13,8 +13,9 @@ from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import load_or_calibrate as calibrate_gpu
 from gpu_workers.cuda.device import gpu_unavailable_reason
 from gpu_workers.results import HostCalibration
+from kernels.design_space import TARGET_DTYPES
 
-TARGETS = ("cpu", "cuda")
+TARGETS = tuple(TARGET_DTYPES)
 
 
 class UnsupportedTarget(ValueError):

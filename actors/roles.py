@@ -24,10 +24,6 @@ class Role:
     targets: tuple[str, ...] | None = None
     """The targets an instance can serve; None: it serves every campaign, any target."""
 
-    @property
-    def device_bound(self) -> bool:
-        return self.targets is not None
-
 
 def _ignore(make: Callable[[], Actor]) -> Callable[[str], Actor]:
     return lambda _target: make()

@@ -14,6 +14,9 @@ import pytest
 
 from actors.campaign import CampaignError, CampaignSpec, Writer, validate
 from actors.devices import device_missing
+from actors.spaces import design_spaces
+from kernels.loading import load_problem
+from ops.gpu_check_cmd import CHECKS
 from tests.test_swarm import kfactory, sql
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -98,3 +101,25 @@ def test_kernels_are_compiled_and_checked_then_wait_for_a_gpu(tmp_path: Path) ->
         assert all(r["registers"] > 0 and r["spill_store_bytes"] == 0 for r in resources)
     assert "kfactory actor verifier --target cuda" in err
     assert run.returncode == 130, err
+
+
+def test_every_gpu_check_campaign_is_valid_without_running_it() -> None:
+    for problem, dtype, shape in CHECKS:
+        loaded = load_problem(problem)
+        assert dtype in loaded.dtypes
+        assert not shape or len(shape) == len(loaded.dims), (problem, shape, loaded.dims)
+        validate(CampaignSpec(problem=problem, target="cuda", dtype=dtype))
+        assert any(t.accepts(dtype) for t in design_spaces(problem, "cuda", dtype))
+
+
+@no_gpu
+def test_gpu_check_without_a_gpu_says_why_and_runs_nothing(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "gpu-check", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert f"no GPU to check here: {device_missing('cuda')}" in done.stderr
+    assert not (tmp_path / "out").exists()

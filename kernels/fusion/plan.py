@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kernels.cuda_launch import Launch, parse_launch_plan
-from kernels.design_space import InvalidParams, ParamValue
+from kernels.design_space import TARGET_DTYPES, InvalidParams, ParamValue
 from kernels.fusion import codegen_c, codegen_cuda
 from kernels.fusion.ir import graph_of
 from kernels.fusion.partitions import Partition, parse_partition
@@ -22,7 +22,7 @@ from kernels.fusion.space import FUSION_SPACE_NAME, FusionSpace
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import Problem
 
-TARGETS: tuple[str, ...] = ("cpu", "cuda")
+TARGETS: tuple[str, ...] = tuple(TARGET_DTYPES)
 FUSION_TEMPLATE = FUSION_SPACE_NAME
 """The `template` of a proposal over a fusion space (every fusion space has this name)."""
 

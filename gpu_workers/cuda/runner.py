@@ -16,6 +16,7 @@ anything else that goes wrong is a harness fault, reported as such.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import math
@@ -23,7 +24,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -549,6 +550,18 @@ class Timer:
         return time.perf_counter_ns() - started
 
 
+@contextlib.contextmanager
+def _not_the_kernels(what: str) -> Iterator[None]:
+    """Loading or preparing the incumbent or the baseline: a fault there is the harness's
+    (as it is when they are timed), except memory the kernel's own buffers may have taken."""
+    try:
+        yield
+    except KernelFault as fault:
+        if fault.reason == "memory_limit":
+            raise
+        raise RuntimeError(f"{what} failed: {fault.reason}: {fault.message}") from fault
+
+
 def _baseline(
     gpu: Gpu,
     job: p.BenchJob,
@@ -591,7 +604,10 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     timed_poison, recheck_poison = p.POISON_BITS[job.dtype]
     _progress("loading")
     kernel = load_kernel(gpu, job.kernel, problem, "the kernel")
-    incumbent = load_kernel(gpu, job.incumbent, problem, "the incumbent") if job.incumbent else None
+    incumbent = None
+    if job.incumbent is not None:
+        with _not_the_kernels("the incumbent"):
+            incumbent = load_kernel(gpu, job.incumbent, problem, "the incumbent")
     distinct = [problem.generate(job.shape, "normal", seed, job.dtype) for seed in job.seeds]
     keep: list[Any] = []
     inputs: list[dict[str, int]] = []
@@ -610,9 +626,11 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
         )
 
     mine = contender(kernel)
-    theirs = contender(incumbent) if incumbent is not None else None
+    with _not_the_kernels("the incumbent"):
+        theirs = contender(incumbent) if incumbent is not None else None
     _progress("preparing the baseline")
-    baseline = _baseline(gpu, job, problem, distinct, contender)
+    with _not_the_kernels("the baseline"):
+        baseline = _baseline(gpu, job, problem, distinct, contender)
     flush_bytes = max(job.l2_flush_bytes, 2 * gpu.l2_bytes)
     timer = Timer(gpu, flush_bytes, job.call_timeout_s)
     gpu.synchronize("before timing")
@@ -809,9 +827,9 @@ def _finish(reply: p.Reply, status: int) -> NoReturn:
 
 
 def main(args: list[str]) -> None:
-    job = msgspec.json.decode(Path(p.REQUEST_FILE).read_bytes(), type=p.Job)
     reply: p.Reply
     try:
+        job = msgspec.json.decode(Path(p.REQUEST_FILE).read_bytes(), type=p.Job)
         gpu = Gpu()
         if isinstance(job, p.VerifyJob):
             reply = verify(gpu, job)

@@ -11,6 +11,7 @@ from gpu_workers.cpu.calibrate import load_or_calibrate as calibrate_cpu
 from gpu_workers.cpu.compiler import default_cache_dir
 from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import load_or_calibrate as calibrate_gpu
+from gpu_workers.cuda.compiler import default_cache_dir as cuda_cache_dir
 from gpu_workers.cuda.device import gpu_unavailable_reason
 from gpu_workers.results import HostCalibration
 from kernels.design_space import TARGET_DTYPES
@@ -37,7 +38,7 @@ def check_target(target: str) -> None:
 def backend_for(target: str) -> CpuBackend | CudaBackend:
     check_target(target)
     if target == "cuda":
-        return CudaBackend(cache_dir=default_cache_dir().parent / "cuda-kernels")
+        return CudaBackend(cache_dir=cuda_cache_dir())
     return CpuBackend(cache_dir=default_cache_dir())
 
 
@@ -55,8 +56,8 @@ def recalibrate(target: str) -> HostCalibration:
 def _calibrate(target: str, *, force: bool) -> HostCalibration:
     check_target(target)
     if target == "cuda":
-        return calibrate_gpu(default_cache_dir().parent, force=force)
-    return calibrate_cpu(default_cache_dir().parent, force=force)
+        return calibrate_gpu(force=force)
+    return calibrate_cpu(force=force)
 
 
 def source_hash(source: str, flags: list[str] | tuple[str, ...]) -> str:

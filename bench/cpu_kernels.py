@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from gpu_workers.benchmarker import benchmark
+from gpu_workers.cache_root import cache_root
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
 from gpu_workers.cpu.compiler import default_cache_dir
@@ -62,7 +63,7 @@ def repeatability(problem: str, repeats: int) -> dict[str, Any]:
     text = (EXAMPLES / f"{problem}.c").read_text()
     compiled = backend.compile(spec, text, _flags(text, None))
     assert compiled.build is not None, compiled.rejection
-    calibration = load_or_calibrate(default_cache_dir().parent)
+    calibration = load_or_calibrate(cache_root())
     medians, minimums, busy = [], [], []
     for _ in range(repeats):
         result = benchmark(
@@ -70,7 +71,7 @@ def repeatability(problem: str, repeats: int) -> dict[str, Any]:
             backend,
             compiled.build,
             calibration,
-            recalibrate=lambda: load_or_calibrate(default_cache_dir().parent, force=True),
+            recalibrate=lambda: load_or_calibrate(cache_root(), force=True),
         )
         if not isinstance(result, BenchmarkResult):
             raise SystemExit(f"repeatability run rejected: {result}")
@@ -98,7 +99,7 @@ def main() -> None:
     parser.add_argument("--recalibrate", action="store_true", help="measure the host again")
     args = parser.parse_args()
     started = time.time()
-    calibration = load_or_calibrate(default_cache_dir().parent, force=args.recalibrate)
+    calibration = load_or_calibrate(cache_root(), force=args.recalibrate)
     print(
         f"host {calibration.host}: {calibration.cpu_model}, {calibration.cores} cores, "
         f"LLC {calibration.llc_bytes >> 20} MiB; bandwidth {calibration.memory_bandwidth_gbs:.1f} "

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from gpu_workers.benchmarker import benchmark
+from gpu_workers.cache_root import cache_root
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
 from gpu_workers.cpu.compiler import default_cache_dir
@@ -59,7 +60,7 @@ def measure(
         assert verdict.rejection is not None
         return {**row, "verdict": f"rejected {verdict.rejection.stage}/{verdict.rejection.reason}"}
     build = backend.compile(problem, source, flags).build
-    calibration = load_or_calibrate(default_cache_dir().parent)
+    calibration = load_or_calibrate(cache_root())
     result = benchmark(
         problem,
         backend,
@@ -67,7 +68,7 @@ def measure(
         calibration,
         incumbent=incumbent,
         shape=shape,
-        recalibrate=lambda: load_or_calibrate(default_cache_dir().parent, force=True),
+        recalibrate=lambda: load_or_calibrate(cache_root(), force=True),
     )
     if not isinstance(result, BenchmarkResult):
         return {**row, "verdict": f"rejected {result.stage}/{result.reason}: {result.message}"}
@@ -94,7 +95,7 @@ def main() -> None:
     problem = BUILTIN[PROBLEM]
     shape = _shape(args.shape)
     backend = CpuBackend(cache_dir=default_cache_dir())
-    calibration = load_or_calibrate(default_cache_dir().parent)
+    calibration = load_or_calibrate(cache_root())
     space = fusion_space(problem, "cpu")
     template = TEMPLATES["residual_rmsnorm_gelu_fused"]
     rendered = template.render(template.best_known)

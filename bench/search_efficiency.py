@@ -47,6 +47,7 @@ from eventstore.events import (  # noqa: E402
     new_event,
 )
 from gpu_workers.benchmarker import benchmark  # noqa: E402
+from gpu_workers.cache_root import cache_root  # noqa: E402
 from gpu_workers.cpu.backend import CpuBackend  # noqa: E402
 from gpu_workers.cpu.calibrate import load_or_calibrate  # noqa: E402
 from gpu_workers.cpu.compiler import default_cache_dir  # noqa: E402
@@ -97,7 +98,7 @@ class Timer:
         self.shape = shape
         self.problem = load_problem(template.problem)
         self.backend = CpuBackend(cache_dir=default_cache_dir())
-        self.calibration = load_or_calibrate(default_cache_dir().parent)
+        self.calibration = load_or_calibrate(cache_root())
 
     def verify(self, params: dict[str, Any]) -> tuple[object | None, str | None]:
         rendered = self.template.render(params)
@@ -116,7 +117,7 @@ class Timer:
                 self.calibration,
                 shape=self.shape,
                 seed=seed,
-                recalibrate=lambda: load_or_calibrate(default_cache_dir().parent, force=True),
+                recalibrate=lambda: load_or_calibrate(cache_root(), force=True),
             )
         if isinstance(result, BenchmarkResult):
             return {

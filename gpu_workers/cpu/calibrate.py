@@ -11,10 +11,11 @@ from pathlib import Path
 
 import msgspec
 
+from gpu_workers.cache_root import cache_root
 from gpu_workers.calibration_cache import cached_calibration
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.backend import contention
-from gpu_workers.cpu.compiler import CompileFailure, compile_kernel, default_cache_dir
+from gpu_workers.cpu.compiler import CompileFailure, compile_kernel
 from gpu_workers.results import HostCalibration
 from gpu_workers.sandbox import Limits, run_sandboxed, sandbox_dir
 
@@ -60,7 +61,7 @@ def host_key() -> str:
 
 
 def calibration_path(cache_dir: Path | None = None) -> Path:
-    base = cache_dir or default_cache_dir().parent
+    base = cache_dir or cache_root()
     return base / f"host-calibration-{host_key()}.json"
 
 

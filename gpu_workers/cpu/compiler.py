@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from gpu_workers.atomic_file import write_atomically
+from gpu_workers.cache_root import cache_root
 from gpu_workers.compiler_process import run_compiler
 
 COMPILER = os.environ.get("KFACTORY_CC", "cc")
@@ -107,10 +108,7 @@ def compiler_identity() -> str:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("KFACTORY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kfactory"
-    )
-    return Path(base) / "cpu-kernels"
+    return cache_root() / "cpu-kernels"
 
 
 def compile_kernel(

@@ -11,6 +11,7 @@ import ctypes
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -19,6 +20,7 @@ import numpy.typing as npt
 
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.guarded import GuardedArray, aligned_empty
+from gpu_workers.interleave import interleave
 
 FloatArray = npt.NDArray[np.float32]
 Kernel = Callable[..., None]
@@ -119,41 +121,18 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         problem.baseline(input_views[i])
         return time.perf_counter_ns() - started
 
-    _progress("warm-up")
-    warm: list[int] = []
-    warm_started = time.perf_counter()
-    while len(warm) < job.warmup or time.perf_counter() - warm_started < job.warmup_seconds:
-        i = len(warm) % n_sets
-        warm.append(call_kernel(kernel, i))
-        call_baseline(i)
-        if incumbent is not None:
-            call_kernel(incumbent, i)
-        if len(warm) >= 10_000:
-            break
-    _progress("timing")
-    kernel_ns: list[int] = []
-    baseline_ns: list[int] = []
-    incumbent_ns: list[int] = []
-    started = time.perf_counter()
-    round_index = 0
-    while True:
-        elapsed = time.perf_counter() - started
-        if len(kernel_ns) >= job.min_runs and elapsed >= job.min_seconds:
-            break
-        if elapsed >= job.max_seconds and len(kernel_ns) >= 3:
-            break
-        i = round_index % n_sets
-        order = round_index % 3  # rotate who goes first, so no contender always runs cold
-        for slot in range(3):
-            who = (slot + order) % 3
-            if who == 0:
-                kernel_ns.append(call_kernel(kernel, i))
-            elif who == 1:
-                baseline_ns.append(call_baseline(i))
-            elif incumbent is not None:
-                incumbent_ns.append(call_kernel(incumbent, i))
-        round_index += 1
-    timed = time.perf_counter() - started
+    samples = interleave(
+        partial(call_kernel, kernel),
+        call_baseline,
+        partial(call_kernel, incumbent) if incumbent is not None else None,
+        n_sets,
+        warmup=job.warmup,
+        warmup_seconds=job.warmup_seconds,
+        min_runs=job.min_runs,
+        min_seconds=job.min_seconds,
+        max_seconds=job.max_seconds,
+        progress=_progress,
+    )
     _progress("saving timed outputs")
     for seed_index in range(len(distinct)):
         last = max(i for i in range(n_sets) if i % len(distinct) == seed_index)
@@ -174,13 +153,13 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         np.save(p.recheck_file(name), arrays[name])
     _progress("done")
     return p.BenchReply(
-        kernel_ns=kernel_ns,
-        kernel_warmup_ns=warm,
-        baseline_ns=baseline_ns,
-        incumbent_ns=incumbent_ns,
+        kernel_ns=samples.kernel_ns,
+        kernel_warmup_ns=samples.kernel_warmup_ns,
+        baseline_ns=samples.baseline_ns,
+        incumbent_ns=samples.incumbent_ns,
         input_sets=n_sets,
         rotated_bytes=n_sets * set_bytes,
-        timed_seconds=timed,
+        timed_seconds=samples.timed_seconds,
     )
 
 

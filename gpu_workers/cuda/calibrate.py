@@ -23,9 +23,9 @@ from pathlib import Path
 
 import msgspec
 
+from gpu_workers.cache_root import cache_root
 from gpu_workers.calibration_cache import cached_calibration
 from gpu_workers.cpu.backend import contention
-from gpu_workers.cpu.compiler import default_cache_dir
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda.backend import RUNNER, UNLIMITED
 from gpu_workers.cuda.device import DeviceInfo, cuda_env, device_index, require_gpu
@@ -52,7 +52,7 @@ def gpu_key(info: DeviceInfo) -> str:
 
 def calibration_path(cache_dir: Path | None = None) -> Path:
     """Where this worker's GPU's calibration is cached (NoGpu without a GPU)."""
-    base = cache_dir or default_cache_dir().parent
+    base = cache_dir or cache_root()
     return base / f"gpu-calibration-{gpu_key(require_gpu())}.json"
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from gpu_workers.atomic_file import write_atomically
+from gpu_workers.cache_root import cache_root
 from gpu_workers.compiler_process import run_compiler
 from gpu_workers.cpu.compiler import CompileFailure
 from gpu_workers.cuda.arch import DEFAULT_ARCH, limits_for
@@ -108,10 +109,7 @@ def nvcc_identity(nvcc: str) -> str:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("KFACTORY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kfactory"
-    )
-    return Path(base) / "cuda-kernels"
+    return cache_root() / "cuda-kernels"
 
 
 def compile_cuda(

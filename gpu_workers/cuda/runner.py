@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from gpu_workers.cuda import baselines
 from gpu_workers.cuda import protocol as p
+from gpu_workers.interleave import interleave
 from kernels.cuda_launch import LaunchError, LaunchPlan, ResolvedLaunch, parse_launch_plan
 from kernels.spec import Arrays, Problem
 
@@ -648,41 +649,18 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
             return timer.host_call(lambda: baseline(i))
         return timer.gpu_call(lambda: baseline(i), "the baseline", kernel=False)
 
-    _progress("warm-up")
-    warm: list[int] = []
-    warm_started = time.perf_counter()
-    while len(warm) < job.warmup or time.perf_counter() - warm_started < job.warmup_seconds:
-        i = len(warm) % n_sets
-        warm.append(call_kernel(i))
-        call_baseline(i)
-        if theirs is not None:
-            call_incumbent(i)
-        if len(warm) >= 10_000:
-            break
-    _progress("timing")
-    kernel_ns: list[int] = []
-    baseline_ns: list[int] = []
-    incumbent_ns: list[int] = []
-    started = time.perf_counter()
-    round_index = 0
-    while True:
-        elapsed = time.perf_counter() - started
-        if len(kernel_ns) >= job.min_runs and elapsed >= job.min_seconds:
-            break
-        if elapsed >= job.max_seconds and len(kernel_ns) >= 3:
-            break
-        i = round_index % n_sets
-        order = round_index % 3  # rotate who goes first
-        for slot in range(3):
-            who = (slot + order) % 3
-            if who == 0:
-                kernel_ns.append(call_kernel(i))
-            elif who == 1:
-                baseline_ns.append(call_baseline(i))
-            elif theirs is not None:
-                incumbent_ns.append(call_incumbent(i))
-        round_index += 1
-    timed = time.perf_counter() - started
+    samples = interleave(
+        call_kernel,
+        call_baseline,
+        call_incumbent if theirs is not None else None,
+        n_sets,
+        warmup=job.warmup,
+        warmup_seconds=job.warmup_seconds,
+        min_runs=job.min_runs,
+        min_seconds=job.min_seconds,
+        max_seconds=job.max_seconds,
+        progress=_progress,
+    )
     _progress("saving timed outputs")
     for index in range(n_sets):
         for arg in problem.outputs:
@@ -708,13 +686,13 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     _progress("done")
     set_bytes = sum(counts.values()) * bits.itemsize
     return p.BenchReply(
-        kernel_ns=kernel_ns,
-        kernel_warmup_ns=warm,
-        baseline_ns=baseline_ns,
-        incumbent_ns=incumbent_ns,
+        kernel_ns=samples.kernel_ns,
+        kernel_warmup_ns=samples.kernel_warmup_ns,
+        baseline_ns=samples.baseline_ns,
+        incumbent_ns=samples.incumbent_ns,
         input_sets=n_sets,
         rotated_bytes=n_sets * set_bytes,
-        timed_seconds=timed,
+        timed_seconds=samples.timed_seconds,
         baseline=baseline.name,
         l2_flush_bytes=flush_bytes,
         cache_policy=(

@@ -20,7 +20,7 @@ The same parameters always give the same bytes.
 
 from __future__ import annotations
 
-from kernels.design_space import Constraint, Param, Params, ParamValue, Rendered
+from kernels.design_space import Param, Params, ParamValue, Rendered
 from kernels.fusion.ir import COLUMN, MATRIX, Graph, graph_of
 from kernels.fusion.lower import (
     REUSE_CHOICES,
@@ -31,7 +31,7 @@ from kernels.fusion.lower import (
     StoreLoop,
     c_expr,
     lower,
-    stash_applies,
+    stash_constraint,
     tensor_param,
     value_name,
 )
@@ -242,9 +242,7 @@ def space(problem: Problem) -> FusionSpace:
     """The cpu design space of a graph problem: the partition and the code-generation knobs."""
     graph = graph_of(problem)
     keys = tuple(p.key for p in partitions(graph.op_names))
-    stashable = frozenset(
-        p.key for p in partitions(graph.op_names) if stash_applies(graph, p.groups)
-    )
+    only_where_stash_applies = stash_constraint(graph)
     params = (
         Param("partition", keys, "how the chain is split into kernels ('|' between kernels)"),
         Param("threads", (0, 1, 2), "OpenMP threads over rows; 0 = all cores"),
@@ -266,12 +264,7 @@ def space(problem: Problem) -> FusionSpace:
     )
     constraints = (
         ROW_CONSTRAINTS[0],
-        Constraint(
-            "stash only where a reduction reads a computed value",
-            "reuse=stash changes nothing unless some group computes a value that a row "
-            "reduction reads and a later loop reads again",
-            lambda p: p["reuse"] != "stash" or str(p["partition"]) in stashable,
-        ),
+        only_where_stash_applies,
     )
     fused = keys[-1]
     defaults: dict[str, ParamValue] = {
@@ -285,7 +278,9 @@ def space(problem: Problem) -> FusionSpace:
     }
     best: dict[str, ParamValue] = {
         **defaults,
-        "reuse": "stash" if fused in stashable else "recompute",
+        "reuse": "stash"
+        if only_where_stash_applies.holds({"reuse": "stash", "partition": fused})
+        else "recompute",
     }
 
     def render(p: Params, dtype: str = "fp32") -> Rendered:

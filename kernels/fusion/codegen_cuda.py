@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels.cuda_launch import Launch, LaunchPlan, buffer, launch
-from kernels.design_space import CUDA_TYPES, Constraint, Param, Params, ParamValue, Rendered
+from kernels.design_space import CUDA_TYPES, Param, Params, ParamValue, Rendered
 from kernels.fusion.ir import COLUMN, MATRIX, Graph, graph_of
 from kernels.fusion.lower import (
     REUSE_CHOICES,
@@ -37,7 +37,7 @@ from kernels.fusion.lower import (
     StoreLoop,
     c_expr,
     lower,
-    stash_applies,
+    stash_constraint,
     tensor_param,
     value_name,
 )
@@ -266,9 +266,7 @@ def space(problem: Problem, arch: str = DEFAULT_ARCH) -> FusionSpace:
     -arch is its flag, not the space's); the sources here do not depend on it."""
     graph = graph_of(problem)
     keys = tuple(p.key for p in partitions(graph.op_names))
-    stashable = frozenset(
-        p.key for p in partitions(graph.op_names) if stash_applies(graph, p.groups)
-    )
+    only_where_stash_applies = stash_constraint(graph)
     params = (
         Param("partition", keys, "how the chain is split into kernels ('|' between kernels)"),
         Param("block", (128, 256, 512, 1024), "threads per block; one block per row at a time"),
@@ -281,14 +279,7 @@ def space(problem: Problem, arch: str = DEFAULT_ARCH) -> FusionSpace:
         ),
         Param("flags", CUDA_FLAG_CHOICES, "nvcc flags"),
     )
-    constraints = (
-        Constraint(
-            "stash only where a reduction reads a computed value",
-            "reuse=stash changes nothing unless some group computes a value that a row "
-            "reduction reads and a later loop reads again",
-            lambda p: p["reuse"] != "stash" or str(p["partition"]) in stashable,
-        ),
-    )
+    constraints = (only_where_stash_applies,)
     fused = keys[-1]
     defaults: dict[str, ParamValue] = {
         "partition": fused,

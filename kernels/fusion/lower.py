@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from kernels.design_space import Constraint
 from kernels.fusion.ir import (
     MATRIX,
     ROW,
@@ -32,6 +33,7 @@ from kernels.fusion.ir import (
     Tensor,
     refs,
 )
+from kernels.fusion.partitions import partitions
 
 STASH = "@stash"
 """A `Ref` to this name reads the value stashed in the output row."""
@@ -157,6 +159,21 @@ def stash_applies(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> bool:
     """Whether reuse="stash" changes anything: some group computes a value a reduction
     reads and a later loop reads again."""
     return any(p.stashes for p in lower(graph, groups, "stash"))
+
+
+def stash_constraint(graph: Graph) -> Constraint:
+    """The constraint every target's fusion space puts on `reuse`: stash only in the
+    partitions where it applies."""
+    stashable = frozenset(
+        p.key for p in partitions(graph.op_names) if stash_applies(graph, p.groups)
+    )
+    constraint = Constraint(
+        "stash only where a reduction reads a computed value",
+        "reuse=stash changes nothing unless some group computes a value that a row "
+        "reduction reads and a later loop reads again",
+        lambda p: p["reuse"] != "stash" or str(p["partition"]) in stashable,
+    )
+    return constraint
 
 
 # expressions as C text (CUDA C is the same language for these) -------------------------

@@ -1,0 +1,73 @@
+"""The timing loop every runner shares: the kernel, the baseline and the incumbent called
+in turn on the same input set, warmed up first, the order rotated each round so no
+contender always runs right after another (or always cold)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Call = Callable[[int], int]
+"""One timed call on input set `i`, returning its nanoseconds."""
+MAX_WARMUP_CALLS = 10_000
+
+
+@dataclass
+class Samples:
+    kernel_warmup_ns: list[int] = field(default_factory=list)
+    kernel_ns: list[int] = field(default_factory=list)
+    baseline_ns: list[int] = field(default_factory=list)
+    incumbent_ns: list[int] = field(default_factory=list)
+    timed_seconds: float = 0.0
+
+
+def interleave(
+    kernel: Call,
+    baseline: Call,
+    incumbent: Call | None,
+    input_sets: int,
+    *,
+    warmup: int,
+    warmup_seconds: float,
+    min_runs: int,
+    min_seconds: float,
+    max_seconds: float,
+    progress: Callable[[str], None],
+) -> Samples:
+    """Warm up (`warmup` calls and `warmup_seconds`), then time rounds until `min_runs`
+    and `min_seconds` are both reached, or `max_seconds` with at least 3 runs."""
+    samples = Samples()
+    progress("warm-up")
+    warm_started = time.perf_counter()
+    while (
+        len(samples.kernel_warmup_ns) < warmup
+        or time.perf_counter() - warm_started < warmup_seconds
+    ):
+        i = len(samples.kernel_warmup_ns) % input_sets
+        samples.kernel_warmup_ns.append(kernel(i))
+        baseline(i)
+        if incumbent is not None:
+            incumbent(i)
+        if len(samples.kernel_warmup_ns) >= MAX_WARMUP_CALLS:
+            break
+    progress("timing")
+    contenders = [(kernel, samples.kernel_ns), (baseline, samples.baseline_ns)]
+    if incumbent is not None:
+        contenders.append((incumbent, samples.incumbent_ns))
+    started = time.perf_counter()
+    round_index = 0
+    while True:
+        elapsed = time.perf_counter() - started
+        if len(samples.kernel_ns) >= min_runs and elapsed >= min_seconds:
+            break
+        if elapsed >= max_seconds and len(samples.kernel_ns) >= 3:
+            break
+        i = round_index % input_sets
+        first = round_index % len(contenders)
+        for slot in range(len(contenders)):
+            call, into = contenders[(slot + first) % len(contenders)]
+            into.append(call(i))
+        round_index += 1
+    samples.timed_seconds = time.perf_counter() - started
+    return samples

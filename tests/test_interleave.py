@@ -1,0 +1,61 @@
+"""The shared timing loop: who is called, in what order, and when it stops."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpu_workers.interleave import interleave
+
+
+def test_contenders_take_turns_on_each_input_set_and_rotate_who_goes_first() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def contender(name: str, ns: int) -> Callable[[int], int]:
+        def call(i: int) -> int:
+            calls.append((name, i))
+            return ns
+
+        return call
+
+    stages: list[str] = []
+    samples = interleave(
+        contender("kernel", 1),
+        contender("baseline", 2),
+        contender("incumbent", 3),
+        2,
+        warmup=2,
+        warmup_seconds=0.0,
+        min_runs=6,
+        min_seconds=0.0,
+        max_seconds=60.0,
+        progress=stages.append,
+    )
+    assert stages == ["warm-up", "timing"]
+    assert samples.kernel_warmup_ns == [1, 1]
+    assert (samples.kernel_ns, samples.baseline_ns, samples.incumbent_ns) == (
+        [1] * 6,
+        [2] * 6,
+        [3] * 6,
+    )
+    timed = calls[6:]  # after two warm-up rounds of three calls
+    rounds = [timed[k : k + 3] for k in range(0, len(timed), 3)]
+    assert [r[0][0] for r in rounds[:3]] == ["kernel", "baseline", "incumbent"]
+    assert all(len({i for _, i in r}) == 1 for r in rounds)  # one input set per round
+    assert [r[0][1] for r in rounds] == [0, 1, 0, 1, 0, 1]
+
+
+def test_without_an_incumbent_it_stops_at_the_time_cap_after_three_runs() -> None:
+    samples = interleave(
+        lambda i: 5,
+        lambda i: 7,
+        None,
+        1,
+        warmup=1,
+        warmup_seconds=0.0,
+        min_runs=10**9,
+        min_seconds=0.0,
+        max_seconds=0.0,
+        progress=lambda _: None,
+    )
+    assert len(samples.kernel_ns) == 3 and samples.incumbent_ns == []
+    assert samples.baseline_ns == [7, 7, 7]

@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as cache, ThreadPoolExecutor(max_workers=2) as pool:
         backend = CudaBackend(cache_dir=Path(cache), arch="sm_90")  # a fresh cache: cold compiles
         for template in spaces():

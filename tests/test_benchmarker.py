@@ -60,10 +60,43 @@ def test_a_stall_is_a_call_far_beyond_the_median() -> None:
     assert find_stall(small_but_relative) is None  # 50 ms over: a busy host, not a stall
 
 
-def _build(backend: CpuBackend, source: str) -> object:
-    compiled = backend.compile(BUILTIN["softmax"], source, FLAGS)
+def _build(backend: CpuBackend, source: str, problem: str = "softmax") -> object:
+    """Compiled but not statically checked: the stateful planted kernels below are refused
+    by the static stage, and are timed anyway to show that timing catches them too."""
+    compiled = backend.compile(BUILTIN[problem], source, FLAGS)
     assert compiled.build is not None, compiled.rejection
     return compiled.build
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("sleeps_first_call", "softmax"),
+        ("stops_after_warmup", "softmax"),
+        ("memoizes_matmul", "matmul"),
+    ],
+)
+def test_the_static_stage_refuses_the_state_that_timing_cheats_need(
+    cpu_backend: CpuBackend, name: str, problem: str
+) -> None:
+    rejection = cpu_backend.static_check(_build(cpu_backend, planted(name), problem))
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("static", "kernel_state")
+    assert "(.bss," in rejection.evidence["static_storage"]
+
+
+def test_every_timed_call_starts_from_poisoned_outputs(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    """Neither the kernel's earlier calls nor the incumbent leave it an answer to find."""
+    kernel = _build(cpu_backend, planted("crashes_if_output_already_written"))
+    assert cpu_backend.static_check(kernel) is None
+    incumbent = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
+    result = benchmark(
+        BUILTIN["softmax"], cpu_backend, kernel, calibration, incumbent=incumbent, shape=SMALL
+    )
+    assert isinstance(result, BenchmarkResult), result
+    assert result.kernel.runs >= MIN_RUNS and result.incumbent is not None
 
 
 def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
@@ -117,9 +150,9 @@ def test_a_kernel_that_stops_working_after_verification_fails_the_recheck(
 def test_a_kernel_faster_than_physics_is_rejected(
     cpu_backend: CpuBackend, calibration: HostCalibration
 ) -> None:
-    kernel = _build(cpu_backend, planted("memoizes_by_pointer"))
-    shape = {"rows": 1024, "cols": 4096}
-    result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=shape)
+    kernel = _build(cpu_backend, planted("memoizes_matmul"), "matmul")
+    shape = {"M": 512, "N": 512, "K": 512}
+    result = benchmark(BUILTIN["matmul"], cpu_backend, kernel, calibration, shape=shape)
     assert isinstance(result, Rejection)
     assert (result.stage, result.reason) == ("roofline", "beyond_roofline")
     assert float(result.evidence["median_ns"]) < float(result.evidence["roofline_ns"])

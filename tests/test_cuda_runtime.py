@@ -54,6 +54,7 @@ extern "C" __global__ void kf_gelu(const float *x, float *y, int64_t n) {{
 GELU_OK = gelu_source()
 GELU_WRITES_PAST_THE_END = gelu_source(guard="i <= n")
 GELU_WILD_POINTER = gelu_source(before="if (i == 0) *(volatile float *)(uintptr_t)16 = 1.0f;")
+GELU_TRAPS_ON_WRITTEN_OUTPUT = gelu_source(before="if (i < n && y[i] == y[i]) __trap();")
 GELU_NEVER_ENDS = gelu_source(
     before="volatile const float *vx = x; while (vx[0] == vx[0] || n > 0) { }"
 )
@@ -428,3 +429,26 @@ def test_timing_returns_event_samples_a_baseline_and_right_outputs(
         check_outputs(GELU, tolerance, fresh, run.recheck_outputs, run.recheck_poison_bits)[0]
         is None
     )
+
+
+@needs_gpu
+@needs_nvcc
+def test_every_timed_call_starts_from_poisoned_outputs(gpu_backend: CudaBackend) -> None:
+    """The kernel traps if it finds a number (not the NaN poison) in its output: a timed
+    call that could see an earlier call's answer would be a crash."""
+    kernel = gpu_backend.compile(GELU, GELU_TRAPS_ON_WRITTEN_OUTPUT, (), "fp32")
+    incumbent = gpu_backend.compile(GELU, GELU_OK, (), "fp32")
+    assert kernel.build is not None and incumbent.build is not None
+    run = gpu_backend.time(
+        GELU,
+        kernel.build,
+        incumbent.build,
+        {"n": 1 << 20},
+        seeds=[11, 12],
+        recheck_seed=13,
+        rotate_bytes=0,
+        min_runs=10,
+        min_seconds=0.1,
+    )
+    assert run.rejection is None, run.rejection
+    assert len(run.kernel_ns) >= 10

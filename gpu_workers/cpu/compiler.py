@@ -77,6 +77,9 @@ class CompiledKernel(msgspec.Struct, frozen=True, kw_only=True):
     undefined_symbols: tuple[str, ...]
     """What the kernel's own object needs from outside (for the static stage)."""
     defined_symbols: tuple[str, ...]
+    static_storage: tuple[str, ...]
+    """Variables that outlive a call (globals, statics, thread-locals), as 'name (section,
+    N bytes)': the state a kernel could carry from one call into the next."""
     log: str
     cache_hit: bool
 
@@ -172,6 +175,27 @@ def _symbols(obj: Path, cwd: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(sorted(set(undefined))), tuple(sorted(set(defined)))
 
 
+_READ_ONLY_SECTION = re.compile(r"^(\*UND\*|\*ABS\*|\.text|\.rodata|\.data\.rel\.ro)")
+_SYMBOL_LINE = re.compile(
+    r"^[0-9a-f]+ (?P<flags>.{7}) (?P<section>\S+)\t(?P<size>[0-9a-f]+) (?P<name>.+)$"
+)
+
+
+def _static_storage(obj: Path, cwd: Path) -> tuple[str, ...]:
+    """Every variable of `obj` outside code and read-only data, from its symbol table."""
+    code, out = _run(["objdump", "-t", str(obj)], cwd)
+    if code != 0:
+        raise RuntimeError(f"objdump failed on {obj}: {out}")
+    found = []
+    for line in out.splitlines():
+        match = _SYMBOL_LINE.match(line)
+        if match is None or set(match["flags"]) & {"d", "f"}:  # section and file names
+            continue
+        if not _READ_ONLY_SECTION.match(match["section"]):
+            found.append(f"{match['name']} ({match['section']}, {int(match['size'], 16)} bytes)")
+    return tuple(sorted(found))
+
+
 def _build(
     source: str, flags: tuple[str, ...], prototype: str, entry: Path
 ) -> CompiledKernel | CompileFailure:
@@ -189,6 +213,7 @@ def _build(
             first = next((ln for ln in log.splitlines() if "error" in ln), "compiler error")
             return CompileFailure(reason="compile_error", message=first.strip(), log=log)
         undefined, defined = _symbols(work / "kernel.o", work)
+        static_storage = _static_storage(work / "kernel.o", work)
         code, support_log = _run(
             [COMPILER, "-O2", "-fPIC", "-c", "support.c", "-o", "support.o"], work
         )
@@ -214,6 +239,7 @@ def _build(
             flags=flags,
             undefined_symbols=undefined,
             defined_symbols=defined,
+            static_storage=static_storage,
             log=(log + link_log)[-LOG_LIMIT:],
             cache_hit=False,
         )

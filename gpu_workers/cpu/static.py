@@ -2,6 +2,8 @@
 
 An allowlist, not a denylist: a kernel computes; it has no business with files, processes,
 time, signals or the network. Anything else it imports is refused before it ever runs.
+Nor may it keep variables between calls: each call starts from its arguments alone, so
+no timed call can reuse the work of an earlier one.
 """
 
 from __future__ import annotations
@@ -128,6 +130,16 @@ def static_check(compiled: CompiledKernel, entry_point: str = "kernel") -> Rejec
                 "forbidden": " ".join(forbidden),
                 "imported": " ".join(compiled.undefined_symbols),
             },
+        )
+    if compiled.static_storage:
+        return Rejection(
+            stage="static",
+            reason="kernel_state",
+            message=(
+                "the kernel has variables that outlive a call, so one call could hand its "
+                f"work to the next: {', '.join(compiled.static_storage)}"
+            ),
+            evidence={"static_storage": "; ".join(compiled.static_storage)},
         )
     if entry_point not in compiled.defined_symbols:
         return Rejection(

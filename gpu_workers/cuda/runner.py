@@ -462,7 +462,8 @@ def verify(gpu: Gpu, job: p.VerifyJob) -> p.VerifyReply:
 class Contender:
     """A loaded kernel ready to run on any input set: its own outputs and scratch, the
     shared device inputs. A call zeroes its scratch first (the plan's contract), inside the
-    timed region: that work is part of the kernel."""
+    timed region: that work is part of the kernel. `poison` refills the outputs of a set
+    before each timed call, outside it, so no call finds the answer of an earlier one."""
 
     def __init__(
         self,
@@ -476,6 +477,7 @@ class Contender:
         itemsize: int,
     ):
         self.gpu, self.kernel, self.dims = gpu, kernel, dims
+        self.output_bytes, self.poison_bits, self.itemsize = output_bytes, poison_bits, itemsize
         self.launches, sizes = resolve(kernel, dims)
         allow_shared(gpu, kernel, self.launches)
         self.keep: list[Any] = []
@@ -490,14 +492,19 @@ class Contender:
             for name, nbytes in output_bytes.items():
                 allocation = gpu.alloc(nbytes, f"{kernel.label} output {name}")
                 self.keep.append(allocation)
-                gpu.fill(int(allocation), poison_bits, nbytes // itemsize, itemsize)
                 outputs[name] = int(allocation)
             self.outputs.append(outputs)
+            self.poison(len(self.outputs) - 1)
         self.pointers = [
             {**ins, **outs, **{n: ptr for n, (ptr, _) in self.scratch.items()}}
             for ins, outs in zip(inputs, self.outputs, strict=True)
         ]
         self.packed = [pack(kernel, self.launches, ptrs, dims) for ptrs in self.pointers]
+
+    def poison(self, index: int) -> None:
+        for name, pointer in self.outputs[index].items():
+            count = self.output_bytes[name] // self.itemsize
+            self.gpu.fill(pointer, self.poison_bits, count, self.itemsize)
 
     def __call__(self, index: int) -> None:
         call_plan(self.gpu, self.kernel, self.packed[index], self.scratch)
@@ -638,15 +645,19 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     n_sets = len(distinct)
 
     def call_kernel(i: int) -> int:
+        mine.poison(i)
         return timer.gpu_call(lambda: mine(i), f"timed call on input set {i}", kernel=True)
 
     def call_incumbent(i: int) -> int:
         assert theirs is not None
+        theirs.poison(i)
         return timer.gpu_call(lambda: theirs(i), "the incumbent", kernel=False)
 
     def call_baseline(i: int) -> int:
         if baseline.host_timed:
             return timer.host_call(lambda: baseline(i))
+        if isinstance(baseline, _KernelBaseline):
+            baseline.contender.poison(i)
         return timer.gpu_call(lambda: baseline(i), "the baseline", kernel=False)
 
     samples = interleave(

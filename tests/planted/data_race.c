@@ -1,10 +1,10 @@
 // Planted: rows in parallel, but every thread shares one scratch row and one sum.
 #include <math.h>
 #include <stdint.h>
-static float scratch[1 << 16];
-static float total;
 void kernel(const float *x, float *y, int64_t rows, int64_t cols) {
-#pragma omp parallel for num_threads(2) schedule(static, 1)
+    float scratch[cols];
+    float total = 0.0f;
+#pragma omp parallel for num_threads(2) schedule(static, 1) shared(scratch, total)
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * cols;
         float m = xr[0];

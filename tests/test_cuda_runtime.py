@@ -274,6 +274,18 @@ def test_a_child_killed_by_the_wall_clock_is_a_timeout(tmp_path: Path) -> None:
     assert "address space not limited" in rejection.evidence["limits"]
 
 
+@pytest.mark.parametrize("timed_out", [False, True])
+def test_a_runner_that_dies_before_loading_the_kernel_is_the_harness_fault(
+    tmp_path: Path, timed_out: bool
+) -> None:
+    """No reply and no progress: the child died (or hung) starting CUDA."""
+    with pytest.raises(RuntimeError, match="before it loaded the kernel"):
+        cuda_backend._failure(_outcome(-11, timed_out=timed_out), tmp_path, "run")
+    (tmp_path / p.PROGRESS_FILE).write_text("loading")
+    rejection = cuda_backend._failure(_outcome(-11, timed_out=timed_out), tmp_path, "run")
+    assert rejection is not None and "during loading" in rejection.message
+
+
 def test_a_finished_run_is_no_failure(tmp_path: Path) -> None:
     (tmp_path / p.RESULT_FILE).write_bytes(msgspec.json.encode(p.VerifyReply(runs=[])))
     assert cuda_backend._failure(_outcome(0), tmp_path, "run") is None

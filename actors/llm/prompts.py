@@ -51,7 +51,8 @@ and on shapes that are not multiples of any tile; NaN never passes, inputs must 
 unchanged, and every output element must be written. Only then is it timed.
 Answer with exactly one complete C source file in a single ```c fenced block, defining
     {{ signature }}
-with external linkage. No main(), no I/O, no global state that outlives a call."""
+with external linkage. No main() and no I/O. No global, static or thread-local variables \
+(constant tables are fine): each call starts from its arguments alone."""
 
 _PROBLEM = """\
 ## Problem: {{ problem.name }}

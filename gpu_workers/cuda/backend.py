@@ -297,8 +297,16 @@ def _reply(workdir: Path, kind: type[ReplyT]) -> ReplyT:
 
 def _failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | None:
     """A rejection for a kernel that faulted or did not finish; None if the run finished.
-    A fault of the runner itself raises: it says nothing about the kernel."""
+    A fault of the runner itself raises: it says nothing about the kernel. So does a
+    runner that ended without a word before it began to load the kernel (the progress
+    file is written first): starting CUDA, not the kernel, killed it."""
     reply = _read_reply(workdir)
+    if reply is None and not (workdir / p.PROGRESS_FILE).exists():
+        raise RuntimeError(
+            "the CUDA runner ended before it loaded the kernel (not the kernel's fault): "
+            f"exit status {outcome.returncode}, signal {outcome.signal_name or '-'}, "
+            f"{'timed out, ' if outcome.timed_out else ''}stderr: {outcome.stderr[-2000:]}"
+        )
     if isinstance(reply, p.FaultReply):
         if reply.harness or reply.reason not in p.KERNEL_FAULTS:
             raise RuntimeError(

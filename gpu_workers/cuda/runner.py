@@ -390,6 +390,7 @@ def verify(gpu: Gpu, job: p.VerifyJob) -> p.VerifyReply:
     from kernels.loading import load_problem
 
     problem = load_problem(job.problem)
+    _progress("loading")
     kernel = load_kernel(gpu, job.kernel, problem, "the kernel")
     bits = p.bits_dtype(job.dtype)
     plans = {

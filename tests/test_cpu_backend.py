@@ -81,6 +81,40 @@ def test_static_stage_allows_math_memory_and_openmp_only(tmp_path: Path) -> None
     assert missing is not None and missing.reason == "missing_entry_point"
 
 
+STATEFUL_SOURCE = """
+#include <stdint.h>
+static const float table[4] = {1, 2, 3, 4};          /* read-only: allowed */
+static const float *const rows[2] = {table, table + 2};  /* read-only once relocated */
+int calls;
+static float previous[8];
+__attribute__((tls_model("initial-exec"))) _Thread_local int64_t seen;
+__attribute__((section("kf_hidden"))) float hidden = 1.0f;
+float *last = (float[]){0.0f};
+void kernel(const float *x, float *y, int64_t rows_, int64_t cols) {
+    static int64_t inner;
+    for (int64_t i = 0; i < rows_ * cols; ++i) y[i] = x[i] * rows[i & 1][i & 1];
+    y[0] += previous[(calls + 1) & 7];
+    previous[calls & 7] = y[0] + hidden + *last;
+    calls += 1; seen += cols; inner += rows_;
+}
+"""
+
+
+def test_variables_that_outlive_a_call_are_refused_but_constant_tables_are_not(
+    tmp_path: Path,
+) -> None:
+    stateful = compile_kernel(STATEFUL_SOURCE, FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path)
+    assert isinstance(stateful, CompiledKernel)
+    rejection = static_check(stateful)
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("static", "kernel_state")
+    named = {entry.split(" (")[0] for entry in stateful.static_storage}
+    assert {"calls", "previous", "seen", "hidden", "last"} <= named
+    assert any(name.startswith("inner") for name in named)  # a function's static
+    assert not {"table", "rows"} & named
+    assert "previous (.bss, 32 bytes)" in rejection.evidence["static_storage"]
+
+
 def test_guarded_arrays_end_at_a_guard_page_and_keep_a_canary() -> None:
     exact = GuardedArray((4, 64))
     assert exact.slack_words == 0

@@ -1,10 +1,10 @@
 """The compiler: the compile and static stages of a scarce device's kernels, on any host.
 
 For the cuda target, a laptop (or any CPU host) builds each written kernel for the
-device's architecture and refuses what cannot run well there (spills, too many
-registers, too much shared memory) with the assembler's evidence. What passes is
-`KernelCompiled`, the work of the device's own verifier; so GPU time goes only to
-kernels that build and fit.
+device's architecture (this host's GPU; sm_90, Hopper, on a host without one) and refuses
+what cannot run well there (spills, too many registers, too much shared memory) with the
+assembler's evidence. What passes is `KernelCompiled`, the work of the device's own
+verifier; so GPU time goes only to kernels that build and fit.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from gpu_workers.cpu.compiler import default_cache_dir
 from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import load_or_calibrate as calibrate_gpu
 from gpu_workers.cuda.compiler import default_cache_dir as cuda_cache_dir
-from gpu_workers.cuda.device import gpu_unavailable_reason
+from gpu_workers.cuda.device import benchmark_unavailable_reason, gpu_unavailable_reason
 from gpu_workers.results import HostCalibration
 from kernels.design_space import TARGET_DTYPES
 
@@ -23,10 +23,13 @@ class UnsupportedTarget(ValueError):
     """No back end serves this target."""
 
 
-def device_missing(target: str) -> str | None:
-    """Why this host cannot run `target` kernels, or None when it can."""
+def device_missing(target: str, role: str | None = None) -> str | None:
+    """Why this host cannot run `target` kernels (or, for the benchmarker, also time them
+    against a calibrated roofline), or None when it can."""
     check_target(target)
-    return gpu_unavailable_reason() if target == "cuda" else None
+    if target != "cuda":
+        return None
+    return benchmark_unavailable_reason() if role == "benchmarker" else gpu_unavailable_reason()
 
 
 def check_target(target: str) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from actors.runtime import Actor, PoisonMessage, Reactions
 from eventstore.events import CandidateProposed, Event, FusionPlanned
-from kernels.fusion.plan import FUSION_TEMPLATE, groups_of
+from kernels.fusion.plan import groups_of
+from kernels.fusion.space import FUSION_SPACE_NAME
 
 
 class Fuser(Actor):
@@ -14,7 +15,7 @@ class Fuser(Actor):
 
     async def handle(self, event: Event, out: Reactions) -> None:
         assert isinstance(event, CandidateProposed)
-        if event.template != FUSION_TEMPLATE:
+        if event.template != FUSION_SPACE_NAME:
             return
         try:
             groups = groups_of(event.problem, event.params, event.target)

@@ -18,7 +18,6 @@ from actors.campaign import Writer, decode_config
 from actors.devices import source_hash
 from actors.librarian import SeenRequest, ask_kernel, ask_lessons, ask_seen
 from actors.llm import prompts
-from actors.llm.client import LlmClient, LlmConfig, LlmConfigError, LlmFailed
 from actors.llm.extract import NoCodeFound, extract_kernel
 from actors.llm.prompts import DEFAULT_FLAGS, RejectionEvidence
 from actors.runtime import Actor, PoisonMessage, Reactions
@@ -36,7 +35,7 @@ from eventstore.events import (
 )
 from eventstore.queries import replay
 from kernels.design_space import InvalidParams
-from kernels.fusion.plan import render_plan
+from kernels.fusion.plan import plan as fusion_plan
 from kernels.loading import load_problem
 from kernels.templates import TEMPLATES
 
@@ -68,7 +67,7 @@ class KernelWriter(Actor):
             )
         elif isinstance(event, FusionPlanned):
             try:
-                plan = render_plan(
+                plan = fusion_plan(
                     event.problem, event.groups, event.params, event.target, event.dtype
                 )
             except InvalidParams as exc:
@@ -133,6 +132,9 @@ class KernelWriter(Actor):
         messages: list[dict[str, str]],
         out: Reactions,
     ) -> str | None:
+        # Imported here: openai takes ~0.4 s to import, and only LLM campaigns need it.
+        from actors.llm.client import LlmClient, LlmConfig, LlmConfigError, LlmFailed
+
         config = LlmConfig(
             base_url=writer.base_url or "",
             model=writer.model or "",

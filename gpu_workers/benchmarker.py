@@ -9,6 +9,7 @@ are wrong after timing, and a kernel faster than the roofline allows.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -114,6 +115,10 @@ def find_stall(run: TimingRun) -> dict[str, str] | None:
     return None
 
 
+Reference = Callable[[str, int], tuple[Arrays, Arrays]]
+"""(distribution, seed) -> the inputs of that seed and the exact outputs for them."""
+
+
 def _judge(
     problem: Problem,
     run: TimingRun,
@@ -122,6 +127,7 @@ def _judge(
     recheck_seed: int,
     dtype: str,
     calibration: HostCalibration,
+    reference: Reference,
 ) -> Rejection | None:
     """Everything but stalls: the run finished, its samples are consistent, its outputs are
     right after timing, and it is no faster than the roofline."""
@@ -137,7 +143,7 @@ def _judge(
         )
     tolerance = problem.tolerances[dtype]
     for index, outputs in enumerate(run.timed_outputs):
-        inputs = problem.generate(shape, "normal", seeds[index], dtype)
+        inputs, expected = reference("normal", seeds[index])
         rejection, _ = check_outputs(
             problem,
             tolerance,
@@ -146,10 +152,11 @@ def _judge(
             run.timed_poison_bits,
             stage="recheck",
             context={"when": "outputs of the timed calls", "input_set": str(index)},
+            expected=expected,
         )
         if rejection is not None:
             return rejection
-    fresh = problem.generate(shape, "uniform", recheck_seed, dtype)
+    fresh, expected = reference("uniform", recheck_seed)
     rejection, _ = check_outputs(
         problem,
         tolerance,
@@ -158,6 +165,7 @@ def _judge(
         run.recheck_poison_bits,
         stage="recheck",
         context={"when": "fresh inputs after timing", "seed": str(recheck_seed)},
+        expected=expected,
     )
     if rejection is not None:
         return rejection
@@ -217,18 +225,31 @@ def benchmark(
             min_seconds=min_seconds,
         )
 
+    @functools.cache
+    def reference(distribution: str, seed: int) -> tuple[Arrays, Arrays]:
+        inputs = problem.generate(shape, distribution, seed, dtype)
+        return inputs, problem.expected(inputs)
+
+    recalibrated = False
+
+    def judge(run: TimingRun) -> Rejection | None:
+        nonlocal calibration, recalibrated
+        rejection = _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration, reference)
+        if rejection is None or rejection.reason != "beyond_roofline" or not recalibrate:
+            return rejection
+        if not recalibrated:
+            calibration, recalibrated = recalibrate(), True
+        return _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration, reference)
+
     run = time_once()
-    rejection = _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration)
-    if rejection is not None and rejection.reason == "beyond_roofline" and recalibrate:
-        calibration = recalibrate()
-        rejection = _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration)
+    rejection = judge(run)
     if rejection is not None:
         return rejection
     attempts = 1
     while (run.host_contention_cores or 0.0) > QUIET_CORES and attempts <= BUSY_RETRIES:
         attempts += 1
         again = time_once()
-        rejection = _judge(problem, again, shape, seeds, recheck_seed, dtype, calibration)
+        rejection = judge(again)
         if rejection is not None:
             return rejection
         if (again.host_contention_cores or 0.0) < (run.host_contention_cores or 0.0):
@@ -237,7 +258,7 @@ def benchmark(
     first_stall = find_stall(run)
     if first_stall is not None:
         run = time_once()  # transient noise does not repeat in a fresh process; a cheat does
-        rejection = _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration)
+        rejection = judge(run)
         if rejection is not None:
             return rejection
         stall = find_stall(run)

@@ -3,6 +3,7 @@ ends the compiler's own children too (cc1, cicc, ptxas), a minimal environment."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -36,13 +37,15 @@ def run_compiler(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        errors="replace",  # a source can make the compiler echo any bytes
         env=env,
         start_new_session=True,
     )
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # the group may be gone already
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return None, f"{tool} timed out after {timeout_s:.0f} s"
     return proc.returncode, out

@@ -266,7 +266,10 @@ def _expr(text: str, what: str) -> Expr:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as exc:
         raise LaunchError(f"{what}: {text!r} is not an expression ({exc.msg})") from None
+    callees = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in _FUNCTIONS and id(node) not in callees:
+            raise LaunchError(f"{what}: {text!r} uses {node.id} without calling it")
         allowed = isinstance(
             node,
             ast.Constant

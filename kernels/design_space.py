@@ -31,6 +31,21 @@ _ENVIRONMENTS = {"cpu": _environment("cpu_templates"), "cuda": _environment("cud
 TARGET_DTYPES: dict[str, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp32", "bf16", "fp16")}
 """The element types each target's templates are written for."""
 CUDA_TYPES = {"fp32": "float", "bf16": "__nv_bfloat16", "fp16": "__half"}
+CUDA_FLAGS: tuple[str, ...] = ("-O3", "-O3 --use_fast_math")
+"""The nvcc flags a cuda point may choose (every cuda space's "flags"); the compiler adds -arch."""
+
+
+def render_file(target: str, file: str, /, **context: Any) -> str:
+    """A jinja file of a target's template folder, rendered."""
+    return _ENVIRONMENTS[target].get_template(file).render(**context)
+
+
+def compiler_flags(target: str, params: Params) -> tuple[str, ...]:
+    """The point's "flags", plus OpenMP for cpu: -fopenmp with threads, else -fopenmp-simd."""
+    flags = str(params["flags"]).split()
+    if target == "cpu":
+        flags.append("-fopenmp" if int(params.get("threads", 1)) != 1 else "-fopenmp-simd")
+    return tuple(flags)
 
 
 @dataclass(frozen=True)
@@ -68,7 +83,9 @@ class Template:
     constraints: tuple[Constraint, ...]
     defaults: dict[str, ParamValue]
     best_known: dict[str, ParamValue]
-    """The hand-picked assignment behind `kernels/examples/` (the best found by hand)."""
+    """The hand-picked point. For cpu, the best found by hand (the kernels in
+    `kernels/examples/`); for cuda, an unmeasured starting guess for H100/H200, written
+    before any run on a GPU."""
 
     def space(self) -> dict[str, tuple[ParamValue, ...]]:
         return {p.name: p.choices for p in self.params}
@@ -106,13 +123,13 @@ class Template:
             problems.append(f"dtype {dtype!r}: {self.name} is not written for it")
         if problems:
             raise InvalidParams(f"{self.name}: {'; '.join(problems)}")
+        return self.generate(params, dtype)
+
+    def generate(self, params: Params, dtype: str) -> Rendered:
+        """What `render` returns once it has checked `params` and `dtype`: here, the jinja
+        file rendered with the parameters (and for cuda the element type `T`)."""
         context: dict[str, Any] = dict(params)
         if self.target == "cuda":
             context.update(dtype=dtype, T=CUDA_TYPES[dtype])
-        source = (
-            _ENVIRONMENTS[self.target].get_template(self.file).render(template=self.name, **context)
-        )
-        flags = list(str(params["flags"]).split())
-        if self.target == "cpu":
-            flags.append("-fopenmp" if int(params.get("threads", 1)) != 1 else "-fopenmp-simd")
-        return Rendered(source=source, flags=tuple(flags))
+        source = render_file(self.target, self.file, template=self.name, **context)
+        return Rendered(source=source, flags=compiler_flags(self.target, params))

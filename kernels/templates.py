@@ -291,13 +291,16 @@ EXAMPLE_TEMPLATES: dict[str, str] = {
 
 
 def example_kernel(problem: str, target: str = "cpu", dtype: str = "fp32") -> Rendered | None:
-    """The best hand-tuned kernel for a problem, rendered; None if it has no template.
-    For cuda: the best known point of its first template written for `dtype`."""
+    """The example kernel of a problem, rendered; None if it has no template. For cpu: the
+    best hand-tuned kernel (`EXAMPLE_TEMPLATES`). For cuda: the best known point (an
+    unmeasured guess) of the last template written for `dtype`, the most specialised one,
+    since a problem's CUDA templates are listed general first (matmul: SIMT, then tensor
+    cores for bf16 and fp16)."""
     if target == "cpu":
         name = EXAMPLE_TEMPLATES.get(problem)
         return TEMPLATES[name].render(TEMPLATES[name].best_known) if name else None
     fitting = [t for t in templates_for(problem, target) if t.accepts(dtype)]
-    return fitting[0].render(fitting[0].best_known, dtype) if fitting else None
+    return fitting[-1].render(fitting[-1].best_known, dtype) if fitting else None
 
 
 def example_file_text(problem: str) -> str:

@@ -48,7 +48,8 @@ def actor(
         raise UserError(f"unknown role {role!r}; choose one of: {', '.join(ROLES)}")
     if spec.targets is not None and target not in spec.targets:
         raise UserError(f"the {role} serves the targets {', '.join(spec.targets)}, not {target!r}")
-    if spec.name in RUN_ON_THE_DEVICE and (missing := device_missing(target)) is not None:
+    missing = device_missing(target, spec.name) if spec.name in RUN_ON_THE_DEVICE else None
+    if missing is not None:
         raise UserError(f"a {role} for {target} needs the device here: {missing}")
     implementation = spec.create(target)
     url = nats_url(nats, resolve_home(home))

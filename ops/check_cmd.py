@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 import msgspec
 import typer
 
-from actors.devices import backend_for, calibration_for, device_missing
+from actors.devices import calibration_for, device_missing
 from actors.devices import recalibrate as recalibrate_device
 from gpu_workers.benchmarker import benchmark
 from gpu_workers.cpu.backend import VERIFY_LIMITS, CpuBackend
@@ -19,6 +19,7 @@ from gpu_workers.cuda.backend import VERIFY_LIMITS as CUDA_VERIFY_LIMITS
 from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import CalibrationError as GpuCalibrationError
 from gpu_workers.cuda.compiler import CudaBuild
+from gpu_workers.cuda.compiler import default_cache_dir as cuda_cache_dir
 from gpu_workers.results import BenchmarkResult, Rejection, Verdict
 from gpu_workers.verifier import precheck, verify
 from kernels.design_space import TARGET_DTYPES
@@ -145,7 +146,12 @@ def check(
     source: Path = typer.Option(..., "--source", "-s", help="The kernel's C source file."),
     target: str = typer.Option("cpu", "--target", "-t", help="Device target: cpu or cuda."),
     dtype: str = typer.Option("fp32", "--dtype", help="Element type: fp32 (cuda: bf16, fp16)."),
-    bench: bool = typer.Option(False, "--bench", help="Also time it against numpy."),
+    bench: bool = typer.Option(
+        False,
+        "--bench",
+        help="Also time it against the baseline (numpy on cpu; torch, cupy or a naive "
+        "kernel on cuda).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     flags: str | None = typer.Option(
         None, "--flags", help='Compiler flags, e.g. "-O3 -march=native -fopenmp".'
@@ -184,7 +190,7 @@ def check(
     backend: CpuBackend | CudaBackend
     if target == "cuda":
         backend = CudaBackend(
-            cache_dir=backend_for("cuda").cache_dir,
+            cache_dir=cuda_cache_dir(),
             verify_limits=msgspec.structs.replace(CUDA_VERIFY_LIMITS, **limits),
         )
     else:

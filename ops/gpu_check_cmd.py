@@ -67,7 +67,7 @@ def gpu_check(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON instead of the table."),
 ) -> None:
-    missing = device_missing("cuda")
+    missing = device_missing("cuda", "benchmarker")
     if missing is not None:
         raise UserError(f"no GPU to check here: {missing}")
     checks = _chosen(only)

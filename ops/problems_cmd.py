@@ -147,7 +147,8 @@ def show(
         for c in t.constraints:
             out.print(f"  constraint: {c.name}: {c.doc}")
     if example is not None:
-        out.print(f"\nExample kernel (flags: {' '.join(example.flags)}):\n")
+        kind = "Example kernel" if target == "cpu" else "Starting-point kernel (not yet measured)"
+        out.print(f"\n{kind} (flags: {' '.join(example.flags)}):\n")
         print(example.source)
 
 

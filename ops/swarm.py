@@ -44,7 +44,7 @@ async def running_swarm(
         for role in ROLES.values():
             if role.targets is not None and target not in role.targets:
                 continue
-            if missing is not None and role.name in RUN_ON_THE_DEVICE:
+            if role.name in RUN_ON_THE_DEVICE and device_missing(target, role.name) is not None:
                 continue
             for index in range(counts.get(role.name, 1)):
                 nc = await connect(url, f"kf-{role.name}")

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu.calibrate import calibration_path, llc_bytes, load_or_calibrate
-from gpu_workers.cpu.compiler import CompiledKernel, CompileFailure, bad_flags, compile_kernel
+from gpu_workers.cpu.compiler import CompiledKernel, bad_flags, compile_kernel
 from gpu_workers.cpu.guarded import PAGE, GuardedArray
 from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.results import HostCalibration

@@ -13,14 +13,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gpu_workers.cpu.compiler import CompileFailure
+from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cuda.arch import ARCHES, UnknownArch, limits_for, registers_per_block
+from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.compiler import CudaBuild, bad_flags, compile_cuda, nvcc_path
 from gpu_workers.cuda.ptxas import parse_ptx, parse_ptxas_report, report_lines
 from gpu_workers.cuda.static import source_check, static_check
 from gpu_workers.results import Rejection
 from kernels.builtin import BUILTIN
-from kernels.cuda_launch import parse_launch_plan
+from kernels.cuda_launch import LaunchError, parse_launch_plan
 
 SOFTMAX = BUILTIN["softmax"]
 PLANTED = Path(__file__).parent / "planted"
@@ -280,14 +281,17 @@ def test_source_check_allows_the_listed_headers() -> None:
     assert source_check(source) is None
 
 
-def test_a_planted_include_is_refused_before_nvcc_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_planted_include_is_refused_before_nvcc_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     source = planted("cuda_includes_host_file")
     found = source_check(source)
     assert found is not None and found.reason == "forbidden_include"
     assert "/etc/passwd" in found.evidence["directive"]
     monkeypatch.setenv("KFACTORY_NVCC", "/nonexistent/nvcc")  # the include check comes first
-    result = compile_cuda(source, ("-O3",), problem=SOFTMAX, dtype="fp32")
-    assert isinstance(result, CompileFailure) and result.reason == "forbidden_include"
+    outcome = CudaBackend(cache_dir=tmp_path, arch="sm_90").compile(SOFTMAX, source, ("-O3",))
+    assert outcome.build is None and outcome.rejection is not None
+    assert (outcome.rejection.stage, outcome.rejection.reason) == ("static", "forbidden_include")
 
 
 # With nvcc ---------------------------------------------------------------------------
@@ -461,3 +465,11 @@ def test_a_block_size_over_the_dims_is_checked_at_the_given_shapes(cache: Path) 
     assert found is not None and found.reason == "launch_bounds"
     assert int(found.evidence["threads_per_block"]) > 128
     assert "cols" in found.evidence["shape"]
+
+
+def test_a_size_function_named_but_not_called_is_refused_when_parsed() -> None:
+    for size in ("min", "cdiv(max, 2)", "rows + cdiv"):
+        source = GOOD.replace("grid=(rows)", f"grid=({size})")
+        with pytest.raises(LaunchError, match="without calling it"):
+            parse_launch_plan(source, SOFTMAX)
+    assert parse_launch_plan(GOOD.replace("grid=(rows)", "grid=(min(rows, 8))"), SOFTMAX)

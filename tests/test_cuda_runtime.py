@@ -16,18 +16,30 @@ import numpy as np
 import pytest
 
 from gpu_workers.cuda import backend as cuda_backend
+from gpu_workers.cuda import baselines
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda.backend import VERIFY_LIMITS, CudaBackend
 from gpu_workers.cuda.baselines import ARRAY_FORMULAS, choose_baseline, has_formula
-from gpu_workers.cuda.calibrate import measure
+from gpu_workers.cuda.calibrate import CalibrationError, matmul_library, measure
 from gpu_workers.cuda.compiler import CudaBuild, nvcc_path
-from gpu_workers.cuda.device import NoGpu, cuda_env, device_arch, gpu_unavailable_reason
+from gpu_workers.cuda.device import (
+    DeviceInfo,
+    Library,
+    NoGpu,
+    benchmark_unavailable_reason,
+    calibration_unavailable_reason,
+    cuda_env,
+    device_arch,
+    gpu_unavailable_reason,
+    unavailable_reason,
+)
 from gpu_workers.cuda.runner import FAULT_EXIT, HARNESS_EXIT, Loaded, pack
 from gpu_workers.results import Rejection, SandboxReport
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed
 from gpu_workers.verifier import check_outputs, plan_trials, verify
 from kernels.builtin import BUILTIN, GELU
 from kernels.cuda_launch import parse_launch_plan
+from kernels.templates import TEMPLATES
 
 NO_GPU = gpu_unavailable_reason()
 needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU: {NO_GPU}")
@@ -88,7 +100,9 @@ def test_jobs_and_replies_survive_the_trip_to_the_runner() -> None:
             recheck_seed=3,
             l2_flush_bytes=100 << 20,
         ),
-        p.CalibrateJob(copy_bytes=1 << 30, matmul_n=8192, dtypes=["fp32", "bf16"]),
+        p.CalibrateJob(
+            copy_bytes=1 << 30, matmul_n=8192, dtypes=["fp32", "bf16"], matmul_library="cupy"
+        ),
     ]
     for message in messages:
         assert msgspec.json.decode(msgspec.json.encode(message), type=p.Job) == message
@@ -170,6 +184,47 @@ def test_the_probe_says_plainly_why_there_is_no_gpu() -> None:
         device_arch()
 
 
+def _device(cc: tuple[int, int], *, torch: bool = False, cupy: bool = False) -> DeviceInfo:
+    return DeviceInfo(
+        reason=None,
+        name="NVIDIA Test",
+        compute_capability=cc,
+        pci_bus_id="0000:01:00.0",
+        torch=Library(
+            usable=torch, note="torch 2.9" if torch else "torch 2.9+cpu: a build without CUDA"
+        ),
+        cupy=Library(usable=cupy, note="cupy 13.6" if cupy else "cupy is not installed"),
+    )
+
+
+def test_a_gpu_of_an_unknown_architecture_is_refused_with_its_name() -> None:
+    """An sm_100 host would fail every compile (no limits for it): it refuses at start-up."""
+    assert unavailable_reason(_device((9, 0))) is None
+    assert unavailable_reason(_device((8, 6))) is None
+    reason = unavailable_reason(_device((10, 0)))
+    assert reason is not None
+    assert reason.startswith("this GPU (NVIDIA Test) is sm_100; kfactory knows sm_80, ")
+    assert "sm_90a" in reason
+    assert unavailable_reason(DeviceInfo(reason="no CUDA device")) == "no CUDA device"
+
+
+def test_calibration_needs_torch_or_cupy_working_with_cuda() -> None:
+    reason = calibration_unavailable_reason(_device((9, 0)))
+    assert reason is not None
+    assert reason.startswith("GPU calibration needs torch or cupy with CUDA: ")
+    assert "a build without CUDA" in reason and "cupy is not installed" in reason
+    with pytest.raises(CalibrationError, match="needs torch or cupy"):
+        matmul_library(_device((9, 0)))
+    assert calibration_unavailable_reason(_device((9, 0), cupy=True)) is None
+    assert matmul_library(_device((9, 0), cupy=True)) == "cupy"
+    assert matmul_library(_device((9, 0), torch=True, cupy=True)) == "torch"
+
+
+@without_gpu
+def test_without_a_gpu_benchmarking_is_refused_for_that_reason_first() -> None:
+    assert benchmark_unavailable_reason() == gpu_unavailable_reason()
+
+
 @without_gpu
 @needs_nvcc
 def test_without_a_gpu_running_and_timing_refuse_instead_of_faking(tmp_path: Path) -> None:
@@ -229,10 +284,12 @@ def test_the_runner_without_pycuda_reports_a_harness_fault_never_a_kernel_fault(
 # Failure mapping (the backend's reading of what the runner left) ----------------------------
 
 
-def _outcome(returncode: int, *, timed_out: bool = False) -> SandboxOutcome:
+def _outcome(
+    returncode: int, *, timed_out: bool = False, signal: str | None = None
+) -> SandboxOutcome:
     return SandboxOutcome(
         returncode=-9 if timed_out else returncode,
-        signal_name="SIGKILL" if timed_out else None,
+        signal_name="SIGKILL" if timed_out else signal,
         timed_out=timed_out,
         cpu_limit_hit=False,
         wall_seconds=120.5 if timed_out else 1.0,
@@ -274,16 +331,55 @@ def test_a_child_killed_by_the_wall_clock_is_a_timeout(tmp_path: Path) -> None:
     assert "address space not limited" in rejection.evidence["limits"]
 
 
-@pytest.mark.parametrize("timed_out", [False, True])
-def test_a_runner_that_dies_before_loading_the_kernel_is_the_harness_fault(
-    tmp_path: Path, timed_out: bool
+def test_a_runner_without_a_reply_before_any_kernel_work_is_the_harness_fault(
+    tmp_path: Path,
 ) -> None:
     """No reply and no progress: the child died (or hung) starting CUDA."""
-    with pytest.raises(RuntimeError, match="before it loaded the kernel"):
-        cuda_backend._failure(_outcome(-11, timed_out=timed_out), tmp_path, "run")
+    for outcome in (_outcome(-11, signal="SIGSEGV"), _outcome(0, timed_out=True)):
+        with pytest.raises(RuntimeError, match="without a reply"):
+            cuda_backend._failure(outcome, tmp_path, "run")
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        _outcome(-11, signal="SIGSEGV"),
+        _outcome(-6, signal="SIGABRT"),
+        _outcome(1),
+        _outcome(HARNESS_EXIT),
+    ],
+    ids=["SIGSEGV", "SIGABRT", "exit 1", "harness exit"],
+)
+def test_a_runner_that_dies_without_a_reply_is_never_the_kernels_fault(
+    tmp_path: Path, outcome: SandboxOutcome
+) -> None:
+    """A CUDA kernel cannot kill its runner: its faults come back as CUDA errors in a
+    reply. A signal or an exit without one, wherever the runner was, is the harness's."""
+    (tmp_path / p.PROGRESS_FILE).write_text("trial 0 run 0 launch 0 (kf_gelu ...)")
+    with pytest.raises(RuntimeError, match="not the kernel's fault"):
+        cuda_backend._failure(outcome, tmp_path, "run")
+    (tmp_path / p.RESULT_FILE).write_text('{"type": "verify", "runs": [')  # cut short
+    with pytest.raises(RuntimeError, match="without a reply"):
+        cuda_backend._failure(outcome, tmp_path, "run")
+
+
+def test_a_wall_clock_kill_after_the_kernel_work_began_is_a_timeout(tmp_path: Path) -> None:
     (tmp_path / p.PROGRESS_FILE).write_text("loading")
-    rejection = cuda_backend._failure(_outcome(-11, timed_out=timed_out), tmp_path, "run")
-    assert rejection is not None and "during loading" in rejection.message
+    rejection = cuda_backend._failure(_outcome(0, timed_out=True), tmp_path, "run")
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("run", "timeout")
+    assert "during loading" in rejection.message
+    for step in sorted(p.HARNESS_STEPS):  # no kernel call pending: the runner hung itself
+        (tmp_path / p.PROGRESS_FILE).write_text(step)
+        with pytest.raises(RuntimeError, match=f"progress: {step}"):
+            cuda_backend._failure(_outcome(0, timed_out=True), tmp_path, "benchmark")
+
+
+def test_a_reply_from_a_runner_that_then_failed_is_the_harness_fault(tmp_path: Path) -> None:
+    (tmp_path / p.PROGRESS_FILE).write_text("done")
+    (tmp_path / p.RESULT_FILE).write_bytes(msgspec.json.encode(p.VerifyReply(runs=[])))
+    with pytest.raises(RuntimeError, match="after its reply"):
+        cuda_backend._failure(_outcome(-11, signal="SIGSEGV"), tmp_path, "run")
 
 
 def test_a_finished_run_is_no_failure(tmp_path: Path) -> None:
@@ -291,13 +387,29 @@ def test_a_finished_run_is_no_failure(tmp_path: Path) -> None:
     assert cuda_backend._failure(_outcome(0), tmp_path, "run") is None
 
 
-def test_launch_lines_that_do_not_fit_a_shape_are_refused_before_the_gpu() -> None:
-    source = GELU_OK.replace("grid=(cdiv(n, 256))", "grid=(n - 1)")
+def test_scratch_buffers_that_do_not_fit_a_shape_are_refused_before_the_gpu() -> None:
+    """The launches were checked at the test shapes by the static stage; the buffer sizes
+    are what the run stage checks before the GPU."""
+    source = "// kf-buffer: tmp bytes=4*n-16\n" + GELU_OK
     plan = parse_launch_plan(source, GELU)
-    assert cuda_backend._unlaunchable(plan, {"n": 256}) is None
-    rejection = cuda_backend._unlaunchable(plan, {"n": 1})
+    assert cuda_backend._bad_buffers(plan, {"n": 256}) is None
+    rejection = cuda_backend._bad_buffers(plan, {"n": 1})
     assert rejection is not None
     assert (rejection.stage, rejection.reason) == ("run", "bad_launch")
+    assert "negative size" in rejection.message
+
+
+@needs_nvcc
+def test_launch_lines_that_do_not_fit_a_test_shape_are_refused_statically(
+    tmp_path: Path,
+) -> None:
+    source = GELU_OK.replace("grid=(cdiv(n, 256))", "grid=(n - 1)")
+    backend = CudaBackend(cache_dir=tmp_path, arch="sm_90")
+    compiled = backend.compile(GELU, source, (), "fp32")
+    assert compiled.build is not None, compiled.rejection
+    rejection = backend.static_check(compiled.build)
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("static", "bad_launch")
     assert "grid[0] = 0" in rejection.message
 
 
@@ -342,8 +454,48 @@ def test_array_baselines_compute_what_the_reference_does(name: str) -> None:
 def test_a_users_problem_is_never_timed_against_a_formula_it_does_not_compute() -> None:
     mine = dataclasses.replace(BUILTIN["softmax"], spec="/home/me/ops.py:SOFTMAX")
     assert has_formula(BUILTIN["softmax"]) and not has_formula(mine)
-    assert choose_baseline(mine, "fp32") == "numpy_host"
-    assert choose_baseline(BUILTIN["softmax"], "bf16") != "cupy"  # cupy has no bfloat16
+    assert choose_baseline(mine, "fp32", {"torch", "cupy"}) == "numpy_host"
+    assert choose_baseline(BUILTIN["softmax"], "bf16", {"cupy"}) != "cupy"  # no bfloat16
+
+
+@pytest.mark.parametrize(
+    ("libraries", "dtype", "chosen"),
+    [
+        ({"torch", "cupy"}, "fp32", "torch"),
+        ({"torch"}, "bf16", "torch"),
+        ({"cupy"}, "fp32", "cupy"),
+        ({"cupy"}, "bf16", "naive_cuda"),
+        (set(), "fp32", "naive_cuda"),
+    ],
+)
+def test_the_baseline_is_a_library_only_where_it_works_with_cuda(
+    libraries: set[str], dtype: str, chosen: str
+) -> None:
+    """`libraries` is what the device probe found working: an installed CPU-only torch is
+    not in it, so it is never chosen."""
+    assert choose_baseline(BUILTIN["softmax"], dtype, libraries) == chosen
+
+
+def test_a_problem_without_formula_or_template_is_timed_against_numpy() -> None:
+    problem = BUILTIN["residual_rmsnorm_gelu"]
+    if baselines.naive_template(problem, "fp32") is not None:
+        pytest.skip("residual_rmsnorm_gelu has a CUDA template now")
+    assert choose_baseline(problem, "fp32", set()) == "numpy_host"
+
+
+def test_the_naive_baseline_is_the_first_template_written_for_the_dtype(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tensor_cores = TEMPLATES["matmul_cuda_tensorcore"]  # bf16 and fp16 only
+    tiled = TEMPLATES["matmul_cuda_tiled"]
+    assert not tensor_cores.accepts("fp32") and tiled.accepts("fp32")
+    monkeypatch.setattr(baselines, "templates_for", lambda name, target: [tensor_cores, tiled])
+    matmul = BUILTIN["matmul"]
+    assert baselines.naive_template(matmul, "fp32") is tiled
+    assert baselines.naive_template(matmul, "bf16") is tensor_cores
+    monkeypatch.setattr(baselines, "templates_for", lambda name, target: [tensor_cores])
+    assert baselines.naive_template(matmul, "fp32") is None
+    assert choose_baseline(matmul, "fp32", set()) == "numpy_host"
 
 
 # On a GPU ------------------------------------------------------------------------------------

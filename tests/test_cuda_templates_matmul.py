@@ -2,49 +2,38 @@
 it takes, renders a source whose launch plan resolves at every test shape, and compiles
 for sm_90; the hand-picked best points compile without spilling registers.
 
-Compiling ~700 kernels one by one would take minutes, so the points of one (space, dtype,
-flags) go into a few translation units: each point's source in its own namespace, its
-kernels renamed with a unique suffix, its #includes hoisted to the top. A unit that fails
-is split in halves until the failing point is found, and the assertion names it.
+Compiling ~700 kernels one by one would take minutes, so the points compile in shared
+translation units (tests/cuda_units.py); a unit that fails is split in halves until the
+failing point is found, and the assertion names it.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from kernels.builtin import BUILTIN
 from kernels.cuda_launch import parse_launch_plan
-from kernels.design_space import InvalidParams, ParamValue, Template
+from kernels.design_space import CUDA_TYPES, TARGET_DTYPES, InvalidParams, ParamValue, Template
 from kernels.fusion import fusion_space
 from kernels.templates import TEMPLATES, templates_for
+from tests.cuda_units import (
+    Compiled,
+    PointSource,
+    assert_compiled,
+    compile_points,
+    kernel_names,
+    needs_nvcc,
+)
 
-ARCH = "sm_90"
-DTYPES = ("fp32", "bf16", "fp16")
+DTYPES = TARGET_DTYPES["cuda"]
 FUSED = BUILTIN["residual_rmsnorm_gelu"]
 SPACES: dict[str, tuple[Template, str]] = {
     "matmul_cuda_tiled": (TEMPLATES["matmul_cuda_tiled"], "matmul"),
     "matmul_cuda_tensorcore": (TEMPLATES["matmul_cuda_tensorcore"], "matmul"),
-    "fusion": (fusion_space(FUSED, f"cuda:{ARCH}"), "residual_rmsnorm_gelu"),
+    "fusion": (fusion_space(FUSED, "cuda"), "residual_rmsnorm_gelu"),
 }
-POINTS_PER_UNIT = 40
-"""Points per translation unit: large enough that nvcc's fixed cost (headers, start-up) is
-paid rarely, small enough that the units spread over the cores."""
-
-_KERNEL = re.compile(r'(extern "C" __global__\b[^{;]*?\b)(kf_\w+)(\s*\()')
-_PROPERTIES = re.compile(
-    r"Function properties for (\w+)\s+(\d+) bytes stack frame, (\d+) bytes spill stores, "
-    r"(\d+) bytes spill loads"
-)
-_COMPILED = re.compile(r"Compiling entry function '(\w+)'")
 
 
 def _cases() -> Iterator[tuple[str, str]]:
@@ -87,16 +76,15 @@ def test_every_point_renders_a_launch_plan_that_resolves_at_every_shape(
     space, problem_name = SPACES[name]
     problem = BUILTIN[problem_name]
     shapes = [*problem.test_shapes, problem.default_shape]
-    element = {"fp32": "float", "bf16": "__nv_bfloat16", "fp16": "__half"}[dtype]
     count = 0
     for point in space.valid_points():
         rendered = space.render(point, dtype)
         where = f"{name} {dtype} {point}"
         assert rendered.flags == tuple(str(point["flags"]).split()), where
         assert not any(f.startswith(("-arch", "--gpu-architecture")) for f in rendered.flags)
-        assert f"typedef {element} kf_t;" in rendered.source, where
+        assert f"typedef {CUDA_TYPES[dtype]} kf_t;" in rendered.source, where
         plan = parse_launch_plan(rendered.source, problem)
-        defined = {m[2] for m in _KERNEL.finditer(rendered.source)}
+        defined = set(kernel_names(rendered.source))
         assert set(plan.kernels) <= defined, (where, plan.kernels, defined)
         for shape in shapes:
             resolved = plan.resolve(shape)
@@ -120,127 +108,35 @@ def test_sources_differ_between_points_and_are_pure() -> None:
 
 # compiling ------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Member:
-    point: dict[str, ParamValue]
-    source: str
-    kernels: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Built:
-    ok: bool
-    log: str
-    failing: Member | None
-    """With `ok` false: the first point that fails on its own."""
-
-
-def _unit(members: list[Member]) -> str:
-    includes: list[str] = []
-    bodies: list[str] = []
-    for index, member in enumerate(members):
-        rest = []
-        for line in member.source.splitlines():
-            if line.lstrip().startswith("#include"):
-                if line.strip() not in includes:
-                    includes.append(line.strip())
-            else:
-                rest.append(line)
-        body = _KERNEL.sub(rf"\g<1>\g<2>__p{index}\g<3>", "\n".join(rest))
-        bodies.append(f"namespace kf_point{index} {{\n{body}\n}}\n")
-    return "\n".join([*includes, "", *bodies])
-
-
-def _nvcc(
-    nvcc: str, folder: Path, label: str, flags: tuple[str, ...], source: str
-) -> tuple[bool, str]:
-    path = folder / f"{label}.cu"
-    path.write_text(source)
-    command = [nvcc, "-cubin", f"-arch={ARCH}", "-Xptxas", "-v", *flags, path.name]
-    done = subprocess.run(
-        [*command, "-o", f"{label}.cubin"], cwd=folder, capture_output=True, text=True, timeout=300
-    )
-    return done.returncode == 0, done.stdout + done.stderr
-
-
-def _build(
-    nvcc: str, folder: Path, label: str, flags: tuple[str, ...], members: list[Member]
-) -> Built:
-    ok, log = _nvcc(nvcc, folder, label, flags, _unit(members))
-    if ok or len(members) == 1:
-        return Built(ok, log, None if ok else members[0])
-    half = len(members) // 2
-    for part, group in (("a", members[:half]), ("b", members[half:])):
-        built = _build(nvcc, folder, label + part, flags, group)
-        if not built.ok:
-            return built
-    return Built(False, log, None)  # fails only together: the unit's log says why
+Builds = dict[tuple[str, str], list[Compiled]]
+"""(space name, dtype) -> each of its valid points, compiled."""
 
 
 @pytest.fixture(scope="module")
-def builds(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> dict[tuple[str, str], list[tuple[list[Member], Built]]]:
+def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     """Every valid point of every case, compiled in units on all cores."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not installed on this host: the CUDA sources cannot be compiled")
-    folder = tmp_path_factory.mktemp("cuda_units")
-    jobs: list[tuple[tuple[str, str], str, tuple[str, ...], list[Member]]] = []
-    for name, dtype in CASES:
-        space, problem_name = SPACES[name]
-        by_flags: dict[tuple[str, ...], list[Member]] = {}
-        for point in space.valid_points():
-            rendered = space.render(point, dtype)
-            kernels = parse_launch_plan(rendered.source, BUILTIN[problem_name]).kernels
-            by_flags.setdefault(rendered.flags, []).append(Member(point, rendered.source, kernels))
-        for f, (flags, members) in enumerate(by_flags.items()):
-            for start in range(0, len(members), POINTS_PER_UNIT):
-                label = f"{name}_{dtype}_f{f}_{start}"
-                jobs.append(((name, dtype), label, flags, members[start : start + POINTS_PER_UNIT]))
-    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    with ThreadPoolExecutor(max_workers=workers or 1) as pool:
-        futures = [
-            (case, members, pool.submit(_build, nvcc, folder, label, flags, members))
-            for case, label, flags, members in jobs
+    cases = {
+        (name, dtype): [
+            PointSource.render(SPACES[name][0], point, dtype)
+            for point in SPACES[name][0].valid_points()
         ]
-        results: dict[tuple[str, str], list[tuple[list[Member], Built]]] = {}
-        for case, members, future in futures:
-            results.setdefault(case, []).append((members, future.result()))
-    return results
+        for name, dtype in CASES
+    }
+    return compile_points(cases, tmp_path_factory.mktemp("cuda_units"))
 
 
+@needs_nvcc
 @pytest.mark.parametrize(("name", "dtype"), CASES)
-def test_every_point_compiles_for_sm_90(
-    name: str, dtype: str, builds: dict[tuple[str, str], list[tuple[list[Member], Built]]]
-) -> None:
-    compiled = 0
-    for members, built in builds[(name, dtype)]:
-        if not built.ok:
-            point = built.failing.point if built.failing else "(only the whole unit)"
-            pytest.fail(f"{name} {dtype}: nvcc fails at {point}:\n{built.log[-4000:]}")
-        entries = set(_COMPILED.findall(built.log))
-        for index, member in enumerate(members):
-            missing = {f"{k}__p{index}" for k in member.kernels} - entries
-            assert not missing, (name, dtype, member.point, missing)
-            compiled += 1
+def test_every_point_compiles_for_sm_90(name: str, dtype: str, builds: Builds) -> None:
     space, _ = SPACES[name]
-    assert compiled == sum(1 for _ in space.valid_points())
+    assert len(builds[(name, dtype)]) == sum(1 for _ in space.valid_points())
+    assert_compiled(builds[(name, dtype)], spills=False)
 
 
+@needs_nvcc
 @pytest.mark.parametrize(("name", "dtype"), CASES)
-def test_the_best_points_do_not_spill(
-    name: str, dtype: str, builds: dict[tuple[str, str], list[tuple[list[Member], Built]]]
-) -> None:
+def test_the_best_points_do_not_spill(name: str, dtype: str, builds: Builds) -> None:
     space, _ = SPACES[name]
-    checked = 0
-    for members, built in builds[(name, dtype)]:
-        spills = {m[1]: (int(m[3]), int(m[4])) for m in _PROPERTIES.finditer(built.log)}
-        for index, member in enumerate(members):
-            if member.point != space.best_known:
-                continue
-            for kernel in member.kernels:
-                assert spills[f"{kernel}__p{index}"] == (0, 0), (name, dtype, kernel, spills)
-                checked += 1
-    assert checked > 0
+    best = [b for b in builds[(name, dtype)] if b.point.params == space.best_known]
+    assert len(best) == 1 and best[0].functions, (name, dtype, "the best point was not compiled")
+    assert_compiled(best)

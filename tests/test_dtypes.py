@@ -55,17 +55,42 @@ def test_a_correctly_rounded_answer_passes_in_every_distribution(dtype: str, pro
         assert worst <= 2.0**-8  # half an ulp of bf16 at most, relative to the scale
 
 
+def _ulp(values: np.ndarray, dtype: str) -> np.ndarray:
+    """One ulp of `dtype` at each normal value: the gap to the next larger number of the
+    type, eps times the power of two at or below the value."""
+    _, exponent = np.frexp(np.abs(values.astype(np.float64)))  # value = m * 2**exponent
+    return np.ldexp(float(ml_dtypes.finfo(DTYPES[dtype]).eps), exponent - 1)
+
+
+def _moved(values: np.ndarray, dtype: str, ulps: int) -> np.ndarray:
+    """`values` (of `dtype`) moved by `ulps` ulps each, exactly."""
+    exact = values.astype(np.float64) + ulps * _ulp(values, dtype)
+    moved = exact.astype(DTYPES[dtype])
+    assert (moved.astype(np.float64) == exact).all(), "the move is not representable"
+    return moved
+
+
 @pytest.mark.parametrize("dtype", HALF)
-def test_an_answer_off_by_a_few_ulps_is_refused(dtype: str) -> None:
+def test_an_answer_one_ulp_off_passes_and_eight_ulps_off_is_refused(dtype: str) -> None:
+    """The tolerance of a 16-bit output allows a rounding error of a few ulps of its type,
+    so the boundary lies between one ulp off (always passes) and eight (always refused)."""
     trial = _softmax_trial(dtype)
-    got = _correct("softmax", trial.inputs, dtype)
-    y = got["y"].astype(np.float64)
-    y[1, 2] *= 1.05  # 5%: far beyond a rounding error in either type
-    got["y"] = y.astype(DTYPES[dtype])
     spec = BUILTIN["softmax"]
-    rejection, _ = check_outputs(spec, spec.tolerances[dtype], trial.inputs, got, POISON[dtype])
-    assert rejection is not None and rejection.reason == "wrong_value"
-    assert rejection.evidence["first_index"] == "(1, 2)"
+    tolerance = spec.tolerances[dtype]
+    y = _correct("softmax", trial.inputs, dtype)["y"]
+    assert (y.astype(np.float64) >= float(ml_dtypes.finfo(DTYPES[dtype]).tiny)).all()  # normal
+    for ulps in (1, -1):  # every element one ulp off, up or down
+        off = {"y": _moved(y, dtype, ulps)}
+        rejection, worst = check_outputs(spec, tolerance, trial.inputs, off, POISON[dtype])
+        assert rejection is None, (ulps, rejection)
+        assert worst > 0.0
+    for ulps in (8, -8):  # one element eight ulps off
+        off = {"y": y.copy()}
+        off["y"][1, 2] = _moved(y[1, 2:3], dtype, ulps)[0]
+        rejection, _ = check_outputs(spec, tolerance, trial.inputs, off, POISON[dtype])
+        assert rejection is not None and rejection.reason == "wrong_value", (ulps, rejection)
+        assert rejection.evidence["first_index"] == "(1, 2)"
+        assert rejection.evidence["wrong_count"] == "1"
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.sandbox import Limits
-from gpu_workers.verifier import plan_trials, verify
+from gpu_workers.verifier import check_outputs, plan_trials, verify
 from kernels.builtin import BUILTIN
 from kernels.spec import DISTRIBUTIONS
 from kernels.templates import EXAMPLE_TEMPLATES, TEMPLATES, example_file_text
@@ -132,3 +132,23 @@ def test_the_worker_survives_every_planted_kernel(cpu_backend: CpuBackend) -> No
     after = verify(BUILTIN["softmax"], cpu_backend, (EXAMPLES / "softmax.c").read_text(), FLAGS)
     assert after.verified
     assert time.monotonic() - started < 60
+
+
+def test_where_the_exact_result_overflows_only_that_infinity_passes() -> None:
+    """fp16 matmul of large inputs: every exact result is beyond 65504. The rounded
+    answer (all infinities) passes; zeros, or the other infinity, do not."""
+    spec = BUILTIN["matmul"]
+    shape = {"M": 8, "N": 8, "K": 64}
+    inputs = spec.generate(shape, "normal", 5, "fp16")
+    inputs = {name: np.full_like(a, 300.0) for name, a in inputs.items()}
+    exact = spec.expected(inputs)["C"]
+    assert np.all(exact > 65504)
+    with np.errstate(over="ignore"):
+        rounded = exact.astype(np.float16)
+    tolerance = spec.tolerances["fp16"]
+    poison = 0x7E01  # a NaN no kernel writes
+    assert check_outputs(spec, tolerance, inputs, {"C": rounded}, poison)[0] is None
+    for wrong in (np.zeros_like(rounded), -rounded, np.full_like(rounded, 1000.0)):
+        rejection, _ = check_outputs(spec, tolerance, inputs, {"C": wrong}, poison)
+        assert rejection is not None
+        assert rejection.reason in {"wrong_value", "non_finite"}, rejection

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
 
-import msgspec
 import numpy as np
 
 from gpu_workers.benchmarker import TimingRun
+from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.compiler import (
-    ALLOCATION_REFUSED_MARK,
-    CompiledKernel,
-    CompileFailure,
-    compile_kernel,
-)
+from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel
 from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.results import Rejection
+from gpu_workers.runner_files import expect_reply, write_request
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
+from gpu_workers.sandbox_outcome import contention, sandbox_failure
 from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial
 from kernels.spec import Problem
 
@@ -30,7 +26,6 @@ TIMING_ENV = {
     "OMP_PROC_BIND": "spread",
     "OMP_PLACES": "cores",
 }
-ReplyT = TypeVar("ReplyT", p.VerifyReply, p.BenchReply)
 VERIFY_LIMITS = Limits(
     cpu_seconds=120, address_space_bytes=4 << 30, wall_seconds=60.0, file_size_bytes=256 << 20
 )
@@ -73,15 +68,7 @@ class CpuBackend:
             source, flags, prototype=problem.c_signature(self.dtype), cache_dir=self.cache_dir
         )
         if isinstance(result, CompileFailure):
-            return CompileOutcome(
-                build=None,
-                rejection=Rejection(
-                    stage="compile",
-                    reason=result.reason,
-                    message=result.message,
-                    evidence={"log": result.log},
-                ),
-            )
+            return CompileOutcome(build=None, rejection=compile_rejection(result))
         return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
 
     def static_check(self, build: object) -> Rejection | None:
@@ -113,7 +100,7 @@ class CpuBackend:
             failure = sandbox_failure(outcome, workdir, "run")
             if failure is not None:
                 return RunOutcome(rejection=failure, sandbox=outcome.report)
-            reply = _reply(workdir, p.VerifyReply)
+            reply = expect_reply(workdir, p.Reply, p.VerifyReply)
             runs = [
                 RunOutput(
                     trial=r.trial,
@@ -165,7 +152,7 @@ class CpuBackend:
             failure = sandbox_failure(outcome, workdir, "benchmark")
             if failure is not None:
                 return TimingRun(rejection=failure, wall_seconds=outcome.wall_seconds)
-            reply = _reply(workdir, p.BenchReply)
+            reply = expect_reply(workdir, p.Reply, p.BenchReply)
             return TimingRun(
                 kernel_ns=reply.kernel_ns,
                 kernel_warmup_ns=reply.kernel_warmup_ns,
@@ -191,79 +178,10 @@ class CpuBackend:
             )
 
     def _run(self, job: p.Job, workdir: Path, limits: Limits) -> SandboxOutcome:
-        (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
+        write_request(workdir, job)
         # Verifying: spinning OpenMP threads start together, which is what exposes races.
         # Timing: idle threads of one contender (OpenMP or OpenBLAS) must not spin on the
         # cores the next contender is using, so both pools go to sleep soon after a call;
         # OpenMP threads are pinned one per core, so no run finds two sharing a core.
         env = VERIFY_ENV if isinstance(job, p.VerifyJob) else TIMING_ENV
         return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=env)
-
-
-def contention(outcome: SandboxOutcome) -> float | None:
-    if outcome.other_cpu_seconds is None or outcome.wall_seconds <= 0:
-        return None
-    return outcome.other_cpu_seconds / outcome.wall_seconds
-
-
-def _reply(workdir: Path, kind: type[ReplyT]) -> ReplyT:
-    reply = msgspec.json.decode((workdir / p.RESULT_FILE).read_bytes(), type=p.Reply)
-    if not isinstance(reply, kind):
-        raise RuntimeError(f"the runner answered with {type(reply).__name__}")
-    return reply
-
-
-def sandbox_failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | None:
-    """Turn a child that did not finish into a rejection with evidence; None if it finished.
-    Shared by every back end whose runner leaves RESULT_FILE and PROGRESS_FILE behind."""
-    if outcome.ok and (workdir / p.RESULT_FILE).is_file():
-        return None
-    try:
-        progress = (workdir / p.PROGRESS_FILE).read_text()
-    except OSError:
-        progress = "before the first kernel call"
-    limit = outcome.report.address_space_limit_bytes
-    address_space = f"{limit >> 20} MiB" if limit >= 0 else "not limited"
-    evidence = {
-        "progress": progress,
-        "exit_status": str(outcome.returncode),
-        "signal": outcome.signal_name or "",
-        "wall_seconds": f"{outcome.wall_seconds:.2f}",
-        "cpu_seconds": f"{outcome.cpu_seconds:.2f}",
-        "stderr": outcome.stderr[-4000:],
-        "stdout": outcome.stdout[-2000:],
-        "limits": (
-            f"wall {outcome.report.wall_seconds_limit:g} s, cpu "
-            f"{outcome.report.cpu_seconds_limit} s, address space {address_space}"
-        ),
-    }
-    refused = next(
-        (ln for ln in outcome.stderr.splitlines() if ln.startswith(ALLOCATION_REFUSED_MARK)), None
-    )
-    if outcome.timed_out:
-        reason = "timeout"
-        message = f"no result within the {outcome.report.wall_seconds_limit:g} s wall-clock limit"
-    elif outcome.cpu_limit_hit:
-        reason = "timeout"
-        message = f"used up its {outcome.report.cpu_seconds_limit} s CPU-time limit (RLIMIT_CPU)"
-    elif refused is not None or "MemoryError" in outcome.stderr:
-        reason = "memory_limit"
-        what = refused[len(ALLOCATION_REFUSED_MARK) :].strip() if refused else "MemoryError"
-        message = f"allocation refused (address space {address_space}): {what}"
-        if outcome.signal_name:
-            message += f", then killed by {outcome.signal_name}"
-    elif outcome.signal_name:
-        reason = "crashed"
-        message = f"killed by {outcome.signal_name}"
-    else:
-        reason = "exited"
-        message = (
-            f"the process exited with status {outcome.returncode} before finishing "
-            "(the kernel ended the process)"
-        )
-    return Rejection(
-        stage=stage,  # type: ignore[arg-type]
-        reason=reason,
-        message=f"{message} during {progress}",
-        evidence=evidence,
-    )

@@ -11,13 +11,16 @@ from pathlib import Path
 
 import msgspec
 
+from gpu_workers.benchmarker import QUIET_CORES
 from gpu_workers.cache_root import cache_root
 from gpu_workers.calibration_cache import cached_calibration
+from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.backend import contention
-from gpu_workers.cpu.compiler import CompileFailure, compile_kernel
+from gpu_workers.cpu.compiler import compile_kernel
 from gpu_workers.results import HostCalibration
+from gpu_workers.runner_files import read_reply, write_request
 from gpu_workers.sandbox import Limits, run_sandboxed, sandbox_dir
+from gpu_workers.sandbox_outcome import contention
 
 CALIBRATION_SOURCE = Path(__file__).with_name("calibration.c")
 COPY_BYTES = 512 << 20
@@ -70,7 +73,6 @@ def load_or_calibrate(cache_dir: Path | None = None, *, force: bool = False) -> 
     return cached_calibration(calibration_path(cache_dir), lambda: measure(cache_dir), force=force)
 
 
-QUIET_CORES = 0.25
 ATTEMPTS = 3
 
 
@@ -112,22 +114,20 @@ def _measure_once(cache_dir: Path | None) -> HostCalibration:
         fma_iterations=FMA_ITERATIONS,
     )
     with sandbox_dir("kf-calibrate-") as workdir:
-        (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
+        write_request(workdir, job)
         outcome = run_sandboxed(
             "gpu_workers.cpu.runner",
             [],
             workdir=workdir,
             limits=Limits(cpu_seconds=600, address_space_bytes=16 << 30, wall_seconds=300),
         )
-        if not outcome.ok or not (workdir / p.RESULT_FILE).is_file():
+        reply = read_reply(workdir, p.Reply)
+        if not outcome.ok or not isinstance(reply, p.CalibrateReply):
             raise CalibrationError(
                 f"calibration run failed (exit {outcome.returncode}, {outcome.signal_name}): "
                 f"{outcome.stderr[-2000:]}"
             )
-        reply = msgspec.json.decode((workdir / p.RESULT_FILE).read_bytes(), type=p.Reply)
         busy = contention(outcome)
-    if not isinstance(reply, p.CalibrateReply):
-        raise CalibrationError("the runner answered a calibration with something else")
     sgemm = 2.0 * reply.sgemm_n**3 / reply.sgemm_seconds / 1e9
     fma = reply.fma_flops / reply.fma_seconds / 1e9
     return HostCalibration(

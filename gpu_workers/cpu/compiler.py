@@ -11,23 +11,22 @@ import functools
 import hashlib
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import msgspec
 
-from gpu_workers.atomic_file import write_atomically
+from gpu_workers.build_cache import cached_build
 from gpu_workers.cache_root import cache_root
+from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.compiler_process import run_compiler
+from gpu_workers.sandbox_outcome import ALLOCATION_REFUSED_MARK
 
 COMPILER = os.environ.get("KFACTORY_CC", "cc")
 COMPILE_TIMEOUT_S = 60.0
 COMPILER_ADDRESS_SPACE = 4 << 30
 LOG_LIMIT = 8000
 WRAPPED = ("malloc", "calloc", "realloc", "aligned_alloc", "posix_memalign")
-ALLOCATION_REFUSED_MARK = "kf: allocation refused:"
 
 _ALLOWED_FLAGS = re.compile(
     r"^(-O[0-3s]|-Ofast|-march=native|-mtune=native"
@@ -84,13 +83,6 @@ class CompiledKernel(msgspec.Struct, frozen=True, kw_only=True):
     cache_hit: bool
 
 
-class CompileFailure(msgspec.Struct, frozen=True, kw_only=True):
-    reason: str
-    """bad_flags | compile_error | compile_timeout | link_error"""
-    message: str
-    log: str
-
-
 def source_sha256(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
@@ -130,25 +122,13 @@ def compile_kernel(
             log="allowed: optimisation levels, -march/-mtune=native, ISA -m flags, "
             "vectorisation and fast-math -f flags, -fopenmp, -D macros",
         )
-    cache = cache_dir or default_cache_dir()
-    key = hashlib.sha256(
-        "\0".join(
-            (source, " ".join(flags), prototype, compiler_identity(), SUPPORT_SOURCE)
-        ).encode()
-    ).hexdigest()
-    entry = cache / key[:2] / key
-    meta_path = entry / "meta.json"
-    if meta_path.is_file():
-        try:
-            cached = msgspec.json.decode(meta_path.read_bytes(), type=CompiledKernel)
-        except msgspec.DecodeError:
-            cached = None  # written by an older version: build again
-        if cached is not None and Path(cached.library).is_file():
-            return msgspec.structs.replace(cached, cache_hit=True)
-    result = _build(source, flags, prototype, entry)
-    if isinstance(result, CompiledKernel):
-        write_atomically(meta_path, msgspec.json.encode(result))
-    return result
+    return cached_build(
+        cache_dir or default_cache_dir(),
+        (source, " ".join(flags), prototype, compiler_identity(), SUPPORT_SOURCE),
+        CompiledKernel,
+        lambda kernel: (kernel.library,),
+        lambda work, entry: _build(source, flags, prototype, work, entry),
+    )
 
 
 def _run(argv: list[str], cwd: Path) -> tuple[int | None, str]:
@@ -197,51 +177,44 @@ def _static_storage(obj: Path, cwd: Path) -> tuple[str, ...]:
 
 
 def _build(
-    source: str, flags: tuple[str, ...], prototype: str, entry: Path
+    source: str, flags: tuple[str, ...], prototype: str, work: Path, entry: Path
 ) -> CompiledKernel | CompileFailure:
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=entry.parent))
-    try:
-        prelude = f'#include <stdint.h>\n{prototype};\n#line 1 "kernel.c"\n'
-        (work / "kernel.c").write_text(prelude + source)
-        (work / "support.c").write_text(SUPPORT_SOURCE)
-        common = [COMPILER, *flags, "-fPIC"]
-        code, log = _run([*common, "-c", "kernel.c", "-o", "kernel.o"], work)
-        if code is None:
-            return CompileFailure(reason="compile_timeout", message=log, log=log)
-        if code != 0:
-            first = next((ln for ln in log.splitlines() if "error" in ln), "compiler error")
-            return CompileFailure(reason="compile_error", message=first.strip(), log=log)
-        undefined, defined = _symbols(work / "kernel.o", work)
-        static_storage = _static_storage(work / "kernel.o", work)
-        code, support_log = _run(
-            [COMPILER, "-O2", "-fPIC", "-c", "support.c", "-o", "support.o"], work
-        )
-        if code != 0:
-            raise RuntimeError(f"the sandbox support file failed to compile: {support_log}")
-        libs = ["-lm"]
-        if any(s.startswith("_ZGV") for s in undefined):
-            libs.insert(0, "-lmvec")
-        wrap = "-Wl," + ",".join(f"--wrap={name}" for name in WRAPPED)
-        code, link_log = _run(
-            [*common, "-shared", "kernel.o", "support.o", wrap, *libs, "-o", "kernel.so"], work
-        )
-        if code != 0:
-            log = log + link_log
-            return CompileFailure(reason="link_error", message="link failed", log=log)
-        entry.mkdir(parents=True, exist_ok=True)
-        library = entry / "kernel.so"
-        os.replace(work / "kernel.so", library)
-        os.replace(work / "kernel.c", entry / "kernel.c")
-        return CompiledKernel(
-            library=str(library),
-            source_sha256=source_sha256(source),
-            flags=flags,
-            undefined_symbols=undefined,
-            defined_symbols=defined,
-            static_storage=static_storage,
-            log=(log + link_log)[-LOG_LIMIT:],
-            cache_hit=False,
-        )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    prelude = f'#include <stdint.h>\n{prototype};\n#line 1 "kernel.c"\n'
+    (work / "kernel.c").write_text(prelude + source)
+    (work / "support.c").write_text(SUPPORT_SOURCE)
+    common = [COMPILER, *flags, "-fPIC"]
+    code, log = _run([*common, "-c", "kernel.c", "-o", "kernel.o"], work)
+    if code is None:
+        return CompileFailure(reason="compile_timeout", message=log, log=log)
+    if code != 0:
+        first = next((ln for ln in log.splitlines() if "error" in ln), "compiler error")
+        return CompileFailure(reason="compile_error", message=first.strip(), log=log)
+    undefined, defined = _symbols(work / "kernel.o", work)
+    static_storage = _static_storage(work / "kernel.o", work)
+    code, support_log = _run([COMPILER, "-O2", "-fPIC", "-c", "support.c", "-o", "support.o"], work)
+    if code != 0:
+        raise RuntimeError(f"the sandbox support file failed to compile: {support_log}")
+    libs = ["-lm"]
+    if any(s.startswith("_ZGV") for s in undefined):
+        libs.insert(0, "-lmvec")
+    wrap = "-Wl," + ",".join(f"--wrap={name}" for name in WRAPPED)
+    code, link_log = _run(
+        [*common, "-shared", "kernel.o", "support.o", wrap, *libs, "-o", "kernel.so"], work
+    )
+    if code != 0:
+        log = log + link_log
+        return CompileFailure(reason="link_error", message="link failed", log=log)
+    entry.mkdir(parents=True, exist_ok=True)
+    library = entry / "kernel.so"
+    os.replace(work / "kernel.so", library)
+    os.replace(work / "kernel.c", entry / "kernel.c")
+    return CompiledKernel(
+        library=str(library),
+        source_sha256=source_sha256(source),
+        flags=flags,
+        undefined_symbols=undefined,
+        defined_symbols=defined,
+        static_storage=static_storage,
+        log=(log + link_log)[-LOG_LIMIT:],
+        cache_hit=False,
+    )

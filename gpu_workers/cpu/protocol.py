@@ -1,12 +1,39 @@
-"""Messages between the worker and its sandboxed CPU runner (files in the sandbox dir)."""
+"""Messages between the worker and its sandboxed CPU runner (files in the sandbox dir).
+
+The file names, RunRecord and VerifyReply are every runner's (gpu_workers.runner_files),
+named here too so the runner finds its whole protocol in one module.
+"""
 
 from __future__ import annotations
 
 import msgspec
 
-REQUEST_FILE = "request.json"
-RESULT_FILE = "result.json"
-PROGRESS_FILE = "progress.txt"
+from gpu_workers.runner_files import (
+    PROGRESS_FILE,
+    REQUEST_FILE,
+    RESULT_FILE,
+    RunRecord,
+    VerifyReply,
+    after_file,
+    input_file,
+    out_file,
+    recheck_file,
+    timed_out_file,
+)
+
+__all__ = [
+    "PROGRESS_FILE",
+    "REQUEST_FILE",
+    "RESULT_FILE",
+    "RunRecord",
+    "VerifyReply",
+    "after_file",
+    "input_file",
+    "out_file",
+    "recheck_file",
+    "timed_out_file",
+]
+
 POISON_BITS = (0x7FBADBAD, 0xFFC0FFEE)
 """Output poison per run: two different NaN payloads, so 'unwritten' is recognisable."""
 
@@ -55,17 +82,6 @@ class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):
 Job = VerifyJob | BenchJob | CalibrateJob
 
 
-class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
-    trial: int
-    run: int
-    damaged_slack: list[str]
-    seconds: float
-
-
-class VerifyReply(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
-    runs: list[RunRecord]
-
-
 class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     kernel_ns: list[int]
     kernel_warmup_ns: list[int]
@@ -88,23 +104,3 @@ class CalibrateReply(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate")
 
 
 Reply = VerifyReply | BenchReply | CalibrateReply
-
-
-def out_file(trial: int, run: int, name: str) -> str:
-    return f"t{trial}_r{run}_out_{name}.npy"
-
-
-def after_file(trial: int, run: int, name: str) -> str:
-    return f"t{trial}_r{run}_in_{name}.npy"
-
-
-def input_file(trial: int, name: str) -> str:
-    return f"t{trial}_in_{name}.npy"
-
-
-def timed_out_file(seed_index: int, name: str) -> str:
-    return f"timed_{seed_index}_{name}.npy"
-
-
-def recheck_file(name: str) -> str:
-    return f"recheck_{name}.npy"

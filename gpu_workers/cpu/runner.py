@@ -11,7 +11,6 @@ import ctypes
 import math
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -20,7 +19,7 @@ import numpy.typing as npt
 
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.guarded import GuardedArray, aligned_empty
-from gpu_workers.interleave import interleave
+from gpu_workers.interleave import Call, interleave
 
 FloatArray = npt.NDArray[np.float32]
 Kernel = Callable[..., None]
@@ -120,19 +119,23 @@ def bench(job: p.BenchJob) -> p.BenchReply:
     incumbent_sets = [{**views, **poisoned_outputs()} for views in input_views]
     timed_outputs = [poisoned_outputs() for _ in distinct]
 
-    def call_kernel(fn: Kernel, arrays: list[dict[str, FloatArray]], save: bool, i: int) -> int:
-        pointers = [arrays[i][n].ctypes.data for n in names]
-        started = time.perf_counter_ns()
-        fn(*pointers, *dims)
-        elapsed = time.perf_counter_ns() - started
-        # Every call starts from poisoned outputs, so no call can find an earlier answer.
-        # Poisoned after the call, not before it: the outputs stay as cold as the rotation
-        # left them.
-        for name in outputs:
-            if save:
-                np.copyto(timed_outputs[i % len(distinct)][name], arrays[i][name])
-            _poison(arrays[i][name], p.POISON_BITS[0])
-        return elapsed
+    def contender(fn: Kernel, arrays: list[dict[str, FloatArray]], save: bool) -> Call:
+        pointers = [[a[n].ctypes.data for n in names] for a in arrays]
+
+        def call(i: int) -> int:
+            started = time.perf_counter_ns()
+            fn(*pointers[i], *dims)
+            elapsed = time.perf_counter_ns() - started
+            # Every call starts from poisoned outputs, so no call can find an earlier
+            # answer. Poisoned after the call, not before it: the outputs stay as cold as
+            # the rotation left them.
+            for name in outputs:
+                if save:
+                    np.copyto(timed_outputs[i % len(distinct)][name], arrays[i][name])
+                _poison(arrays[i][name], p.POISON_BITS[0])
+            return elapsed
+
+        return call
 
     def call_baseline(i: int) -> int:
         started = time.perf_counter_ns()
@@ -140,9 +143,9 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         return time.perf_counter_ns() - started
 
     samples = interleave(
-        partial(call_kernel, kernel, sets, True),
+        contender(kernel, sets, save=True),
         call_baseline,
-        partial(call_kernel, incumbent, incumbent_sets, False) if incumbent is not None else None,
+        contender(incumbent, incumbent_sets, save=False) if incumbent is not None else None,
         n_sets,
         warmup=job.warmup,
         warmup_seconds=job.warmup_seconds,

@@ -3,7 +3,8 @@
 Figures from the CUDA C++ Programming Guide's table of compute-capability limits (the
 same numbers `cudaGetDeviceProperties` reports). Device properties that vary between
 boards of one architecture (L2 size, SM count, clocks) are not here: they are measured
-on the host that runs the kernel.
+on the host that runs the kernel. Nor are the block-size limits, the same on every
+architecture listed: kernels.cuda_launch checks them (MAX_BLOCK, MAX_THREADS_PER_BLOCK).
 """
 
 from __future__ import annotations
@@ -18,44 +19,36 @@ class ArchLimits:
     arch: str
     registers_per_thread: int
     registers_per_block: int
-    registers_per_sm: int
     register_allocation_unit: int
     """Registers are given to a warp in multiples of this many."""
-    max_threads_per_block: int
-    max_threads_per_sm: int
     static_shared_per_block: int
     """Bytes of `__shared__` arrays a block may declare; ptxas refuses more."""
     max_shared_per_block_optin: int
     """Static plus dynamic shared memory of one block, once the loader opts in to it."""
-    shared_per_sm: int
 
 
 class UnknownArch(ValueError):
     """An architecture this table does not describe."""
 
 
-def _limits(arch: str, threads_per_sm: int, optin_kib: int, sm_kib: int) -> ArchLimits:
+def _limits(arch: str, optin_kib: int) -> ArchLimits:
     return ArchLimits(
         arch=arch,
         registers_per_thread=255,
         registers_per_block=65536,
-        registers_per_sm=65536,
         register_allocation_unit=256,
-        max_threads_per_block=1024,
-        max_threads_per_sm=threads_per_sm,
         static_shared_per_block=48 * 1024,
         max_shared_per_block_optin=optin_kib * 1024,
-        shared_per_sm=sm_kib * 1024,
     )
 
 
 ARCHES: dict[str, ArchLimits] = {
-    "sm_80": _limits("sm_80", 2048, 163, 164),
-    "sm_86": _limits("sm_86", 1536, 99, 100),
-    "sm_89": _limits("sm_89", 1536, 99, 100),
-    "sm_90": _limits("sm_90", 2048, 227, 228),
+    "sm_80": _limits("sm_80", 163),
+    "sm_86": _limits("sm_86", 99),
+    "sm_89": _limits("sm_89", 99),
+    "sm_90": _limits("sm_90", 227),
     # Hopper with its architecture-specific instructions (wgmma, setmaxnreg).
-    "sm_90a": _limits("sm_90a", 2048, 227, 228),
+    "sm_90a": _limits("sm_90a", 227),
 }
 
 

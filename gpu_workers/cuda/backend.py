@@ -2,6 +2,12 @@
 child that owns the CUDA context (gpu_workers.cuda.runner).
 
 Without a usable GPU, running and timing raise NoGpu with the reason: never a result.
+
+A kernel's fault comes back from the runner as a FaultReply with the CUDA error (device
+code cannot reach the runner's host memory, and printf/malloc are refused statically),
+so a runner that ends without a reply is the harness's failure, not the kernel's, unless
+the sandbox's wall clock stopped it while it waited on the kernel (`_failure`).
+
 The CUDA child runs without an address-space limit (the driver reserves a very large
 virtual address range at start-up and fails under any RLIMIT_AS a kernel's data would
 fit in); the SandboxReport says so with address_space_limit_bytes = -1.
@@ -12,21 +18,31 @@ from __future__ import annotations
 import resource
 from collections import OrderedDict
 from pathlib import Path
-from typing import TypeVar
-
-import msgspec
 
 from gpu_workers.benchmarker import TimingRun
-from gpu_workers.cpu.backend import contention, sandbox_failure
-from gpu_workers.cpu.compiler import CompileFailure
+from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda.arch import DEFAULT_ARCH
 from gpu_workers.cuda.baselines import NAIVE_CUDA, choose_baseline, naive_template
 from gpu_workers.cuda.compiler import CudaBuild, compile_cuda
-from gpu_workers.cuda.device import cuda_env, device_arch, gpu_unavailable_reason, require_gpu
+from gpu_workers.cuda.device import (
+    cuda_env,
+    cuda_libraries,
+    device_arch,
+    gpu_unavailable_reason,
+    require_gpu,
+)
 from gpu_workers.cuda.static import source_check, static_check
 from gpu_workers.results import Rejection
+from gpu_workers.runner_files import (
+    NO_PROGRESS,
+    expect_reply,
+    read_progress,
+    read_reply,
+    write_request,
+)
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
+from gpu_workers.sandbox_outcome import contention, sandbox_failure
 from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial
 from kernels.cuda_launch import LaunchError, LaunchPlan, parse_launch_plan
 from kernels.spec import Problem
@@ -44,7 +60,6 @@ BENCH_LIMITS = Limits(
 kernel that never finishes must meet the wall-clock limit (reported as a timeout)."""
 LAUNCH_TIMEOUT_S = 20.0
 PLANS_REMEMBERED = 4096
-ReplyT = TypeVar("ReplyT", p.VerifyReply, p.BenchReply)
 
 
 class CudaBackend:
@@ -78,6 +93,8 @@ class CudaBackend:
     def compile(
         self, problem: Problem, source: str, flags: tuple[str, ...], dtype: str = "fp32"
     ) -> CompileOutcome:
+        """The includes first (a static-stage refusal, before nvcc reads anything), then
+        compile_cuda."""
         unsafe = source_check(source)
         if unsafe is not None:
             return CompileOutcome(build=None, rejection=unsafe)
@@ -85,15 +102,7 @@ class CudaBackend:
             source, flags, problem=problem, dtype=dtype, arch=self.arch, cache_dir=self.cache_dir
         )
         if isinstance(result, CompileFailure):
-            return CompileOutcome(
-                build=None,
-                rejection=Rejection(
-                    stage="compile",
-                    reason=result.reason,
-                    message=result.message,
-                    evidence={"log": result.log},
-                ),
-            )
+            return CompileOutcome(build=None, rejection=compile_rejection(result))
         self._remember(problem, result)
         return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
 
@@ -106,11 +115,13 @@ class CudaBackend:
         return static_check(build, plan, shapes=(*problem.test_shapes, problem.default_shape))
 
     def run_trials(self, problem: Problem, build: object, trials: list[Trial]) -> RunOutcome:
+        """Run the trials in the sandboxed runner. The launches were checked at the test
+        shapes by static_check; what is new here is the scratch buffers' sizes."""
         assert isinstance(build, CudaBuild)
         require_gpu()
-        plan = parse_launch_plan(Path(build.source).read_text(), problem)
+        plan = self._plan(problem, build)
         for trial in trials:
-            bad = _unlaunchable(plan, trial.shape)
+            bad = _bad_buffers(plan, trial.shape)
             if bad is not None:
                 return RunOutcome(rejection=bad)
         with sandbox_dir("kf-cuda-verify-") as workdir:
@@ -138,7 +149,7 @@ class CudaBackend:
             failure = _failure(outcome, workdir, "run")
             if failure is not None:
                 return RunOutcome(rejection=failure, sandbox=outcome.report)
-            reply = _reply(workdir, p.VerifyReply)
+            reply = expect_reply(workdir, p.Reply, p.VerifyReply)
             runs = [
                 RunOutput(
                     trial=r.trial,
@@ -180,7 +191,7 @@ class CudaBackend:
         assert isinstance(build, CudaBuild)
         assert incumbent is None or isinstance(incumbent, CudaBuild)
         require_gpu()
-        choice = choose_baseline(problem, build.dtype)
+        choice = choose_baseline(problem, build.dtype, cuda_libraries())
         job = p.BenchJob(
             kernel=_ref(build),
             incumbent=_ref(incumbent) if incumbent is not None else None,
@@ -203,7 +214,7 @@ class CudaBackend:
             failure = _failure(outcome, workdir, "benchmark")
             if failure is not None:
                 return TimingRun(rejection=failure, wall_seconds=outcome.wall_seconds)
-            reply = _reply(workdir, p.BenchReply)
+            reply = expect_reply(workdir, p.Reply, p.BenchReply)
             return TimingRun(
                 kernel_ns=reply.kernel_ns,
                 kernel_warmup_ns=reply.kernel_warmup_ns,
@@ -230,17 +241,24 @@ class CudaBackend:
                 recheck_poison_bits=poison[1],
             )
 
-    def _remember(self, problem: Problem, build: CudaBuild) -> None:
+    def _remember(self, problem: Problem, build: CudaBuild) -> LaunchPlan:
         plan = parse_launch_plan(Path(build.source).read_text(), problem)
         self._plans[build.cubin] = (problem, plan)
         self._plans.move_to_end(build.cubin)
         while len(self._plans) > PLANS_REMEMBERED:
             self._plans.popitem(last=False)
+        return plan
+
+    def _plan(self, problem: Problem, build: CudaBuild) -> LaunchPlan:
+        remembered = self._plans.get(build.cubin)
+        return remembered[1] if remembered is not None else self._remember(problem, build)
 
     def _naive_baseline(self, problem: Problem, build: CudaBuild) -> p.KernelRef:
-        template = naive_template(problem)
+        template = naive_template(problem, build.dtype)
         if template is None:
-            raise ValueError(f"{problem.name} has no CUDA template to build a baseline from")
+            raise ValueError(
+                f"{problem.name} has no CUDA template for {build.dtype} to build a baseline from"
+            )
         rendered = template.render(template.defaults, build.dtype)
         result = compile_cuda(
             rendered.source,
@@ -262,71 +280,64 @@ def _ref(build: CudaBuild) -> p.KernelRef:
     return p.KernelRef(cubin=build.cubin, source=build.source)
 
 
-def _unlaunchable(plan: LaunchPlan, shape: dict[str, int]) -> Rejection | None:
+def _bad_buffers(plan: LaunchPlan, shape: dict[str, int]) -> Rejection | None:
+    """A kf-buffer whose size does not fit a trial's shape (the launches were checked at
+    the test shapes by the static stage)."""
     try:
-        plan.resolve(shape)
         plan.buffer_bytes(shape)
     except LaunchError as exc:
         return Rejection(
             stage="run",
             reason="bad_launch",
-            message=f"the launch lines do not fit the shape {shape}: {exc}",
+            message=f"the kf-buffer lines do not fit the shape {shape}: {exc}",
             evidence={"shape": str(shape)},
         )
     return None
 
 
 def _run(job: p.Job, workdir: Path, limits: Limits) -> SandboxOutcome:
-    (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
+    write_request(workdir, job)
     return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=cuda_env())
-
-
-def _read_reply(workdir: Path) -> p.Reply | None:
-    try:
-        return msgspec.json.decode((workdir / p.RESULT_FILE).read_bytes(), type=p.Reply)
-    except (OSError, msgspec.DecodeError):
-        return None
-
-
-def _reply(workdir: Path, kind: type[ReplyT]) -> ReplyT:
-    reply = _read_reply(workdir)
-    if not isinstance(reply, kind):
-        raise RuntimeError(f"the CUDA runner answered with {type(reply).__name__}")
-    return reply
 
 
 def _failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | None:
     """A rejection for a kernel that faulted or did not finish; None if the run finished.
-    A fault of the runner itself raises: it says nothing about the kernel. So does a
-    runner that ended without a word before it began to load the kernel (the progress
-    file is written first): starting CUDA, not the kernel, killed it."""
-    reply = _read_reply(workdir)
-    if reply is None and not (workdir / p.PROGRESS_FILE).exists():
-        raise RuntimeError(
-            "the CUDA runner ended before it loaded the kernel (not the kernel's fault): "
-            f"exit status {outcome.returncode}, signal {outcome.signal_name or '-'}, "
-            f"{'timed out, ' if outcome.timed_out else ''}stderr: {outcome.stderr[-2000:]}"
-        )
+
+    A kernel's fault is a FaultReply with a reason in KERNEL_FAULTS. Without a reply the
+    kernel is to blame only when the sandbox's wall clock stopped a runner that had begun
+    its kernel work (the progress file exists and names no step of HARNESS_STEPS): a
+    kernel that never ends, waited on past the limit. Anything else raises: a harness
+    fault, a signal or an exit without a reply, a reply from a runner that then failed, a
+    hang starting CUDA or in the harness's own steps; none says anything about the kernel."""
+    reply = read_reply(workdir, p.Reply)
     if isinstance(reply, p.FaultReply):
         if reply.harness or reply.reason not in p.KERNEL_FAULTS:
             raise RuntimeError(
                 f"the CUDA runner failed (not the kernel's fault): {reply.message}\n"
                 f"{reply.evidence.get('traceback', '')}{outcome.stderr[-2000:]}"
             )
-        try:
-            progress = (workdir / p.PROGRESS_FILE).read_text()
-        except OSError:
-            progress = "before the first kernel call"
         return Rejection(
             stage=stage,  # type: ignore[arg-type]
             reason=reply.reason,
             message=reply.message,
             evidence={
                 **reply.evidence,
-                "progress": progress,
+                "progress": read_progress(workdir),
                 "exit_status": str(outcome.returncode),
                 "wall_seconds": f"{outcome.wall_seconds:.2f}",
                 "stderr": outcome.stderr[-4000:],
             },
         )
-    return sandbox_failure(outcome, workdir, stage)
+    if reply is not None and outcome.ok:
+        return None
+    progress = read_progress(workdir)
+    if reply is None and outcome.timed_out and progress not in {NO_PROGRESS, *p.HARNESS_STEPS}:
+        return sandbox_failure(outcome, workdir, stage)
+    raise RuntimeError(
+        "the CUDA runner ended "
+        + ("after its reply" if reply is not None else "without a reply")
+        + " (not the kernel's fault: a kernel's faults come back as CUDA errors in a "
+        f"reply): exit status {outcome.returncode}, signal {outcome.signal_name or '-'}, "
+        f"{'timed out, ' if outcome.timed_out else ''}progress: {progress}; "
+        f"stderr: {outcome.stderr[-2000:]}"
+    )

@@ -1,19 +1,19 @@
 """What a CUDA kernel is timed against: what its users run today.
 
 In order of preference: torch eager (the library most users call), cupy (the same
-formulas as array expressions; no bfloat16), the problem's first CUDA template rendered
-at its defaults and compiled like any kernel ("naive cuda"), and for a problem with
-neither a formula nor a template (a user's problem) its numpy baseline on the host CPU.
-The worker picks one (`choose_baseline`); the runner builds it in the process that owns
-the CUDA context, with its own copies of the same inputs, on the same (default) stream.
+formulas as array expressions; no bfloat16), the problem's first CUDA template for the
+dtype rendered at its defaults and compiled like any kernel ("naive cuda"), and for a
+problem with neither a formula nor a template (a user's problem) its numpy baseline on
+the host CPU. torch and cupy count only where the device probe found them working with
+CUDA. The worker picks one (`choose_baseline`); the runner builds it in the process that
+owns the CUDA context, with its own copies of the same inputs, on the same (default)
+stream.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -175,28 +175,26 @@ TORCH_FORMULAS: dict[str, tuple[Callable[[Any], str], Formula]] = {
 # Choosing (in the worker: nothing here imports torch or cupy). -------------------------
 
 
-def _importable(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
 def has_formula(problem: Problem) -> bool:
     """Built-in problems only: a user's problem of the same name may mean anything."""
     return problem.load_spec in BUILTIN and problem.name in TORCH_FORMULAS
 
 
-def naive_template(problem: Problem) -> Template | None:
+def naive_template(problem: Problem, dtype: str) -> Template | None:
+    """The problem's first CUDA template written for `dtype` (built-in problems only)."""
     if problem.load_spec not in BUILTIN:
         return None
-    found = templates_for(problem.name, "cuda")
-    return found[0] if found else None
+    return next((t for t in templates_for(problem.name, "cuda") if t.accepts(dtype)), None)
 
 
-def choose_baseline(problem: Problem, dtype: str) -> str:
-    if has_formula(problem) and _importable("torch"):
+def choose_baseline(problem: Problem, dtype: str, libraries: Collection[str]) -> str:
+    """One of CHOICES; `libraries` are those that work with CUDA here
+    (device.cuda_libraries())."""
+    if has_formula(problem) and "torch" in libraries:
         return "torch"
-    if has_formula(problem) and dtype != "bf16" and _importable("cupy"):
+    if has_formula(problem) and dtype != "bf16" and "cupy" in libraries:
         return "cupy"
-    if naive_template(problem) is not None:
+    if naive_template(problem, dtype) is not None:
         return "naive_cuda"
     return "numpy_host"
 
@@ -205,27 +203,18 @@ def choose_baseline(problem: Problem, dtype: str) -> str:
 
 
 @dataclass
-class TorchBaseline:
+class LibraryBaseline:
+    """A formula of TORCH_FORMULAS or ARRAY_FORMULAS, called with its library (torch or
+    cupy) on device copies of the input sets."""
+
     name: str
     sets: list[Inputs]
     formula: Formula
-    torch: Any
+    library: Any
     host_timed: bool = False
 
     def __call__(self, index: int) -> None:
-        self.formula(self.torch, self.sets[index])
-
-
-@dataclass
-class CupyBaseline:
-    name: str
-    sets: list[Inputs]
-    formula: Formula
-    cupy: Any
-    host_timed: bool = False
-
-    def __call__(self, index: int) -> None:
-        self.formula(self.cupy, self.sets[index])
+        self.formula(self.library, self.sets[index])
 
 
 @dataclass
@@ -239,7 +228,7 @@ class HostBaseline:
         self.baseline(self.sets[index])
 
 
-def torch_baseline(problem: Problem, dtype: str, host_sets: list[Arrays]) -> TorchBaseline:
+def torch_baseline(problem: Problem, dtype: str, host_sets: list[Arrays]) -> LibraryBaseline:
     import torch  # type: ignore[import-not-found, unused-ignore]
 
     text, formula = TORCH_FORMULAS[problem.name]
@@ -252,15 +241,15 @@ def torch_baseline(problem: Problem, dtype: str, host_sets: list[Arrays]) -> Tor
         return torch.from_numpy(np.ascontiguousarray(array).copy()).cuda()
 
     sets = [{k: to_device(v) for k, v in host.items()} for host in host_sets]
-    return TorchBaseline(
+    return LibraryBaseline(
         name=f"torch {torch.__version__} eager: {text(torch)}",
         sets=sets,
         formula=formula,
-        torch=torch,
+        library=torch,
     )
 
 
-def cupy_baseline(problem: Problem, dtype: str, host_sets: list[Arrays]) -> CupyBaseline:
+def cupy_baseline(problem: Problem, dtype: str, host_sets: list[Arrays]) -> LibraryBaseline:
     import cupy  # type: ignore[import-not-found, unused-ignore]
 
     if dtype == "bf16":
@@ -269,8 +258,8 @@ def cupy_baseline(problem: Problem, dtype: str, host_sets: list[Arrays]) -> Cupy
         raise RuntimeError("cupy's current stream is not the default stream the timer uses")
     text, formula = ARRAY_FORMULAS[problem.name]
     sets = [{k: cupy.asarray(v) for k, v in host.items()} for host in host_sets]
-    return CupyBaseline(
-        name=f"cupy {cupy.__version__}: {text}", sets=sets, formula=formula, cupy=cupy
+    return LibraryBaseline(
+        name=f"cupy {cupy.__version__}: {text}", sets=sets, formula=formula, library=cupy
     )
 
 
@@ -283,9 +272,3 @@ def host_baseline(problem: Problem, host_sets: list[Arrays]) -> HostBaseline:
         sets=host_sets,
         baseline=problem.baseline,
     )
-
-
-def time_host_call(call: Callable[[], object]) -> int:
-    started = time.perf_counter_ns()
-    call()
-    return time.perf_counter_ns() - started

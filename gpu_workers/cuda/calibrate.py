@@ -4,7 +4,9 @@ Measured in the sandboxed CUDA child (gpu_workers.cuda.runner), never in the wor
 - memory bandwidth: a device-to-device copy of COPY_BYTES (cuMemcpyDtoD), best of
   several by CUDA events, bytes read plus bytes written;
 - compute: a library matmul (torch, else cupy; cuBLAS either way) of MATMUL_N^3 in fp32
-  with TF32 off, bf16 and fp16; 2 n^3 flops over the best time.
+  with TF32 off, bf16 and fp16; 2 n^3 flops over the best time. Only a library the device
+  probe found working with CUDA is used; with neither, measuring refuses with the reason
+  (device.benchmark_unavailable_reason, which a benchmarker checks before it starts).
 
 HostCalibration was written for CPUs; for a GPU its fields mean: host =
 "hostname:GPU name:index", cpu_model = the GPU's name, cores = its SM count, llc_bytes =
@@ -21,16 +23,21 @@ import hashlib
 import socket
 from pathlib import Path
 
-import msgspec
-
 from gpu_workers.cache_root import cache_root
 from gpu_workers.calibration_cache import cached_calibration
-from gpu_workers.cpu.backend import contention
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda.backend import RUNNER, UNLIMITED
-from gpu_workers.cuda.device import DeviceInfo, cuda_env, device_index, require_gpu
+from gpu_workers.cuda.device import (
+    DeviceInfo,
+    calibration_unavailable_reason,
+    cuda_env,
+    device_index,
+    require_gpu,
+)
 from gpu_workers.results import HostCalibration
+from gpu_workers.runner_files import read_reply, write_request
 from gpu_workers.sandbox import Limits, run_sandboxed, sandbox_dir
+from gpu_workers.sandbox_outcome import contention
 
 COPY_BYTES = 1 << 30
 MATMUL_N = 8192
@@ -61,24 +68,35 @@ def load_or_calibrate(cache_dir: Path | None = None, *, force: bool = False) -> 
     return cached_calibration(calibration_path(cache_dir), measure, force=force)
 
 
+def matmul_library(info: DeviceInfo) -> str:
+    """The library whose matmul measures the compute peak: torch, else cupy, each only if
+    it works with CUDA here; CalibrationError with the reason when neither does."""
+    reason = calibration_unavailable_reason(info)
+    if reason is not None:
+        raise CalibrationError(reason)
+    return "torch" if info.torch.usable else "cupy"
+
+
 def measure() -> HostCalibration:
-    require_gpu()
     job = p.CalibrateJob(
-        copy_bytes=COPY_BYTES, matmul_n=MATMUL_N, dtypes=list(DTYPES), repeats=REPEATS
+        copy_bytes=COPY_BYTES,
+        matmul_n=MATMUL_N,
+        dtypes=list(DTYPES),
+        matmul_library=matmul_library(require_gpu()),
+        repeats=REPEATS,
     )
     with sandbox_dir("kf-cuda-calibrate-") as workdir:
-        (workdir / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
+        write_request(workdir, job)
         outcome = run_sandboxed(
             RUNNER, [], workdir=workdir, limits=CALIBRATE_LIMITS, env=cuda_env()
         )
-        try:
-            reply = msgspec.json.decode((workdir / p.RESULT_FILE).read_bytes(), type=p.Reply)
-        except (OSError, msgspec.DecodeError) as exc:
-            raise CalibrationError(
-                f"GPU calibration gave no result (exit {outcome.returncode}, "
-                f"{outcome.signal_name}, timed out: {outcome.timed_out}): {exc}; "
-                f"{outcome.stderr[-2000:]}"
-            ) from exc
+        reply = read_reply(workdir, p.Reply)
+    if reply is None:
+        raise CalibrationError(
+            f"GPU calibration gave no result (exit {outcome.returncode}, "
+            f"{outcome.signal_name}, timed out: {outcome.timed_out}): "
+            f"{outcome.stderr[-2000:]}"
+        )
     if isinstance(reply, p.FaultReply):
         raise CalibrationError(f"GPU calibration failed: {reply.message}; {reply.evidence}")
     if not outcome.ok or not isinstance(reply, p.CalibrateReply):

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import msgspec
 
-from gpu_workers.atomic_file import write_atomically
+from gpu_workers.build_cache import cached_build
 from gpu_workers.cache_root import cache_root
+from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.compiler_process import run_compiler
-from gpu_workers.cpu.compiler import CompileFailure
 from gpu_workers.cuda.arch import DEFAULT_ARCH, limits_for
 from gpu_workers.cuda.ptxas import (
     KernelResources,
@@ -36,7 +36,6 @@ from gpu_workers.cuda.ptxas import (
     parse_ptx,
     parse_ptxas_report,
 )
-from gpu_workers.cuda.static import source_check
 from kernels.cuda_launch import LaunchError, parse_launch_plan
 from kernels.spec import Problem
 
@@ -123,10 +122,11 @@ def compile_cuda(
 ) -> CudaBuild | CompileFailure:
     """Build `source` for `arch` into a cached cubin; an unknown `arch` raises UnknownArch.
 
-    Refused before nvcc runs: flags outside the allow list (bad_flags), a dtype the
+    `source` must have passed static.source_check (the includes nvcc may read):
+    CudaBackend.compile checks it first, so its refusal is a static-stage rejection.
+    Refused here before nvcc runs: flags outside the allow list (bad_flags), a dtype the
     problem or this target does not take (unsupported_dtype), launch lines that do not
-    parse or do not fit the problem (bad_launch), includes outside the allow list
-    (forbidden_include) and a missing nvcc (no_compiler)."""
+    parse or do not fit the problem (bad_launch) and a missing nvcc (no_compiler)."""
     limits_for(arch)
     rejected = bad_flags(flags)
     if rejected:
@@ -147,11 +147,6 @@ def compile_cuda(
         parse_launch_plan(source, problem)
     except LaunchError as err:
         return CompileFailure(reason="bad_launch", message=str(err), log="")
-    unsafe = source_check(source)
-    if unsafe is not None:
-        return CompileFailure(
-            reason=unsafe.reason, message=unsafe.message, log=str(unsafe.evidence)
-        )
     nvcc = nvcc_path()
     if nvcc is None:
         wanted = os.environ.get(NVCC_ENV) or "nvcc"
@@ -161,27 +156,13 @@ def compile_cuda(
             "or put nvcc on PATH",
             log="",
         )
-    cache = cache_dir or default_cache_dir()
-    key = hashlib.sha256(
-        "\0".join(
-            (BUILD_FORMAT, source, " ".join(flags), arch, dtype, nvcc_identity(nvcc))
-        ).encode()
-    ).hexdigest()
-    entry = cache / key[:2] / key
-    meta_path = entry / "meta.json"
-    if meta_path.is_file():
-        try:
-            cached = msgspec.json.decode(meta_path.read_bytes(), type=CudaBuild)
-        except msgspec.DecodeError:
-            cached = None  # written by an older version: build again
-        if cached is not None and all(
-            Path(p).is_file() for p in (cached.cubin, cached.ptx, cached.source)
-        ):
-            return msgspec.structs.replace(cached, cache_hit=True)
-    result = _build(nvcc, source, flags, arch, dtype, entry)
-    if isinstance(result, CudaBuild):
-        write_atomically(meta_path, msgspec.json.encode(result))
-    return result
+    return cached_build(
+        cache_dir or default_cache_dir(),
+        (BUILD_FORMAT, source, " ".join(flags), arch, dtype, nvcc_identity(nvcc)),
+        CudaBuild,
+        lambda build: (build.cubin, build.ptx, build.source),
+        lambda work, entry: _build(nvcc, source, flags, arch, dtype, work, entry),
+    )
 
 
 def _run(argv: list[str], cwd: Path) -> tuple[int | None, str]:
@@ -197,66 +178,57 @@ def _truncated(log: str) -> str:
 
 
 def _build(
-    nvcc: str, source: str, flags: tuple[str, ...], arch: str, dtype: str, entry: Path
+    nvcc: str,
+    source: str,
+    flags: tuple[str, ...],
+    arch: str,
+    dtype: str,
+    work: Path,
+    entry: Path,
 ) -> CudaBuild | CompileFailure:
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=entry.parent))
-    try:
-        (work / "kernel.cu").write_text(source)
-        (work / "keep").mkdir()
-        argv = [nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", *flags]
-        argv += ["--keep", "--keep-dir", "keep", "kernel.cu", "-o", "kernel.cubin"]
-        code, log = _run(argv, work)
-        if code is None:
-            return CompileFailure(reason="compile_timeout", message=log, log=log)
-        if code != 0:
-            first = next(
-                (ln for ln in log.splitlines() if re.search(r"\berror\b", ln)),
-                f"nvcc exited with status {code}",
-            )
-            return CompileFailure(
-                reason="compile_error", message=first.strip(), log=_truncated(log)
-            )
-        missing = [p for p in ("kernel.cubin", "keep/kernel.ptx") if not (work / p).is_file()]
-        if missing:
-            message = f"nvcc reported success but wrote no {' or '.join(missing)}"
-            return CompileFailure(reason="compile_error", message=message, log=_truncated(log))
-        ptx_text = (work / "keep" / "kernel.ptx").read_text()
-        facts = parse_ptx(ptx_text)
-        bounds = {e.name: e.required_threads or e.max_threads for e in facts.entries}
-        resources = tuple(
-            msgspec.structs.replace(r, max_threads_per_block=_product(bounds.get(r.kernel)))
-            for r in parse_ptxas_report(log)
+    (work / "kernel.cu").write_text(source)
+    (work / "keep").mkdir()
+    argv = [nvcc, "-cubin", f"-arch={arch}", "-Xptxas", "-v", *flags]
+    argv += ["--keep", "--keep-dir", "keep", "kernel.cu", "-o", "kernel.cubin"]
+    code, log = _run(argv, work)
+    if code is None:
+        return CompileFailure(reason="compile_timeout", message=log, log=log)
+    if code != 0:
+        first = next(
+            (ln for ln in log.splitlines() if re.search(r"\berror\b", ln)),
+            f"nvcc exited with status {code}",
         )
-        entry.mkdir(parents=True, exist_ok=True)
-        cubin, ptx, cu = entry / "kernel.cubin", entry / "kernel.ptx", entry / "kernel.cu"
-        os.replace(work / "keep" / "kernel.ptx", ptx)
-        os.replace(work / "kernel.cu", cu)
-        os.replace(work / "kernel.cubin", cubin)
-        return CudaBuild(
-            cubin=str(cubin),
-            source=str(cu),
-            ptx=str(ptx),
-            arch=arch,
-            dtype=dtype,
-            flags=flags,
-            source_sha256=source_sha256(source),
-            resources=resources,
-            entries=facts.entries,
-            extern_functions=facts.extern_functions,
-            global_variables=facts.global_variables,
-            special_registers=facts.special_registers,
-            log=_truncated(log),
-            cache_hit=False,
-        )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _product(dims: tuple[int, ...] | None) -> int | None:
-    if dims is None:
-        return None
-    total = 1
-    for d in dims:
-        total *= d
-    return total
+        return CompileFailure(reason="compile_error", message=first.strip(), log=_truncated(log))
+    missing = [p for p in ("kernel.cubin", "keep/kernel.ptx") if not (work / p).is_file()]
+    if missing:
+        message = f"nvcc reported success but wrote no {' or '.join(missing)}"
+        return CompileFailure(reason="compile_error", message=message, log=_truncated(log))
+    ptx_text = (work / "keep" / "kernel.ptx").read_text()
+    facts = parse_ptx(ptx_text)
+    bounds = {e.name: e.required_threads or e.max_threads for e in facts.entries}
+    threads = {name: math.prod(b) for name, b in bounds.items() if b is not None}
+    resources = tuple(
+        msgspec.structs.replace(r, max_threads_per_block=threads.get(r.kernel))
+        for r in parse_ptxas_report(log)
+    )
+    entry.mkdir(parents=True, exist_ok=True)
+    cubin, ptx, cu = entry / "kernel.cubin", entry / "kernel.ptx", entry / "kernel.cu"
+    os.replace(work / "keep" / "kernel.ptx", ptx)
+    os.replace(work / "kernel.cu", cu)
+    os.replace(work / "kernel.cubin", cubin)
+    return CudaBuild(
+        cubin=str(cubin),
+        source=str(cu),
+        ptx=str(ptx),
+        arch=arch,
+        dtype=dtype,
+        flags=flags,
+        source_sha256=source_sha256(source),
+        resources=resources,
+        entries=facts.entries,
+        extern_functions=facts.extern_functions,
+        global_variables=facts.global_variables,
+        special_registers=facts.special_registers,
+        log=_truncated(log),
+        cache_hit=False,
+    )

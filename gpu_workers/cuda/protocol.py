@@ -1,9 +1,10 @@
 """Messages between the worker and its sandboxed CUDA runner (files in the sandbox dir).
 
-File names are those of the CPU runner (`gpu_workers.cpu.protocol`), so the shared
-failure handling reads both. Arrays travel as .npy files of their raw bits (uint32 for
-fp32, uint16 for bf16 and fp16): numpy cannot save every element type (ml_dtypes'
-bfloat16) and the bits are what the verifier compares anyway.
+The file names, RunRecord and VerifyReply are every runner's (gpu_workers.runner_files),
+named here too so the runner finds its whole protocol in one module. Arrays travel as
+.npy files of their raw bits (uint32 for fp32, uint16 for bf16 and fp16): numpy cannot
+save every element type (ml_dtypes' bfloat16) and the bits are what the verifier
+compares anyway.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from gpu_workers.cpu.protocol import (
+from gpu_workers.runner_files import (
     PROGRESS_FILE,
     REQUEST_FILE,
     RESULT_FILE,
+    RunRecord,
+    VerifyReply,
     after_file,
     input_file,
     out_file,
@@ -30,6 +33,8 @@ __all__ = [
     "PROGRESS_FILE",
     "REQUEST_FILE",
     "RESULT_FILE",
+    "RunRecord",
+    "VerifyReply",
     "after_file",
     "input_file",
     "out_file",
@@ -50,6 +55,13 @@ SLACK_BYTES = 256
 
 KERNEL_FAULTS = ("crashed", "launch_failed", "timeout", "memory_limit", "bad_launch")
 """Reasons a runner gives for a kernel that faulted; anything else is the harness's own."""
+
+PREPARING_BASELINE = "preparing the baseline"
+SAVING_OUTPUTS = "saving timed outputs"
+DONE = "done"
+HARNESS_STEPS = frozenset({PREPARING_BASELINE, SAVING_OUTPUTS, DONE})
+"""Progress of steps with no kernel call of the candidate pending: a runner stopped by
+the wall clock during one hung on its own work."""
 
 
 class TrialJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,21 +118,12 @@ class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):
     copy_bytes: int
     matmul_n: int
     dtypes: list[str]
+    matmul_library: str
+    """"torch" or "cupy": one the device probe found working with CUDA (the worker picks)."""
     repeats: int = 10
 
 
 Job = VerifyJob | BenchJob | CalibrateJob
-
-
-class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
-    trial: int
-    run: int
-    damaged_slack: list[str]
-    seconds: float
-
-
-class VerifyReply(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
-    runs: list[RunRecord]
 
 
 class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
 import math
 import os
 import sys
@@ -121,14 +120,17 @@ class Gpu:
             raise ValueError(f"no poison fill for {itemsize}-byte elements")
 
     def synchronize(self, what: str) -> None:
+        """Wait for the harness's own work (uploads, fills, copies): called only where
+        every kernel launched before was already waited for by `wait` or the Timer, so
+        an error here is the harness's, never a kernel's."""
         try:
             self.cuda.Context.synchronize()
         except self.cuda.Error as exc:
-            raise KernelFault("crashed", f"{what}: {exc}", {"cuda_error": str(exc)}) from exc
+            raise RuntimeError(f"{what}: {exc}") from exc
 
     def wait(self, timeout_s: float, what: str) -> None:
-        """Wait for the default stream with a deadline: a kernel still running then is a
-        timeout, a CUDA error on the way is a crash."""
+        """Wait for the kernel launched last on the default stream, with a deadline: a
+        kernel still running then is a timeout, a CUDA error on the way is a crash."""
         deadline = time.monotonic() + timeout_s
         pause = 1e-5
         try:
@@ -139,9 +141,9 @@ class Gpu:
                     raise KernelFault("timeout", f"{what} was still running after {timeout_s:g} s")
                 time.sleep(pause)
                 pause = min(2 * pause, 0.01)
+            self.cuda.Context.synchronize()
         except self.cuda.Error as exc:
             raise KernelFault("crashed", f"{what}: {exc}", {"cuda_error": str(exc)}) from exc
-        self.synchronize(what)
 
 
 class Guarded:
@@ -309,7 +311,7 @@ def resolve(
     """The launches and scratch sizes at one shape."""
     try:
         return kernel.plan.resolve(dims), kernel.plan.buffer_bytes(dims)
-    except (LaunchError, KeyError) as exc:
+    except LaunchError as exc:
         raise KernelFault("bad_launch", f"{kernel.label} at {dims}: {exc}") from exc
 
 
@@ -453,7 +455,7 @@ def verify(gpu: Gpu, job: p.VerifyJob) -> p.VerifyReply:
             )
             for g in (*arrays.values(), *buffers.values()):
                 g.free()
-    _progress("done")
+    _progress(p.DONE)
     return p.VerifyReply(runs=records)
 
 
@@ -637,7 +639,7 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     mine = contender(kernel)
     with _not_the_kernels("the incumbent"):
         theirs = contender(incumbent) if incumbent is not None else None
-    _progress("preparing the baseline")
+    _progress(p.PREPARING_BASELINE)
     with _not_the_kernels("the baseline"):
         baseline = _baseline(gpu, job, problem, distinct, contender)
     flush_bytes = max(job.l2_flush_bytes, 2 * gpu.l2_bytes)
@@ -673,7 +675,7 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
         max_seconds=job.max_seconds,
         progress=_progress,
     )
-    _progress("saving timed outputs")
+    _progress(p.SAVING_OUTPUTS)
     for index in range(n_sets):
         for arg in problem.outputs:
             host = gpu.download(mine.outputs[index][arg.name], arg.shape(job.shape), bits)
@@ -695,7 +697,7 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     for arg in problem.outputs:
         host = gpu.download(pointers[arg.name], arg.shape(job.shape), bits)
         np.save(p.recheck_file(arg.name), host)
-    _progress("done")
+    _progress(p.DONE)
     set_bytes = sum(counts.values()) * bits.itemsize
     return p.BenchReply(
         kernel_ns=samples.kernel_ns,
@@ -741,9 +743,11 @@ def _matmul_seconds_of(
 
 
 def _matmul_seconds(gpu: Gpu, job: p.CalibrateJob) -> tuple[str, dict[str, float]]:
+    """The best time of a library matmul per dtype, by the library the worker chose (one
+    the device probe found working with CUDA)."""
     n = job.matmul_n
     seconds: dict[str, float] = {}
-    if importlib.util.find_spec("torch") is not None:
+    if job.matmul_library == "torch":
         import torch  # type: ignore[import-not-found, unused-ignore]
 
         matmul = torch.backends.cuda.matmul
@@ -760,6 +764,8 @@ def _matmul_seconds(gpu: Gpu, job: p.CalibrateJob) -> tuple[str, dict[str, float
             seconds[dtype] = _matmul_seconds_of(gpu, torch.matmul, a, b, c, job.repeats)
             del a, b, c
         return f"torch {torch.__version__} matmul (cuBLAS), fp32 with TF32 off", seconds
+    if job.matmul_library != "cupy":
+        raise ValueError(f"unknown matmul library {job.matmul_library!r}; known: torch, cupy")
     import cupy  # type: ignore[import-not-found, unused-ignore]
 
     for dtype in job.dtypes:

@@ -4,7 +4,7 @@ Everything here needs only the source, nvcc's PTX and the ptxas report, so a hos
 without a GPU (a laptop, CI) filters candidates exactly as a GPU host would. All
 rejections are stage "static".
 
-Before compiling, `source_check` (the compiler runs it too):
+Before compiling, `source_check` (CudaBackend.compile runs it before nvcc is called):
 
 - forbidden_include: only headers on ALLOWED_HEADERS, spelled `<name>`. A quoted or
   computed include, `#include_next`, `#import` or `#embed` could make the compiler read

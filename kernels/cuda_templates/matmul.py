@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.design_space import Constraint, Param, Params, Template
+from kernels.design_space import CUDA_FLAGS, Constraint, Param, Params, Template
 
-CUDA_FLAGS: tuple[str, ...] = ("-O3", "-O3 --use_fast_math")
 STATIC_SMEM_LIMIT = 48 * 1024
 
 

@@ -7,10 +7,7 @@ and fall back to scalar code otherwise, so every point is correct at every shape
 
 from __future__ import annotations
 
-from kernels.design_space import Constraint, Param, Params, ParamValue, Template
-
-CUDA_FLAGS: tuple[str, ...] = ("-O3", "-O3 --use_fast_math")
-"""nvcc flags a point may choose; the compiler adds -arch."""
+from kernels.design_space import CUDA_FLAGS, Constraint, Param, Params, ParamValue, Template
 
 
 def _threads_per_row(p: Params) -> int:
@@ -165,8 +162,8 @@ GELU_STREAM = Template(
         Param(
             "grid",
             ("cover", "stride"),
-            "one block per tile, or one wave of blocks (132 SMs x 2048 threads) striding "
-            "over the tiles",
+            "one block per tile, or one block per 8 tiles, striding over them (an eighth "
+            "of the blocks, each living longer)",
         ),
         Param("flags", CUDA_FLAGS, "nvcc"),
     ),

@@ -26,7 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels.cuda_launch import Launch, LaunchPlan, buffer, launch
-from kernels.design_space import CUDA_TYPES, Param, Params, ParamValue, Rendered
+from kernels.design_space import (
+    CUDA_FLAGS,
+    CUDA_TYPES,
+    Param,
+    Params,
+    ParamValue,
+    Rendered,
+    compiler_flags,
+)
 from kernels.fusion.ir import COLUMN, MATRIX, Graph, graph_of
 from kernels.fusion.lower import (
     REUSE_CHOICES,
@@ -46,8 +54,6 @@ from kernels.fusion.space import FUSION_SPACE_NAME, FusionSpace
 from kernels.spec import Problem
 
 MAX_GRID = 65535
-DEFAULT_ARCH = "sm_90"
-CUDA_FLAG_CHOICES: tuple[str, ...] = ("-O3", "-O3 --use_fast_math")
 STASH_BUFFER = "kf_stash"
 ELEMENT = "kf_t"
 """The C type of problem arguments (the campaign's dtype); intermediates are float."""
@@ -67,7 +73,7 @@ static __device__ __forceinline__ void kf_store(__nv_bfloat16 *p, float v) {
 }
 
 /* 0.5 x (1 + tanh u) = x / (1 + exp(-2u)): no cancellation for x << 0, no overflow. */
-static __device__ __forceinline__ float kf_gelu_tanh(float x) {
+static __device__ __forceinline__ float kf_gelu(float x) {
     const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
     return x / (1.0f + expf(-2.0f * u));
 }
@@ -236,7 +242,6 @@ def generate(
 ) -> str:
     """The CUDA source of `problem` fused as `partition`, for elements of `dtype`."""
     graph = graph or graph_of(problem)
-    partition = parse_partition(partition, graph.op_names)
     programs = lower(graph, partition.groups, reuse)
     wired = _wiring(problem, programs, dtype)
     header = [
@@ -256,14 +261,12 @@ def launch_plan(
     problem: Problem, partition: Partition, block: int, reuse: str, dtype: str = "fp32"
 ) -> LaunchPlan:
     """The buffers and launches the source of this point declares, as data."""
-    graph = graph_of(problem)
-    partition = parse_partition(partition, graph.op_names)
-    return _plan(problem, lower(graph, partition.groups, reuse), block, dtype)
+    return _plan(problem, lower(graph_of(problem), partition.groups, reuse), block, dtype)
 
 
-def space(problem: Problem, arch: str = DEFAULT_ARCH) -> FusionSpace:
-    """The cuda design space of a graph problem. The back end compiles for `arch` (nvcc
-    -arch is its flag, not the space's); the sources here do not depend on it."""
+def space(problem: Problem) -> FusionSpace:
+    """The cuda design space of a graph problem. Its sources do not depend on the GPU's
+    architecture (the back end adds nvcc's -arch)."""
     graph = graph_of(problem)
     keys = tuple(p.key for p in partitions(graph.op_names))
     only_where_stash_applies = stash_constraint(graph)
@@ -277,7 +280,7 @@ def space(problem: Problem, arch: str = DEFAULT_ARCH) -> FusionSpace:
             "a value needed before and after a row reduction: recompute it, or stash it "
             "in fp32 memory (the output row when it is fp32)",
         ),
-        Param("flags", CUDA_FLAG_CHOICES, "nvcc flags"),
+        Param("flags", CUDA_FLAGS, "nvcc flags"),
     )
     constraints = (only_where_stash_applies,)
     fused = keys[-1]
@@ -299,7 +302,7 @@ def space(problem: Problem, arch: str = DEFAULT_ARCH) -> FusionSpace:
             dtype=dtype,
             graph=graph,
         )
-        return Rendered(source=source, flags=tuple(str(p["flags"]).split()))
+        return Rendered(source=source, flags=compiler_flags("cuda", p))
 
     return FusionSpace(
         name=FUSION_SPACE_NAME,
@@ -312,5 +315,5 @@ def space(problem: Problem, arch: str = DEFAULT_ARCH) -> FusionSpace:
         defaults=defaults,
         best_known=dict(defaults),
         graph=graph,
-        generate=render,
+        generator=render,
     )

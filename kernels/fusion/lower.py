@@ -185,7 +185,7 @@ FUNCTION_TEXT: dict[str, Callable[[list[str]], str]] = {
     "mul": lambda a: f"({a[0]} * {a[1]})",
     "div": lambda a: f"({a[0]} / {a[1]})",
     "rsqrt": lambda a: f"kf_rsqrt({a[0]})",
-    "gelu_tanh": lambda a: f"kf_gelu_tanh({a[0]})",
+    "gelu_tanh": lambda a: f"kf_gelu({a[0]})",
 }
 
 

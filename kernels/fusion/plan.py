@@ -18,13 +18,9 @@ from kernels.design_space import TARGET_DTYPES, InvalidParams, ParamValue
 from kernels.fusion import codegen_c, codegen_cuda
 from kernels.fusion.ir import graph_of
 from kernels.fusion.partitions import Partition, parse_partition
-from kernels.fusion.space import FUSION_SPACE_NAME, FusionSpace
+from kernels.fusion.space import FusionSpace
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import Problem
-
-TARGETS: tuple[str, ...] = tuple(TARGET_DTYPES)
-FUSION_TEMPLATE = FUSION_SPACE_NAME
-"""The `template` of a proposal over a fusion space (every fusion space has this name)."""
 
 ProblemRef = Problem | str
 """A problem, or its load spec (a built-in name or `path.py:NAME`), as events carry it."""
@@ -39,21 +35,14 @@ def _problem(problem: ProblemRef) -> Problem:
         raise ValueError(str(exc)) from None
 
 
-def _split_target(target: str) -> tuple[str, str | None]:
-    """ "cuda:sm_90" -> ("cuda", "sm_90"); "cpu" -> ("cpu", None)."""
-    kind, _, arch = target.partition(":")
-    if kind not in TARGETS:
-        raise ValueError(f"unknown fusion target {target!r}; known: {', '.join(TARGETS)}")
-    return kind, arch or None
-
-
 def fusion_space(problem: ProblemRef, target: str = "cpu") -> FusionSpace:
-    """The fused design space of a graph problem for a target ("cpu", "cuda", "cuda:sm_90")."""
+    """The fused design space of a graph problem for a target ("cpu" or "cuda")."""
     problem = _problem(problem)
-    kind, arch = _split_target(target)
-    if kind == "cpu":
+    if target == "cpu":
         return codegen_c.space(problem)
-    return codegen_cuda.space(problem, arch or codegen_cuda.DEFAULT_ARCH)
+    if target == "cuda":
+        return codegen_cuda.space(problem)
+    raise ValueError(f"unknown fusion target {target!r}; known: {', '.join(TARGET_DTYPES)}")
 
 
 def param_key(params: Mapping[str, ParamValue]) -> str:
@@ -73,8 +62,6 @@ class FusionPlan:
     param_key: str
     source: str
     flags: tuple[str, ...]
-    entry_point: str = "kernel"
-    """cpu only: the exported function; a cuda source has none (see `launches`)."""
     launches: tuple[Launch, ...] = field(default_factory=tuple, compare=False)
     """cuda only: the launches its `// kf-launch:` lines declare, in order (left out of
     equality: they are a function of `source`, and their parsed sizes compare by identity)."""
@@ -103,8 +90,7 @@ def plan(
     with `partition`. Raises `InvalidParams` for an assignment outside the space."""
     problem = _problem(problem)
     space = fusion_space(problem, target)
-    graph = graph_of(problem)
-    chosen = parse_partition(partition, graph.op_names)
+    chosen = parse_partition(partition, space.graph.op_names)
     given = dict(params or {})
     if "partition" in given and str(given["partition"]) != chosen.key:
         raise InvalidParams(
@@ -156,14 +142,3 @@ def groups_of(
         if problems:
             raise InvalidParams(f"{space.name}: {'; '.join(problems)}")
     return chosen.as_lists()
-
-
-def render_plan(
-    problem: ProblemRef,
-    groups: Sequence[Sequence[str]],
-    params: Mapping[str, ParamValue],
-    target: str = "cpu",
-    dtype: str = "fp32",
-) -> FusionPlan:
-    """A `FusionPlan` from the fields of a `FusionPlanned` event (what the writer calls)."""
-    return plan(problem, groups, params, target, dtype)

@@ -1,9 +1,9 @@
 """The fused design space: a `Template` whose source is generated from the IR.
 
-A `FusionSpace` is a `kernels.templates.Template` (same params, constraints, defaults,
+A `FusionSpace` is a `kernels.design_space.Template` (same params, constraints, defaults,
 `valid_points()`, `violations()`, `render()`), so a planner searches partitions and
 code-generation parameters exactly as it searches template spaces. Its `file` is empty:
-`render` calls the generator instead of a jinja file.
+its `generate` calls the code generator instead of rendering a jinja file.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kernels.design_space import InvalidParams, Params, Rendered, Template
+from kernels.design_space import Params, Rendered, Template
 from kernels.fusion.ir import Graph
-from kernels.fusion.partitions import Partition, parse_partition
 
 FUSION_SPACE_NAME = "fusion"
 """The name of every fusion space: a problem and target have exactly one."""
@@ -22,16 +21,8 @@ FUSION_SPACE_NAME = "fusion"
 @dataclass(frozen=True)
 class FusionSpace(Template):
     graph: Graph
-    generate: Callable[[Params, str], Rendered]
-    """Renders a valid assignment for a dtype; `render` checks both first."""
+    generator: Callable[[Params, str], Rendered]
+    """Renders an assignment and dtype that `render` has checked."""
 
-    def render(self, params: Params, dtype: str = "fp32") -> Rendered:
-        problems = self.violations(params)
-        if not self.accepts(dtype):
-            problems.append(f"dtype {dtype!r}: {self.name} is not written for it")
-        if problems:
-            raise InvalidParams(f"{self.name}: {'; '.join(problems)}")
-        return self.generate(params, dtype)
-
-    def partition(self, params: Params) -> Partition:
-        return parse_partition(str(params["partition"]), self.graph.op_names)
+    def generate(self, params: Params, dtype: str) -> Rendered:
+        return self.generator(params, dtype)

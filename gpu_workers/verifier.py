@@ -68,7 +68,7 @@ class DeviceBackend(Protocol):
         self, problem: Problem, source: str, flags: tuple[str, ...], dtype: str
     ) -> CompileOutcome: ...
 
-    def static_check(self, build: object) -> Rejection | None: ...
+    def static_check(self, problem: Problem, build: object) -> Rejection | None: ...
 
     def run_trials(self, problem: Problem, build: object, trials: list[Trial]) -> RunOutcome: ...
 
@@ -331,7 +331,7 @@ def precheck(
     if compiled.build is None:
         missing = _reject("compile", "no_build", "the back end returned no build", {})
         return CompileOutcome(None, missing, compiled.cache_hit)
-    static = backend.static_check(compiled.build)
+    static = backend.static_check(problem, compiled.build)
     if static is not None:
         return CompileOutcome(None, static, compiled.cache_hit)
     return compiled

@@ -80,7 +80,9 @@ def _build(backend: CpuBackend, source: str, problem: str = "softmax") -> object
 def test_the_static_stage_refuses_the_state_that_timing_cheats_need(
     cpu_backend: CpuBackend, name: str, problem: str
 ) -> None:
-    rejection = cpu_backend.static_check(_build(cpu_backend, planted(name), problem))
+    rejection = cpu_backend.static_check(
+        BUILTIN[problem], _build(cpu_backend, planted(name), problem)
+    )
     assert rejection is not None
     assert (rejection.stage, rejection.reason) == ("static", "kernel_state")
     assert "(.bss," in rejection.evidence["static_storage"]
@@ -91,7 +93,7 @@ def test_every_timed_call_starts_from_poisoned_outputs(
 ) -> None:
     """Neither the kernel's earlier calls nor the incumbent leave it an answer to find."""
     kernel = _build(cpu_backend, planted("crashes_if_output_already_written"))
-    assert cpu_backend.static_check(kernel) is None
+    assert cpu_backend.static_check(BUILTIN["softmax"], kernel) is None
     incumbent = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
     result = benchmark(
         BUILTIN["softmax"], cpu_backend, kernel, calibration, incumbent=incumbent, shape=SMALL

@@ -233,7 +233,7 @@ def test_without_a_gpu_running_and_timing_refuse_instead_of_faking(tmp_path: Pat
     outcome = backend.compile(GELU, GELU_OK, (), "fp32")
     assert outcome.rejection is None, outcome.rejection
     assert isinstance(outcome.build, CudaBuild)
-    assert backend.static_check(outcome.build) is None
+    assert backend.static_check(GELU, outcome.build) is None
     trials = plan_trials(GELU, "fp32", seed=1)
     with pytest.raises(NoGpu, match=r"no CUDA|pycuda"):
         backend.run_trials(GELU, outcome.build, trials)
@@ -407,7 +407,7 @@ def test_launch_lines_that_do_not_fit_a_test_shape_are_refused_statically(
     backend = CudaBackend(cache_dir=tmp_path, arch="sm_90")
     compiled = backend.compile(GELU, source, (), "fp32")
     assert compiled.build is not None, compiled.rejection
-    rejection = backend.static_check(compiled.build)
+    rejection = backend.static_check(GELU, compiled.build)
     assert rejection is not None
     assert (rejection.stage, rejection.reason) == ("static", "bad_launch")
     assert "grid[0] = 0" in rejection.message

@@ -71,7 +71,7 @@ class CpuBackend:
             return CompileOutcome(build=None, rejection=compile_rejection(result))
         return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
 
-    def static_check(self, build: object) -> Rejection | None:
+    def static_check(self, problem: Problem, build: object) -> Rejection | None:
         assert isinstance(build, CompiledKernel)
         return static_check(build)
 

@@ -16,7 +16,6 @@ fit in); the SandboxReport says so with address_space_limit_bytes = -1.
 from __future__ import annotations
 
 import resource
-from collections import OrderedDict
 from pathlib import Path
 
 from gpu_workers.benchmarker import TimingRun
@@ -59,7 +58,6 @@ BENCH_LIMITS = Limits(
 """CPU time is twice the wall clock: the host thread spins while it waits for the GPU, and a
 kernel that never finishes must meet the wall-clock limit (reported as a timeout)."""
 LAUNCH_TIMEOUT_S = 20.0
-PLANS_REMEMBERED = 4096
 
 
 class CudaBackend:
@@ -81,7 +79,6 @@ class CudaBackend:
         self.verify_limits = verify_limits
         self.bench_limits = bench_limits
         self.launch_timeout_s = launch_timeout_s
-        self._plans: OrderedDict[str, tuple[Problem, LaunchPlan]] = OrderedDict()
 
     @property
     def arch(self) -> str:
@@ -103,23 +100,19 @@ class CudaBackend:
         )
         if isinstance(result, CompileFailure):
             return CompileOutcome(build=None, rejection=compile_rejection(result))
-        self._remember(problem, result)
         return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
 
-    def static_check(self, build: object) -> Rejection | None:
+    def static_check(self, problem: Problem, build: object) -> Rejection | None:
         assert isinstance(build, CudaBuild)
-        remembered = self._plans.get(build.cubin)
-        if remembered is None:
-            raise ValueError(f"{build.cubin} was not built by this back end's compile()")
-        problem, plan = remembered
-        return static_check(build, plan, shapes=(*problem.test_shapes, problem.default_shape))
+        shapes = (*problem.test_shapes, problem.default_shape)
+        return static_check(build, _plan(problem, build), shapes=shapes)
 
     def run_trials(self, problem: Problem, build: object, trials: list[Trial]) -> RunOutcome:
         """Run the trials in the sandboxed runner. The launches were checked at the test
         shapes by static_check; what is new here is the scratch buffers' sizes."""
         assert isinstance(build, CudaBuild)
         require_gpu()
-        plan = self._plan(problem, build)
+        plan = _plan(problem, build)
         for trial in trials:
             bad = _bad_buffers(plan, trial.shape)
             if bad is not None:
@@ -241,18 +234,6 @@ class CudaBackend:
                 recheck_poison_bits=poison[1],
             )
 
-    def _remember(self, problem: Problem, build: CudaBuild) -> LaunchPlan:
-        plan = parse_launch_plan(Path(build.source).read_text(), problem)
-        self._plans[build.cubin] = (problem, plan)
-        self._plans.move_to_end(build.cubin)
-        while len(self._plans) > PLANS_REMEMBERED:
-            self._plans.popitem(last=False)
-        return plan
-
-    def _plan(self, problem: Problem, build: CudaBuild) -> LaunchPlan:
-        remembered = self._plans.get(build.cubin)
-        return remembered[1] if remembered is not None else self._remember(problem, build)
-
     def _naive_baseline(self, problem: Problem, build: CudaBuild) -> p.KernelRef:
         template = naive_template(problem, build.dtype)
         if template is None:
@@ -341,3 +322,8 @@ def _failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | 
         f"{'timed out, ' if outcome.timed_out else ''}progress: {progress}; "
         f"stderr: {outcome.stderr[-2000:]}"
     )
+
+
+def _plan(problem: Problem, build: CudaBuild) -> LaunchPlan:
+    """The launch lines of the build's source (a few lines: parsing them is cheap)."""
+    return parse_launch_plan(Path(build.source).read_text(), problem)

@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from gpu_workers import runner_files as files
 from gpu_workers.cuda import backend as cuda_backend
 from gpu_workers.cuda import baselines
 from gpu_workers.cuda import protocol as p
@@ -107,7 +108,7 @@ def test_jobs_and_replies_survive_the_trip_to_the_runner() -> None:
     for message in messages:
         assert msgspec.json.decode(msgspec.json.encode(message), type=p.Job) == message
     replies: list[Any] = [
-        p.VerifyReply(runs=[p.RunRecord(trial=0, run=1, damaged_slack=["y"], seconds=0.5)]),
+        files.VerifyReply(runs=[files.RunRecord(trial=0, run=1, damaged_slack=["y"], seconds=0.5)]),
         p.BenchReply(
             kernel_ns=[5, 6],
             kernel_warmup_ns=[9],
@@ -267,12 +268,12 @@ def test_the_runner_without_pycuda_reports_a_harness_fault_never_a_kernel_fault(
         dtype="fp32",
         trials=[],
     )
-    (tmp_path / p.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
+    (tmp_path / files.REQUEST_FILE).write_bytes(msgspec.json.encode(job))
     limits = msgspec.structs.replace(VERIFY_LIMITS, wall_seconds=60.0)
     outcome = run_sandboxed(
         cuda_backend.RUNNER, [], workdir=tmp_path, limits=limits, env=cuda_env()
     )
-    reply = msgspec.json.decode((tmp_path / p.RESULT_FILE).read_bytes(), type=p.Reply)
+    reply = msgspec.json.decode((tmp_path / files.RESULT_FILE).read_bytes(), type=p.Reply)
     assert isinstance(reply, p.FaultReply)
     assert reply.harness and reply.reason == "harness_error"
     assert outcome.returncode == HARNESS_EXIT
@@ -308,13 +309,13 @@ def _outcome(
 
 
 def test_a_kernel_fault_becomes_a_rejection_with_the_cuda_error(tmp_path: Path) -> None:
-    (tmp_path / p.PROGRESS_FILE).write_text("trial 3 run 1 launch 0 (kf_gelu ...)")
+    (tmp_path / files.PROGRESS_FILE).write_text("trial 3 run 1 launch 0 (kf_gelu ...)")
     fault = p.FaultReply(
         reason="crashed",
         message="trial 3 run 1 launch 0: cuCtxSynchronize failed: an illegal memory access",
         evidence={"cuda_error": "cuCtxSynchronize failed: an illegal memory access"},
     )
-    (tmp_path / p.RESULT_FILE).write_bytes(msgspec.json.encode(fault))
+    (tmp_path / files.RESULT_FILE).write_bytes(msgspec.json.encode(fault))
     rejection = cuda_backend._failure(_outcome(FAULT_EXIT), tmp_path, "run")
     assert isinstance(rejection, Rejection)
     assert (rejection.stage, rejection.reason) == ("run", "crashed")
@@ -323,7 +324,7 @@ def test_a_kernel_fault_becomes_a_rejection_with_the_cuda_error(tmp_path: Path) 
 
 
 def test_a_child_killed_by_the_wall_clock_is_a_timeout(tmp_path: Path) -> None:
-    (tmp_path / p.PROGRESS_FILE).write_text("timing")
+    (tmp_path / files.PROGRESS_FILE).write_text("timing")
     rejection = cuda_backend._failure(_outcome(0, timed_out=True), tmp_path, "benchmark")
     assert rejection is not None
     assert (rejection.stage, rejection.reason) == ("benchmark", "timeout")
@@ -355,35 +356,35 @@ def test_a_runner_that_dies_without_a_reply_is_never_the_kernels_fault(
 ) -> None:
     """A CUDA kernel cannot kill its runner: its faults come back as CUDA errors in a
     reply. A signal or an exit without one, wherever the runner was, is the harness's."""
-    (tmp_path / p.PROGRESS_FILE).write_text("trial 0 run 0 launch 0 (kf_gelu ...)")
+    (tmp_path / files.PROGRESS_FILE).write_text("trial 0 run 0 launch 0 (kf_gelu ...)")
     with pytest.raises(RuntimeError, match="not the kernel's fault"):
         cuda_backend._failure(outcome, tmp_path, "run")
-    (tmp_path / p.RESULT_FILE).write_text('{"type": "verify", "runs": [')  # cut short
+    (tmp_path / files.RESULT_FILE).write_text('{"type": "verify", "runs": [')  # cut short
     with pytest.raises(RuntimeError, match="without a reply"):
         cuda_backend._failure(outcome, tmp_path, "run")
 
 
 def test_a_wall_clock_kill_after_the_kernel_work_began_is_a_timeout(tmp_path: Path) -> None:
-    (tmp_path / p.PROGRESS_FILE).write_text("loading")
+    (tmp_path / files.PROGRESS_FILE).write_text("loading")
     rejection = cuda_backend._failure(_outcome(0, timed_out=True), tmp_path, "run")
     assert rejection is not None
     assert (rejection.stage, rejection.reason) == ("run", "timeout")
     assert "during loading" in rejection.message
     for step in sorted(p.HARNESS_STEPS):  # no kernel call pending: the runner hung itself
-        (tmp_path / p.PROGRESS_FILE).write_text(step)
+        (tmp_path / files.PROGRESS_FILE).write_text(step)
         with pytest.raises(RuntimeError, match=f"progress: {step}"):
             cuda_backend._failure(_outcome(0, timed_out=True), tmp_path, "benchmark")
 
 
 def test_a_reply_from_a_runner_that_then_failed_is_the_harness_fault(tmp_path: Path) -> None:
-    (tmp_path / p.PROGRESS_FILE).write_text("done")
-    (tmp_path / p.RESULT_FILE).write_bytes(msgspec.json.encode(p.VerifyReply(runs=[])))
+    (tmp_path / files.PROGRESS_FILE).write_text("done")
+    (tmp_path / files.RESULT_FILE).write_bytes(msgspec.json.encode(files.VerifyReply(runs=[])))
     with pytest.raises(RuntimeError, match="after its reply"):
         cuda_backend._failure(_outcome(-11, signal="SIGSEGV"), tmp_path, "run")
 
 
 def test_a_finished_run_is_no_failure(tmp_path: Path) -> None:
-    (tmp_path / p.RESULT_FILE).write_bytes(msgspec.json.encode(p.VerifyReply(runs=[])))
+    (tmp_path / files.RESULT_FILE).write_bytes(msgspec.json.encode(files.VerifyReply(runs=[])))
     assert cuda_backend._failure(_outcome(0), tmp_path, "run") is None
 
 

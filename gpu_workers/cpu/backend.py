@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu_workers import runner_files as files
 from gpu_workers.benchmarker import TimingRun
 from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cpu import protocol as p
@@ -83,7 +84,7 @@ class CpuBackend:
             jobs = []
             for trial in trials:
                 for name, array in trial.inputs.items():
-                    np.save(workdir / p.input_file(trial.index, name), array)
+                    np.save(workdir / files.input_file(trial.index, name), array)
                 jobs.append(
                     p.TrialJob(
                         index=trial.index,
@@ -100,18 +101,18 @@ class CpuBackend:
             failure = sandbox_failure(outcome, workdir, "run")
             if failure is not None:
                 return RunOutcome(rejection=failure, sandbox=outcome.report)
-            reply = expect_reply(workdir, p.Reply, p.VerifyReply)
+            reply = expect_reply(workdir, p.Reply, files.VerifyReply)
             runs = [
                 RunOutput(
                     trial=r.trial,
                     run=r.run,
                     poison_bits=p.POISON_BITS[r.run % len(p.POISON_BITS)],
                     outputs={
-                        a.name: np.load(workdir / p.out_file(r.trial, r.run, a.name))
+                        a.name: np.load(workdir / files.out_file(r.trial, r.run, a.name))
                         for a in problem.outputs
                     },
                     inputs_after={
-                        a.name: np.load(workdir / p.after_file(r.trial, r.run, a.name))
+                        a.name: np.load(workdir / files.after_file(r.trial, r.run, a.name))
                         for a in problem.inputs
                     },
                     damaged_slack=tuple(r.damaged_slack),
@@ -162,13 +163,13 @@ class CpuBackend:
                 rotated_bytes=reply.rotated_bytes,
                 timed_outputs=[
                     {
-                        a.name: np.load(workdir / p.timed_out_file(i, a.name))
+                        a.name: np.load(workdir / files.timed_out_file(i, a.name))
                         for a in problem.outputs
                     }
                     for i in range(len(seeds))
                 ],
                 recheck_outputs={
-                    a.name: np.load(workdir / p.recheck_file(a.name)) for a in problem.outputs
+                    a.name: np.load(workdir / files.recheck_file(a.name)) for a in problem.outputs
                 },
                 wall_seconds=outcome.wall_seconds,
                 timed_seconds=reply.timed_seconds,

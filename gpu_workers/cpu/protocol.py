@@ -1,38 +1,13 @@
 """Messages between the worker and its sandboxed CPU runner (files in the sandbox dir).
 
-The file names, RunRecord and VerifyReply are every runner's (gpu_workers.runner_files),
-named here too so the runner finds its whole protocol in one module.
+The file names, RunRecord and VerifyReply are every runner's: gpu_workers.runner_files.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from gpu_workers.runner_files import (
-    PROGRESS_FILE,
-    REQUEST_FILE,
-    RESULT_FILE,
-    RunRecord,
-    VerifyReply,
-    after_file,
-    input_file,
-    out_file,
-    recheck_file,
-    timed_out_file,
-)
-
-__all__ = [
-    "PROGRESS_FILE",
-    "REQUEST_FILE",
-    "RESULT_FILE",
-    "RunRecord",
-    "VerifyReply",
-    "after_file",
-    "input_file",
-    "out_file",
-    "recheck_file",
-    "timed_out_file",
-]
+from gpu_workers.runner_files import VerifyReply
 
 POISON_BITS = (0x7FBADBAD, 0xFFC0FFEE)
 """Output poison per run: two different NaN payloads, so 'unwritten' is recognisable."""

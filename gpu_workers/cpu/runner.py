@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from gpu_workers import runner_files as files
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.guarded import GuardedArray, aligned_empty
 from gpu_workers.interleave import Call, interleave
@@ -26,7 +27,7 @@ Kernel = Callable[..., None]
 
 
 def _progress(text: str) -> None:
-    Path(p.PROGRESS_FILE).write_text(text)
+    Path(files.PROGRESS_FILE).write_text(text)
 
 
 def _load(library: str, n_arrays: int, n_dims: int, symbol: str = "kernel") -> Kernel:
@@ -40,13 +41,13 @@ def _poison(array: FloatArray, bits: int) -> None:
     array.view(np.uint32)[...] = np.uint32(bits)
 
 
-def verify(job: p.VerifyJob) -> p.VerifyReply:
+def verify(job: p.VerifyJob) -> files.VerifyReply:
     n_dims = len(job.trials[0].dims) if job.trials else 0
     fn = _load(job.library, len(job.arg_names), n_dims)
-    records: list[p.RunRecord] = []
+    records: list[files.RunRecord] = []
     for trial in job.trials:
         inputs = {
-            name: np.load(p.input_file(trial.index, name))
+            name: np.load(files.input_file(trial.index, name))
             for name, out in zip(job.arg_names, job.outputs, strict=True)
             if not out
         }
@@ -71,16 +72,18 @@ def verify(job: p.VerifyJob) -> p.VerifyReply:
                     if not buf.slack_intact()
                 ]
                 for buf, name, out in zip(buffers, job.arg_names, job.outputs, strict=True):
-                    target = p.out_file if out else p.after_file
+                    target = files.out_file if out else files.after_file
                     np.save(target(trial.index, run, name), buf.array)
                 records.append(
-                    p.RunRecord(trial=trial.index, run=run, damaged_slack=damaged, seconds=seconds)
+                    files.RunRecord(
+                        trial=trial.index, run=run, damaged_slack=damaged, seconds=seconds
+                    )
                 )
             finally:
                 for buf in buffers:
                     buf.release()
     _progress("done")
-    return p.VerifyReply(runs=records)
+    return files.VerifyReply(runs=records)
 
 
 def bench(job: p.BenchJob) -> p.BenchReply:
@@ -157,7 +160,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
     _progress("saving timed outputs")
     for seed_index, saved in enumerate(timed_outputs):
         for name in outputs:
-            np.save(p.timed_out_file(seed_index, name), saved[name])
+            np.save(files.timed_out_file(seed_index, name), saved[name])
     sets.clear()
     incumbent_sets.clear()
     _progress("re-check with fresh inputs")
@@ -171,7 +174,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             arrays[arg.name][...] = fresh[arg.name]
     kernel(*(arrays[n].ctypes.data for n in names), *dims)
     for name in outputs:
-        np.save(p.recheck_file(name), arrays[name])
+        np.save(files.recheck_file(name), arrays[name])
     _progress("done")
     return p.BenchReply(
         kernel_ns=samples.kernel_ns,
@@ -238,7 +241,7 @@ def _best(action: Callable[[], object], repeats: int = 7) -> float:
 
 
 def main(args: list[str]) -> None:
-    job = msgspec.json.decode(Path(p.REQUEST_FILE).read_bytes(), type=p.Job)
+    job = msgspec.json.decode(Path(files.REQUEST_FILE).read_bytes(), type=p.Job)
     reply: p.Reply
     if isinstance(job, p.VerifyJob):
         reply = verify(job)
@@ -246,4 +249,4 @@ def main(args: list[str]) -> None:
         reply = bench(job)
     else:
         reply = calibrate(job)
-    Path(p.RESULT_FILE).write_bytes(msgspec.json.encode(reply))
+    Path(files.RESULT_FILE).write_bytes(msgspec.json.encode(reply))

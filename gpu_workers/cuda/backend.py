@@ -18,6 +18,7 @@ from __future__ import annotations
 import resource
 from pathlib import Path
 
+from gpu_workers import runner_files as files
 from gpu_workers.benchmarker import TimingRun
 from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cuda import protocol as p
@@ -121,7 +122,7 @@ class CudaBackend:
             jobs = []
             for trial in trials:
                 for name, array in trial.inputs.items():
-                    p.save_bits(workdir / p.input_file(trial.index, name), array, build.dtype)
+                    p.save_bits(workdir / files.input_file(trial.index, name), array, build.dtype)
                 jobs.append(
                     p.TrialJob(
                         index=trial.index,
@@ -142,7 +143,7 @@ class CudaBackend:
             failure = _failure(outcome, workdir, "run")
             if failure is not None:
                 return RunOutcome(rejection=failure, sandbox=outcome.report)
-            reply = expect_reply(workdir, p.Reply, p.VerifyReply)
+            reply = expect_reply(workdir, p.Reply, files.VerifyReply)
             runs = [
                 RunOutput(
                     trial=r.trial,
@@ -150,13 +151,13 @@ class CudaBackend:
                     poison_bits=p.POISON_BITS[build.dtype][r.run % 2],
                     outputs={
                         a.name: p.load_elements(
-                            workdir / p.out_file(r.trial, r.run, a.name), build.dtype
+                            workdir / files.out_file(r.trial, r.run, a.name), build.dtype
                         )
                         for a in problem.outputs
                     },
                     inputs_after={
                         a.name: p.load_elements(
-                            workdir / p.after_file(r.trial, r.run, a.name), build.dtype
+                            workdir / files.after_file(r.trial, r.run, a.name), build.dtype
                         )
                         for a in problem.inputs
                     },
@@ -217,13 +218,15 @@ class CudaBackend:
                 rotated_bytes=reply.rotated_bytes,
                 timed_outputs=[
                     {
-                        a.name: p.load_elements(workdir / p.timed_out_file(i, a.name), build.dtype)
+                        a.name: p.load_elements(
+                            workdir / files.timed_out_file(i, a.name), build.dtype
+                        )
                         for a in problem.outputs
                     }
                     for i in range(len(seeds))
                 ],
                 recheck_outputs={
-                    a.name: p.load_elements(workdir / p.recheck_file(a.name), build.dtype)
+                    a.name: p.load_elements(workdir / files.recheck_file(a.name), build.dtype)
                     for a in problem.outputs
                 },
                 wall_seconds=outcome.wall_seconds,

@@ -1,10 +1,9 @@
 """Messages between the worker and its sandboxed CUDA runner (files in the sandbox dir).
 
-The file names, RunRecord and VerifyReply are every runner's (gpu_workers.runner_files),
-named here too so the runner finds its whole protocol in one module. Arrays travel as
-.npy files of their raw bits (uint32 for fp32, uint16 for bf16 and fp16): numpy cannot
-save every element type (ml_dtypes' bfloat16) and the bits are what the verifier
-compares anyway.
+The file names, RunRecord and VerifyReply are every runner's: gpu_workers.runner_files.
+Arrays travel as .npy files of their raw bits (uint32 for fp32, uint16 for bf16 and
+fp16): numpy cannot save every element type (ml_dtypes' bfloat16) and the bits are what
+the verifier compares anyway.
 """
 
 from __future__ import annotations
@@ -16,31 +15,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from gpu_workers.runner_files import (
-    PROGRESS_FILE,
-    REQUEST_FILE,
-    RESULT_FILE,
-    RunRecord,
-    VerifyReply,
-    after_file,
-    input_file,
-    out_file,
-    recheck_file,
-    timed_out_file,
-)
-
-__all__ = [
-    "PROGRESS_FILE",
-    "REQUEST_FILE",
-    "RESULT_FILE",
-    "RunRecord",
-    "VerifyReply",
-    "after_file",
-    "input_file",
-    "out_file",
-    "recheck_file",
-    "timed_out_file",
-]
+from gpu_workers.runner_files import VerifyReply
 
 POISON_BITS: dict[str, tuple[int, int]] = {
     "fp32": (0x7FBADBAD, 0xFFC0FFEE),

@@ -32,6 +32,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from gpu_workers import runner_files as files
 from gpu_workers.cuda import baselines
 from gpu_workers.cuda import protocol as p
 from gpu_workers.interleave import interleave
@@ -60,7 +61,7 @@ class KernelFault(Exception):
 
 
 def _progress(text: str) -> None:
-    Path(p.PROGRESS_FILE).write_text(text)
+    Path(files.PROGRESS_FILE).write_text(text)
 
 
 def _elements(problem: Problem, shape: dict[str, int]) -> dict[str, int]:
@@ -388,7 +389,7 @@ def call_plan(
 # Verification ---------------------------------------------------------------------------
 
 
-def verify(gpu: Gpu, job: p.VerifyJob) -> p.VerifyReply:
+def verify(gpu: Gpu, job: p.VerifyJob) -> files.VerifyReply:
     from kernels.loading import load_problem
 
     problem = load_problem(job.problem)
@@ -399,12 +400,12 @@ def verify(gpu: Gpu, job: p.VerifyJob) -> p.VerifyReply:
         t.index: resolve(kernel, {d: int(t.shape[d]) for d in problem.dims}) for t in job.trials
     }
     allow_shared(gpu, kernel, (launch for launches, _ in plans.values() for launch in launches))
-    records: list[p.RunRecord] = []
+    records: list[files.RunRecord] = []
     for trial in job.trials:
         dims = {d: int(trial.shape[d]) for d in problem.dims}
         launches, sizes = plans[trial.index]
         counts = _elements(problem, trial.shape)
-        inputs = {a.name: np.load(p.input_file(trial.index, a.name)) for a in problem.inputs}
+        inputs = {a.name: np.load(files.input_file(trial.index, a.name)) for a in problem.inputs}
         for arg in problem.inputs:
             if inputs[arg.name].dtype != bits or inputs[arg.name].size != counts[arg.name]:
                 raise ValueError(
@@ -447,16 +448,16 @@ def verify(gpu: Gpu, job: p.VerifyJob) -> p.VerifyReply:
             seconds = time.perf_counter() - started
             damaged = [d for g in (*arrays.values(), *buffers.values()) for d in g.damaged()]
             for arg in problem.args:
-                target = p.out_file if arg.output else p.after_file
+                target = files.out_file if arg.output else files.after_file
                 host = gpu.download(arrays[arg.name].ptr, arg.shape(trial.shape), bits)
                 np.save(target(trial.index, run, arg.name), host)
             records.append(
-                p.RunRecord(trial=trial.index, run=run, damaged_slack=damaged, seconds=seconds)
+                files.RunRecord(trial=trial.index, run=run, damaged_slack=damaged, seconds=seconds)
             )
             for g in (*arrays.values(), *buffers.values()):
                 g.free()
     _progress(p.DONE)
-    return p.VerifyReply(runs=records)
+    return files.VerifyReply(runs=records)
 
 
 # Timing ----------------------------------------------------------------------------------
@@ -679,7 +680,7 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     for index in range(n_sets):
         for arg in problem.outputs:
             host = gpu.download(mine.outputs[index][arg.name], arg.shape(job.shape), bits)
-            np.save(p.timed_out_file(index, arg.name), host)
+            np.save(files.timed_out_file(index, arg.name), host)
     _progress("re-check with fresh inputs")
     fresh = problem.generate(job.shape, "uniform", job.recheck_seed, job.dtype)
     pointers = dict(mine.pointers[0])
@@ -696,7 +697,7 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     gpu.wait(job.call_timeout_s, "the re-check call on fresh inputs")
     for arg in problem.outputs:
         host = gpu.download(pointers[arg.name], arg.shape(job.shape), bits)
-        np.save(p.recheck_file(arg.name), host)
+        np.save(files.recheck_file(arg.name), host)
     _progress(p.DONE)
     set_bytes = sum(counts.values()) * bits.itemsize
     return p.BenchReply(
@@ -816,7 +817,7 @@ def calibrate(gpu: Gpu, job: p.CalibrateJob) -> p.CalibrateReply:
 def _finish(reply: p.Reply, status: int) -> NoReturn:
     """Write the reply and leave at once: after a fault the context is unusable, and
     library teardown at interpreter exit (pycuda, torch, cupy) has nothing left to do."""
-    Path(p.RESULT_FILE).write_bytes(msgspec.json.encode(reply))
+    Path(files.RESULT_FILE).write_bytes(msgspec.json.encode(reply))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
@@ -825,7 +826,7 @@ def _finish(reply: p.Reply, status: int) -> NoReturn:
 def main(args: list[str]) -> None:
     reply: p.Reply
     try:
-        job = msgspec.json.decode(Path(p.REQUEST_FILE).read_bytes(), type=p.Job)
+        job = msgspec.json.decode(Path(files.REQUEST_FILE).read_bytes(), type=p.Job)
         gpu = Gpu()
         if isinstance(job, p.VerifyJob):
             reply = verify(gpu, job)

@@ -94,7 +94,7 @@ class HostCalibration(msgspec.Struct, frozen=True, kw_only=True):
     sgemm_gflops: float
     """A tuned BLAS sgemm on all cores (numpy float32 matmul)."""
     fma_peak_gflops: float
-    """Independent 512-bit FMA chains on all cores; above sgemm when BLAS runs an older
+    """Independent FMA chains in the widest vectors on all cores; above sgemm when BLAS runs an older
     kernel than the CPU supports (e.g. OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU)."""
     streaming_stores: bool
     measured_at: str

@@ -36,8 +36,16 @@ void kf_stream_copy(const float *src, float *dst, int64_t n) {
     for (int64_t i = (n / 64) * 64; i < n; ++i) dst[i] = src[i];
 }
 
-/* All cores, independent FMA chains in 512-bit vectors: the arithmetic ceiling. */
-typedef float kf_v __attribute__((vector_size(64)));
+/* All cores, independent FMA chains in the widest vectors the CPU has: the arithmetic
+   ceiling. The empty asm keeps each chain in a register, so it needs a register that wide. */
+#if defined(__AVX512F__)
+#define KF_LANES 16
+#elif defined(__AVX__)
+#define KF_LANES 8
+#else
+#define KF_LANES 4
+#endif
+typedef float kf_v __attribute__((vector_size(4 * KF_LANES)));
 #define KF_STEP(x) x = x * a + b
 double kf_fma_peak(int64_t iterations) {
     double total = 0.0;
@@ -54,8 +62,8 @@ double kf_fma_peak(int64_t iterations) {
         }
         kf_v sum = c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11;
         float sink = 0.0f;
-        for (int l = 0; l < 16; ++l) sink += sum[l];
-        total += 2.0 * 16 * 12 * (double)iterations + (sink == 12345.0f);
+        for (int l = 0; l < KF_LANES; ++l) sink += sum[l];
+        total += 2.0 * KF_LANES * 12 * (double)iterations + (sink == 12345.0f);
     }
     return total;
 }

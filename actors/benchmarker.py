@@ -31,6 +31,7 @@ from eventstore.events import (
     new_event,
 )
 from gpu_workers.benchmarker import benchmark
+from gpu_workers.calibration_cache import is_quiet
 from gpu_workers.results import BenchmarkResult, Rejection
 from kernels.loading import load_problem
 
@@ -78,7 +79,12 @@ class Benchmarker(Actor):
                 device=calibration.host,
                 bandwidth_gbs=calibration.memory_bandwidth_gbs,
                 peak_gflops=calibration.peak_fp32_gflops,
-                method={"cpu": calibration.cpu_model, "how": calibration.method},
+                method={
+                    "cpu": calibration.cpu_model,
+                    "how": calibration.method,
+                    "contention_cores": calibration.host_contention_cores,
+                    "quiet": is_quiet(calibration),
+                },
             )
         )
 

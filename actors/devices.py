@@ -51,7 +51,9 @@ def calibration_for(target: str) -> HostCalibration:
 
 
 def recalibrate(target: str) -> HostCalibration:
-    """Measure the device again (a ceiling measured while it was busy can be too low)."""
+    """Measure the device again, never reading the cache (a ceiling measured while it was
+    busy can be too low); the new figures replace the cached ones only if the host was
+    quiet while they were measured."""
     calibration_for.cache_clear()
     return _calibrate(target, force=True)
 

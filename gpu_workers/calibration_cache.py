@@ -1,4 +1,6 @@
-"""A device's calibration, measured once and kept in a file keyed by the device."""
+"""A device's calibration, kept in a file keyed by the device, but only one measured on a
+quiet host: ceilings measured while other work ran are too low, and a kernel judged
+against them would be refused for being faster than the host "allows"."""
 
 from __future__ import annotations
 
@@ -8,18 +10,36 @@ from pathlib import Path
 import msgspec
 
 from gpu_workers.atomic_file import write_atomically
+from gpu_workers.benchmarker import QUIET_CORES
 from gpu_workers.results import HostCalibration
 
 
+def is_quiet(calibration: HostCalibration, quiet_cores: float = QUIET_CORES) -> bool:
+    """Whether the host was known to be quiet while `calibration` was measured: at most
+    `quiet_cores` cores' worth of other work (the benchmarker's threshold for a quiet
+    timing run). Unknown contention is not quiet."""
+    busy = calibration.host_contention_cores
+    return busy is not None and busy <= quiet_cores
+
+
 def cached_calibration(
-    path: Path, measure: Callable[[], HostCalibration], *, force: bool = False
+    path: Path,
+    measure: Callable[[], HostCalibration],
+    *,
+    force: bool = False,
+    quiet_cores: float = QUIET_CORES,
 ) -> HostCalibration:
-    """The calibration in `path`, measuring (and keeping) it first if there is none."""
+    """The quiet calibration kept in `path`; else (or with `force`) a fresh measurement,
+    kept in `path` only when the host was quiet. A contended measurement is returned for
+    this run (its `host_contention_cores` says so) and never written."""
     if path.is_file() and not force:
         try:
-            return msgspec.json.decode(path.read_bytes(), type=HostCalibration)
+            kept = msgspec.json.decode(path.read_bytes(), type=HostCalibration)
         except msgspec.DecodeError:
-            pass  # an old or damaged file: measure again
+            kept = None  # an old or damaged file: measure again
+        if kept is not None and is_quiet(kept, quiet_cores):
+            return kept
     calibration = measure()
-    write_atomically(path, msgspec.json.encode(calibration))
+    if is_quiet(calibration, quiet_cores):
+        write_atomically(path, msgspec.json.encode(calibration))
     return calibration

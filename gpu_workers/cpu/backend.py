@@ -62,7 +62,7 @@ class CpuBackend:
                 build=None,
                 rejection=Rejection(stage="compile", reason="unsupported_dtype", message=message),
             )
-        unsafe = source_check(source)
+        unsafe = source_check(source, flags, prototype=problem.c_signature(self.dtype))
         if unsafe is not None:
             return CompileOutcome(build=None, rejection=unsafe)
         result = compile_kernel(

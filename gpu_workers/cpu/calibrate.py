@@ -1,4 +1,5 @@
-"""Measure this host's ceilings once (bandwidth, fp32 peak) and cache them per host."""
+"""Measure this host's ceilings (bandwidth, fp32 peak) on a quiet host and cache them per
+host; a measurement taken while other work ran is used once and never cached."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ import hashlib
 import os
 import platform
 import socket
+import time
 from pathlib import Path
 
 import msgspec
 
-from gpu_workers.benchmarker import QUIET_CORES
 from gpu_workers.cache_root import cache_root
-from gpu_workers.calibration_cache import cached_calibration
+from gpu_workers.calibration_cache import cached_calibration, is_quiet
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.compiler import compile_kernel
@@ -68,50 +69,93 @@ def calibration_path(cache_dir: Path | None = None) -> Path:
     return base / f"host-calibration-{host_key()}.json"
 
 
-def load_or_calibrate(cache_dir: Path | None = None, *, force: bool = False) -> HostCalibration:
-    """The cached calibration of this host, measuring it first if there is none."""
-    return cached_calibration(calibration_path(cache_dir), lambda: measure(cache_dir), force=force)
+def load_or_calibrate(
+    cache_dir: Path | None = None,
+    *,
+    force: bool = False,
+    attempts: int | None = None,
+    backoff_s: float | None = None,
+    sizes: CalibrationSizes | None = None,
+) -> HostCalibration:
+    """This host's calibration: the cached one if it was measured on a quiet host, else
+    measured now (always with `force`) and cached only if the host was quiet."""
+    return cached_calibration(
+        calibration_path(cache_dir),
+        lambda: measure(cache_dir, attempts=attempts, backoff_s=backoff_s, sizes=sizes),
+        force=force,
+    )
 
 
 ATTEMPTS = 3
+BACKOFF_S = 3.0
+"""Wait this long before the second measurement, twice as long before the third, ..."""
 
 
-def measure(cache_dir: Path | None = None) -> HostCalibration:
-    """Measure until the host was quiet (or ATTEMPTS runs); keep each ceiling's best value,
-    since a ceiling is the most the host can do and other work only ever lowers it."""
-    runs = []
-    for _ in range(ATTEMPTS):
-        runs.append(_measure_once(cache_dir))
-        if (runs[-1].host_contention_cores or 0.0) < QUIET_CORES:
+class CalibrationSizes(msgspec.Struct, frozen=True):
+    copy_bytes: int = COPY_BYTES
+    sgemm_n: int = SGEMM_N
+    fma_iterations: int = FMA_ITERATIONS
+
+
+def measure(
+    cache_dir: Path | None = None,
+    *,
+    attempts: int | None = None,
+    backoff_s: float | None = None,
+    sizes: CalibrationSizes | None = None,
+) -> HostCalibration:
+    """Measure until the host was quiet, waiting longer after each busy run (at most
+    `attempts` runs); keep each ceiling's best value, since a ceiling is the most the
+    host can do and other work only ever lowers it. The result records the contention of
+    the quietest run; when no run was quiet its method says so, and the calibration
+    cache does not keep it."""
+    attempts = ATTEMPTS if attempts is None else max(1, attempts)
+    backoff_s = BACKOFF_S if backoff_s is None else backoff_s
+    runs: list[HostCalibration] = []
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+        runs.append(_measure_once(cache_dir, sizes or CalibrationSizes()))
+        if is_quiet(runs[-1]):
             break
+    quiet = [c for c in runs if is_quiet(c)]
     best = max(runs, key=lambda c: c.memory_bandwidth_gbs)
     sgemm = max(c.sgemm_gflops for c in runs)
     fma = max(c.fma_peak_gflops for c in runs)
+    known = [c.host_contention_cores for c in runs if c.host_contention_cores is not None]
+    busy = min(known) if known else None
+    if quiet:
+        verdict = f"a quiet host ({busy:.2f} cores of other work)"
+    elif busy is None:
+        verdict = "contention unknown: not kept"
+    else:
+        verdict = f"contended ({busy:.2f} cores of other work at best): not kept"
     return msgspec.structs.replace(
         best,
         sgemm_gflops=sgemm,
         fma_peak_gflops=fma,
         peak_fp32_gflops=max(sgemm, fma),
         numpy_copy_bandwidth_gbs=max(c.numpy_copy_bandwidth_gbs for c in runs),
-        host_contention_cores=min(c.host_contention_cores or 0.0 for c in runs),
-        method=f"{best.method}; best of {len(runs)} run(s), stopping at a quiet host",
+        host_contention_cores=busy,
+        method=f"{best.method}; best of {len(runs)} run(s), {verdict}",
     )
 
 
-def _measure_once(cache_dir: Path | None) -> HostCalibration:
+def _measure_once(cache_dir: Path | None, sizes: CalibrationSizes) -> HostCalibration:
     compiled = compile_kernel(
         CALIBRATION_SOURCE.read_text(),
         ("-O3", "-march=native", "-fopenmp"),
         prototype="void kf_stream_copy(const float *src, float *dst, int64_t n)",
         cache_dir=(cache_dir / "cpu-kernels") if cache_dir else None,
+        trusted_assembler=True,  # empty asm statements keep the FMA chains in registers
     )
     if isinstance(compiled, CompileFailure):
         raise CalibrationError(f"calibration kernels failed to compile: {compiled.log}")
     job = p.CalibrateJob(
         library=compiled.library,
-        copy_bytes=COPY_BYTES,
-        sgemm_n=SGEMM_N,
-        fma_iterations=FMA_ITERATIONS,
+        copy_bytes=sizes.copy_bytes,
+        sgemm_n=sizes.sgemm_n,
+        fma_iterations=sizes.fma_iterations,
     )
     with sandbox_dir("kf-calibrate-") as workdir:
         write_request(workdir, job)
@@ -144,8 +188,9 @@ def _measure_once(cache_dir: Path | None) -> HostCalibration:
         host_contention_cores=busy,
         measured_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         method=(
-            f"best of 15 after 1 s warm-up: all-core copy of {COPY_BYTES >> 20} MiB, "
+            f"best of 15 after 1 s warm-up: all-core copy of {sizes.copy_bytes >> 20} MiB, "
             "non-temporal stores "
-            f"(bytes read + written); numpy float32 {SGEMM_N}^3 matmul; all-core FMA chains in the widest vectors the CPU has"
+            f"(bytes read + written); numpy float32 {sizes.sgemm_n}^3 matmul; all-core FMA chains "
+            "in the widest vectors the CPU has"
         ),
     )

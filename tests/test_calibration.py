@@ -1,0 +1,105 @@
+"""Ceilings that are true: a host is calibrated only when it is quiet; a measurement taken
+while other work ran is used for the run that asked for it, marked, and never cached; and
+recalibrating measures afresh instead of reading the cache. The contention is real: CPU
+burning processes on every core while the calibration runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from actors import devices
+from gpu_workers.calibration_cache import QUIET_CORES, is_quiet
+from gpu_workers.cpu import calibrate
+from gpu_workers.cpu.calibrate import CalibrationSizes, calibration_path, load_or_calibrate
+from gpu_workers.results import HostCalibration
+
+SMALL = CalibrationSizes(copy_bytes=16 << 20, sgemm_n=256, fma_iterations=1_000_000)
+"""Sizes that keep a calibration run to seconds (the ceilings are not judged here)."""
+
+
+@contextmanager
+def burning_every_core() -> Iterator[None]:
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+        for burner in burners:
+            burner.wait()
+
+
+def _planted(path: Path, *, busy: float | None) -> HostCalibration:
+    """A calibration file written by hand, so that reading it back is unmistakable."""
+    planted = HostCalibration(
+        host="planted",
+        cpu_model="planted",
+        cores=1,
+        llc_bytes=1 << 20,
+        memory_bandwidth_gbs=0.001,
+        numpy_copy_bandwidth_gbs=0.001,
+        peak_fp32_gflops=0.001,
+        sgemm_gflops=0.001,
+        fma_peak_gflops=0.001,
+        streaming_stores=True,
+        measured_at="2000-01-01T00:00:00+00:00",
+        method="planted",
+        host_contention_cores=busy,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.encode(planted))
+    return planted
+
+
+def test_a_contended_measurement_is_returned_marked_and_never_cached(tmp_path: Path) -> None:
+    with burning_every_core():
+        busy = load_or_calibrate(tmp_path, attempts=2, backoff_s=0.1, sizes=SMALL)
+    assert busy.host_contention_cores is not None
+    assert busy.host_contention_cores > QUIET_CORES
+    assert not is_quiet(busy)
+    assert "contended" in busy.method and "not kept" in busy.method
+    assert not calibration_path(tmp_path).exists()
+
+
+def test_only_a_quiet_calibration_is_read_back_and_force_measures_afresh(tmp_path: Path) -> None:
+    path = calibration_path(tmp_path)
+    quiet = _planted(path, busy=0.0)
+    assert load_or_calibrate(tmp_path) == quiet  # read back, not measured
+    fresh = load_or_calibrate(tmp_path, force=True, attempts=1, sizes=SMALL)
+    assert fresh.measured_at != quiet.measured_at and fresh.host != "planted"
+    # a file holding a contended measurement (as older versions wrote) is not trusted
+    _planted(path, busy=1.5)
+    again = load_or_calibrate(tmp_path, attempts=1, sizes=SMALL)
+    assert again.host != "planted"
+    kept = path.read_bytes()
+    assert (b'"host":"planted"' in kept) is not is_quiet(again)
+
+
+@pytest.mark.slow
+def test_recalibrate_measures_afresh_rather_than_reading_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KFACTORY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "ATTEMPTS", 1)
+    planted = _planted(calibration_path(None), busy=0.0)
+    devices.calibration_for.cache_clear()
+    try:
+        assert devices.calibration_for("cpu") == planted
+        fresh = devices.recalibrate("cpu")
+        assert fresh.host != "planted" and fresh.measured_at != planted.measured_at
+        assert fresh.host_contention_cores is not None
+    finally:
+        devices.calibration_for.cache_clear()

@@ -147,6 +147,37 @@ def test_line_control_directives_are_found_however_spelled(source: str, found: b
     assert bool(line_control_directives(source)) is found, source
 
 
+@pytest.mark.parametrize(
+    "name_or_source",
+    [
+        "static_section_injection",
+        # `#ident` is copied into the assembly too
+        '#ident ".x\\n.inc" "bin \\"/etc/hostname\\""\n' + COPY,
+    ],
+)
+def test_strings_passed_through_to_the_assembler_cannot_add_directives(
+    backend: CpuBackend, tmp_path: Path, name_or_source: str
+) -> None:
+    source = (
+        planted(name_or_source)
+        if name_or_source.startswith("static_")
+        else ("#include <stdint.h>\n" + name_or_source)
+    )
+    failure = compile_kernel(source, FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path)
+    assert isinstance(failure, CompileFailure) and failure.reason == "forbidden_construct"
+    assert ".inc" in failure.message and failure.log == ""
+    rejection = _static(backend, source)
+    assert rejection is not None and rejection.reason == "forbidden_construct"
+
+
+def test_debug_builds_of_honest_kernels_pass(backend: CpuBackend) -> None:
+    for name in ("softmax", "matmul"):
+        source = (EXAMPLES / f"{name}.c").read_text()
+        outcome = backend.compile(BUILTIN[name], source, ("-O2", "-g", "-march=native", "-fopenmp"))
+        assert outcome.rejection is None, outcome.rejection
+        assert backend.static_check(BUILTIN[name], outcome.build) is None
+
+
 def test_assembler_keywords_in_strings_and_comments_are_not_assembler(backend: CpuBackend) -> None:
     source = (
         '#include <stdint.h>\n// __asm__("syscall")\nstatic const char note[] = "__asm__ asm";\n'

@@ -41,7 +41,7 @@ KERNEL_FILE = "kernel.c"
 DIAGNOSTIC_FLAGS = ("-fdiagnostics-color=never", "-fno-diagnostics-show-caret")
 LINK_FLAGS = ("-Wl,-z,relro,-z,now",)
 PP_OUT = ("-o", "kernel.i")
-CHECKS_VERSION = "object-facts-2"
+CHECKS_VERSION = "object-facts-3"
 """Part of the cache key: a build recorded by older checks is checked again."""
 
 _ALLOWED_FLAGS = re.compile(
@@ -609,6 +609,73 @@ def _forbidden_instructions(obj: Path, cwd: Path) -> tuple[str, ...]:
     return tuple(found[:50])
 
 
+# --- what the compiler hands the assembler -------------------------------------------
+
+GCC_DIRECTIVES = frozenset(
+    {
+        # sections and symbols
+        ".text", ".data", ".bss", ".section", ".previous", ".pushsection", ".popsection",
+        ".globl", ".global", ".local", ".weak", ".hidden", ".protected", ".internal",
+        ".type", ".size", ".comm", ".lcomm", ".set", ".equ", ".file", ".ident",
+        # alignment and data
+        ".align", ".p2align", ".balign", ".zero", ".skip", ".byte", ".value", ".short",
+        ".word", ".int", ".long", ".quad", ".octa", ".float", ".double", ".string",
+        ".ascii", ".asciz", ".2byte", ".4byte", ".8byte", ".uleb128", ".sleb128",
+        # call frames and line tables
+        ".cfi_startproc", ".cfi_endproc", ".cfi_def_cfa", ".cfi_def_cfa_offset",
+        ".cfi_def_cfa_register", ".cfi_offset", ".cfi_rel_offset", ".cfi_register",
+        ".cfi_restore", ".cfi_undefined", ".cfi_same_value", ".cfi_remember_state",
+        ".cfi_restore_state", ".cfi_adjust_cfa_offset", ".cfi_escape", ".cfi_sections",
+        ".cfi_personality", ".cfi_lsda", ".cfi_signal_frame", ".cfi_val_offset",
+        ".cfi_return_column", ".loc", ".loc_mark_labels",
+    }
+)  # fmt: skip
+"""The directives GCC writes for a C translation unit. Anything else in the assembly
+(`.incbin`, `.include`, `.macro`, `.symver`, `.reloc`, ...) came from a string the
+source passed through verbatim: a section name, an alias or symver target, `#ident`."""
+_ASM_STATEMENT = re.compile(
+    r"""(?P<str>"(?:[^"\\\n]|\\.)*"?)|(?P<comment>\#[^\n]*)|(?P<sep>[;\n])|(?P<other>[^"#;\n]+)"""
+)
+_ASM_LABEL = re.compile(r"^\s*(?:[A-Za-z0-9_.$]+|\"[^\"]*\")\s*:")
+_ASM_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+def foreign_assembler(text: str) -> tuple[str, ...]:
+    """Statements in the compiler's assembly that GCC does not write for C: unknown
+    directives, and anything that does not even start like an instruction (comment
+    markers, stray punctuation). Instructions themselves are judged in the object."""
+    found: list[str] = []
+    statement, line = "", 1
+    for piece in _ASM_STATEMENT.finditer(text + "\n"):
+        kind = piece.lastgroup
+        if kind in ("str", "other"):
+            statement += piece.group()
+            continue
+        if kind == "comment":
+            continue
+        found += _judge_statement(statement, line)
+        statement = ""
+        if piece.group() == "\n":
+            line += 1
+    return tuple(found[:20])
+
+
+def _judge_statement(statement: str, line: int) -> list[str]:
+    while (label := _ASM_LABEL.match(statement)) is not None:
+        statement = statement[label.end() :]
+    words = statement.split(None, 1)
+    if not words:
+        return []
+    head = words[0]
+    if head.startswith("."):
+        if head.lower() in GCC_DIRECTIVES:
+            return []
+        return [f"{head} (line {line})"]
+    if "/*" in statement or "*/" in statement or not _ASM_WORD.match(head):
+        return [f"{statement.strip()[:40]!r} (line {line})"]
+    return []
+
+
 # --- building -------------------------------------------------------------------------
 
 
@@ -700,7 +767,7 @@ def _build(
     (work / "support.c").write_text(SUPPORT_SOURCE)
     common = [COMPILER, *flags, "-fPIC"]
     code, out = run_compiler(
-        [*common, *DIAGNOSTIC_FLAGS, "-c", KERNEL_FILE, "-o", "kernel.o"],
+        [*common, *DIAGNOSTIC_FLAGS, "-S", KERNEL_FILE, "-o", "kernel.s"],
         work,
         timeout_s=COMPILE_TIMEOUT_S,
         address_space_bytes=COMPILER_ADDRESS_SPACE,
@@ -711,6 +778,26 @@ def _build(
     if code != 0:
         first = next((ln for ln in log.splitlines() if "error" in ln), "compiler error")
         return CompileFailure(reason="compile_error", message=first.strip(), log=log)
+    if not trusted_assembler:
+        foreign = foreign_assembler((work / "kernel.s").read_text(errors="replace"))
+        if foreign:
+            return CompileFailure(
+                reason="forbidden_construct",
+                message="the compiler's output holds assembler statements it never writes "
+                "itself (strings the source passed through to the assembler): "
+                + "; ".join(foreign),
+                log="",
+            )
+    code, out = run_compiler(
+        [*common, "-c", "kernel.s", "-o", "kernel.o"],
+        work,
+        timeout_s=COMPILE_TIMEOUT_S,
+        address_space_bytes=COMPILER_ADDRESS_SPACE,
+    )
+    if code != 0:
+        return CompileFailure(
+            reason="compile_error", message="the assembler refused the compiler's output", log=""
+        )
     facts = object_facts(work / "kernel.o", work)
     code, support_log = _run([COMPILER, "-O2", "-fPIC", "-c", "support.c", "-o", "support.o"], work)
     if code != 0:

@@ -163,7 +163,7 @@ ALLOWED_PATTERNS = (
         r"|erf|erfc|exp|exp10|exp2|expm1|hypot|log|log10|log1p|log2|pow|sin|sincos|sinh|tan"
         r"|tanh)f?$"
     ),
-    re.compile(r"^__\w+_finite$"),
+    re.compile(rf"^__(?:{'|'.join(_MATH)})_finite$"),
 )
 """glibc's libmvec vector maths (`_ZGV<isa><mask><len><args>_<function>`) and the
 `__*_finite` variants older glibc headers route maths through under -ffast-math."""

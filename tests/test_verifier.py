@@ -74,7 +74,7 @@ PLANTED = [
     ("loops_forever", "softmax", "run", {"timeout"}),
     ("allocates_50gib", "softmax", "run", {"memory_limit"}),
     ("calls_exit", "softmax", "static", {"forbidden_symbol"}),
-    ("exits_by_syscall", "softmax", "run", {"exited"}),
+    ("exits_by_syscall", "softmax", "static", {"forbidden_construct"}),  # inline asm
     ("sleeps_with_usleep", "softmax", "static", {"forbidden_symbol"}),
 ]
 

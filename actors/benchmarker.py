@@ -138,6 +138,15 @@ class Benchmarker(Actor):
                     "roofline_ns": result.roofline_ns,
                     "incumbent": incumbent.candidate_id if incumbent and incumbent_build else None,
                     "speedup_vs_incumbent": result.speedup_vs_incumbent,
+                    "seed": result.seed,
+                    "judged_calls": list(result.judged_calls),
+                    "rechecked": list(result.rechecked),
+                    "handshake_ns": result.handshake_ns,
+                    "contained_by": [
+                        m.name
+                        for m in (result.sandbox.mechanisms if result.sandbox else ())
+                        if m.applied
+                    ],
                 },
                 **common,
             )

@@ -2,22 +2,29 @@
 
 The device back end times the kernel, the float32 numpy baseline and the incumbent
 interleaved in one run, over input sets rotated across more memory than the last-level
-cache. This module turns samples into statistics and refuses what cannot be trusted: a
-stall in the timed region, samples that add up to more than the run took, outputs that
-are wrong after timing, and a kernel faster than the roofline allows.
+cache, with fresh inputs before every timed call. This module turns samples into
+statistics and refuses what cannot be trusted: a stall in the timed region, samples that
+add up to more than the run took, outputs of randomly chosen timed calls or of the
+re-check after timing that are wrong (`judge_calls`), and a kernel faster than the
+roofline allows.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection, TimingStats
-from gpu_workers.verifier import check_outputs, trial_seed
+from gpu_workers.results import (
+    BenchmarkResult,
+    HostCalibration,
+    Rejection,
+    SandboxReport,
+    TimingStats,
+)
+from gpu_workers.verifier import bits, check_outputs, new_seed, trial_seed
 from kernels.spec import Arrays, Cost, Problem
 
 MIN_RUNS = 30
@@ -34,6 +41,55 @@ BUSY_RETRIES = 2
 
 
 @dataclass
+class JudgedCall:
+    """One kernel call whose outputs are judged: a timed call chosen at random, or a call of
+    the re-check after timing."""
+
+    when: str
+    inputs: Arrays
+    outputs: Arrays
+    inputs_after: Arrays
+    """The inputs as the call left them: they must be unchanged."""
+    poison_bits: int
+    seed: int | None
+    """The seed `inputs` were drawn from, where they came from the problem's generator."""
+
+
+def judge_calls(problem: Problem, dtype: str, calls: list[JudgedCall]) -> Rejection | None:
+    """Every element of every judged call against the float64 reference; inputs unchanged."""
+    tolerance = problem.tolerances[dtype]
+    for call in calls:
+        context = {"when": call.when}
+        if call.seed is not None:
+            context["seed"] = str(call.seed)
+        for arg in problem.inputs:
+            changed = np.flatnonzero(
+                bits(call.inputs[arg.name].reshape(-1))
+                != bits(call.inputs_after[arg.name].reshape(-1))
+            )
+            if changed.size:
+                return Rejection(
+                    stage="recheck",
+                    reason="input_modified",
+                    message=f"input {arg.name} changed during {call.when} "
+                    f"({changed.size} elements)",
+                    evidence={**context, "input": arg.name, "first_flat_index": str(changed[0])},
+                )
+        rejection, _ = check_outputs(
+            problem,
+            tolerance,
+            call.inputs,
+            call.outputs,
+            call.poison_bits,
+            stage="recheck",
+            context=context,
+        )
+        if rejection is not None:
+            return rejection
+    return None
+
+
+@dataclass
 class TimingRun:
     """Raw samples of one timing run, as the device back end measured them."""
 
@@ -43,17 +99,21 @@ class TimingRun:
     incumbent_ns: list[int] = field(default_factory=list)
     input_sets: int = 0
     rotated_bytes: int = 0
-    timed_outputs: list[Arrays] = field(default_factory=list)
-    """The kernel's last output on each distinct input set, read back after timing."""
-    recheck_outputs: Arrays = field(default_factory=dict)
-    """The kernel's output on fresh inputs, run after timing."""
+    judged: list[JudgedCall] = field(default_factory=list)
+    """Calls whose outputs the worker is to judge (a back end may judge them itself and
+    report a `rejection` instead)."""
+    judged_calls: list[int] = field(default_factory=list)
+    """Which calls (counting warm-up) were judged."""
+    rechecked: list[str] = field(default_factory=list)
+    """The distributions re-checked at the timed shape after timing."""
+    handshake_ns: float | None = None
+    kernel_cpu_seconds: float | None = None
+    sandbox: SandboxReport | None = None
     wall_seconds: float = 0.0
     timed_seconds: float = 0.0
     host_contention_cores: float | None = None
     baseline_name: str = "numpy float32"
     """What the baseline samples timed: the implementation users run today."""
-    timed_poison_bits: int = 0
-    recheck_poison_bits: int = 0
     rejection: Rejection | None = None
 
 
@@ -67,6 +127,7 @@ class TimingBackend(Protocol):
         incumbent: object | None,
         shape: dict[str, int],
         *,
+        seed: int,
         seeds: list[int],
         recheck_seed: int,
         rotate_bytes: int,
@@ -115,22 +176,15 @@ def find_stall(run: TimingRun) -> dict[str, str] | None:
     return None
 
 
-Reference = Callable[[str, int], tuple[Arrays, Arrays]]
-"""(distribution, seed) -> the inputs of that seed and the exact outputs for them."""
-
-
 def _judge(
     problem: Problem,
     run: TimingRun,
     shape: dict[str, int],
-    seeds: list[int],
-    recheck_seed: int,
     dtype: str,
     calibration: HostCalibration,
-    reference: Reference,
 ) -> Rejection | None:
-    """Everything but stalls: the run finished, its samples are consistent, its outputs are
-    right after timing, and it is no faster than the roofline."""
+    """Everything but stalls: the run finished, its samples are consistent, the judged calls
+    are right, and it is no faster than the roofline."""
     if run.rejection is not None:
         return run.rejection
     reported = sum(run.kernel_ns) + sum(run.kernel_warmup_ns)
@@ -141,32 +195,7 @@ def _judge(
             message="the kernel's samples add up to more time than the whole run took",
             evidence={"samples_ns": str(reported), "wall_ns": f"{run.wall_seconds * 1e9:.0f}"},
         )
-    tolerance = problem.tolerances[dtype]
-    for index, outputs in enumerate(run.timed_outputs):
-        inputs, expected = reference("normal", seeds[index])
-        rejection, _ = check_outputs(
-            problem,
-            tolerance,
-            inputs,
-            outputs,
-            run.timed_poison_bits,
-            stage="recheck",
-            context={"when": "outputs of the timed calls", "input_set": str(index)},
-            expected=expected,
-        )
-        if rejection is not None:
-            return rejection
-    fresh, expected = reference("uniform", recheck_seed)
-    rejection, _ = check_outputs(
-        problem,
-        tolerance,
-        fresh,
-        run.recheck_outputs,
-        run.recheck_poison_bits,
-        stage="recheck",
-        context={"when": "fresh inputs after timing", "seed": str(recheck_seed)},
-        expected=expected,
-    )
+    rejection = judge_calls(problem, dtype, run.judged)
     if rejection is not None:
         return rejection
     median = float(np.median(run.kernel_ns))
@@ -199,7 +228,7 @@ def benchmark(
     incumbent: object | None = None,
     shape: dict[str, int] | None = None,
     dtype: str = "fp32",
-    seed: int = 0,
+    seed: int | None = None,
     min_runs: int = MIN_RUNS,
     min_seconds: float = MIN_SECONDS,
     recalibrate: Callable[[], HostCalibration] | None = None,
@@ -207,8 +236,11 @@ def benchmark(
     """Time a verified kernel against the baseline (and incumbent); re-check it afterwards.
 
     A kernel beyond the roofline is refused, but first, when `recalibrate` is given, the
-    host is measured again: a ceiling measured on a busy host may simply be too low."""
+    host is measured again: a ceiling measured on a busy host may simply be too low.
+    `seed` (drawn afresh when None) is the check's secret: the timed inputs, which calls
+    are judged and the re-check's inputs derive from it; it is recorded in the result."""
     shape = dict(shape or problem.default_shape)
+    seed = new_seed() if seed is None else seed
     seeds = [trial_seed(seed, i, "bench") for i in range(DISTINCT_INPUT_SETS)]
     recheck_seed = trial_seed(seed, 0, "recheck")
 
@@ -218,6 +250,7 @@ def benchmark(
             build,
             incumbent,
             shape,
+            seed=seed,
             seeds=seeds,
             recheck_seed=recheck_seed,
             rotate_bytes=2 * calibration.llc_bytes,
@@ -225,21 +258,16 @@ def benchmark(
             min_seconds=min_seconds,
         )
 
-    @functools.cache
-    def reference(distribution: str, seed: int) -> tuple[Arrays, Arrays]:
-        inputs = problem.generate(shape, distribution, seed, dtype)
-        return inputs, problem.expected(inputs)
-
     recalibrated = False
 
     def judge(run: TimingRun) -> Rejection | None:
         nonlocal calibration, recalibrated
-        rejection = _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration, reference)
+        rejection = _judge(problem, run, shape, dtype, calibration)
         if rejection is None or rejection.reason != "beyond_roofline" or not recalibrate:
             return rejection
         if not recalibrated:
             calibration, recalibrated = recalibrate(), True
-        return _judge(problem, run, shape, seeds, recheck_seed, dtype, calibration, reference)
+        return _judge(problem, run, shape, dtype, calibration)
 
     run = time_once()
     rejection = judge(run)
@@ -301,4 +329,10 @@ def benchmark(
         stall_retried=stall_retried,
         host_contention_cores=run.host_contention_cores,
         timing_attempts=attempts,
+        seed=seed,
+        judged_calls=tuple(run.judged_calls),
+        rechecked=tuple(run.rechecked),
+        handshake_ns=run.handshake_ns,
+        kernel_cpu_seconds=run.kernel_cpu_seconds,
+        sandbox=run.sandbox,
     )

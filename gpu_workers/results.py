@@ -23,13 +23,22 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     signature_mismatch, bad_launch, launch_bounds, too_many_registers,
     shared_memory_exceeded, register_spill. run: crashed, timeout, memory_limit, exited,
     out_of_bounds_write, missing_result, launch_failed, bad_launch. compare: unwritten,
-    non_finite, wrong_value, wrong_shape, input_modified, nondeterministic. benchmark:
+    non_finite, lost_non_finite (the reference's NaN or infinity not given), wrong_value,
+    wrong_shape, input_modified, nondeterministic. benchmark:
     crashed, timeout, memory_limit, exited, timing_stall, timing_inconsistent. recheck:
     unwritten, non_finite, wrong_value. roofline: beyond_roofline."""
     message: str
     """One line for a human."""
     evidence: dict[str, str] = msgspec.field(default_factory=dict)
     """Compiler log, first wrong index with expected and got, the signal, the trial, ..."""
+
+
+class Mechanism(msgspec.Struct, frozen=True, kw_only=True):
+    """One containment mechanism of the kernel's process: applied or not, and why."""
+
+    name: str
+    applied: bool
+    note: str
 
 
 class SandboxReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +50,8 @@ class SandboxReport(msgspec.Struct, frozen=True, kw_only=True):
     address_space_limit_bytes: int
     """-1: not limited (a CUDA child maps far more virtual memory than it uses)."""
     wall_seconds_limit: float
+    mechanisms: tuple[Mechanism, ...] = ()
+    """How the kernel's own process was contained, mechanism by mechanism (CPU target)."""
 
 
 class TrialReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +60,12 @@ class TrialReport(msgspec.Struct, frozen=True, kw_only=True):
     seed: int
     max_rel_err: float
     """Largest |got - expected| / (atol + rtol * scale) seen, as a fraction of the tolerance."""
+    worst_output: str = ""
+    """Where max_rel_err was seen: the output, its index, the values and the scale."""
+    worst_index: tuple[int, ...] = ()
+    worst_got: float = 0.0
+    worst_expected: float = 0.0
+    worst_scale: float = 0.0
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +83,8 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     """Largest relative error over all trials, |got - expected| / scale."""
     compile_cache_hit: bool = False
     sandbox: SandboxReport | None = None
+    seed: int | None = None
+    """The check's seed: its shapes and every trial's inputs derive from it (replayable)."""
 
 
 class TimingStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,8 +113,8 @@ class HostCalibration(msgspec.Struct, frozen=True, kw_only=True):
     sgemm_gflops: float
     """A tuned BLAS sgemm on all cores (numpy float32 matmul)."""
     fma_peak_gflops: float
-    """Independent FMA chains in the widest vectors on all cores; above sgemm when BLAS runs an older
-    kernel than the CPU supports (e.g. OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU)."""
+    """Independent FMA chains in the widest vectors on all cores; above sgemm when BLAS runs an
+    older kernel than the CPU supports (e.g. OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU)."""
     streaming_stores: bool
     measured_at: str
     method: str
@@ -133,3 +152,14 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     """Cores' worth of CPU the rest of the host used during the run (0 = quiet host)."""
     timing_attempts: int = 1
     """Timing runs made; a run on a busy host is repeated and the quietest one kept."""
+    seed: int | None = None
+    """The seed the timed and re-checked inputs derive from (replayable)."""
+    judged_calls: tuple[int, ...] = ()
+    """Which calls (counting warm-up) had their outputs judged, chosen at random."""
+    rechecked: tuple[str, ...] = ()
+    """The distributions re-checked at the timed shape, by the timed kernel, after timing."""
+    handshake_ns: float | None = None
+    """What one call's round trip costs with no kernel: part of every kernel sample."""
+    kernel_cpu_seconds: float | None = None
+    """CPU time the kernel's process used while warmed up and timed (all its threads)."""
+    sandbox: SandboxReport | None = None

@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gpu_workers.results import Mechanism, Rejection
+
 REQUEST_FILE = "request.json"
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.txt"
@@ -31,6 +33,10 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 class VerifyReply(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
     runs: list[RunRecord]
+    ended: Rejection | None = None
+    """Why the kernel's process ended before every run was made (CPU target), or None."""
+    mechanisms: list[Mechanism] = []
+    """How the kernel's own process was contained (CPU target)."""
 
 
 def out_file(trial: int, run: int, name: str) -> str:
@@ -76,6 +82,11 @@ def expect_reply(workdir: Path, replies: Any, kind: type[ReplyT]) -> ReplyT:
             else f"the runner left no readable {RESULT_FILE}"
         )
     return reply
+
+
+def write_progress(text: str) -> None:
+    """The step the runner is about to take (in its working directory)."""
+    Path(PROGRESS_FILE).write_text(text)
 
 
 def read_progress(workdir: Path) -> str:

@@ -13,6 +13,8 @@ import pytest
 from gpu_workers.benchmarker import (
     MIN_RUNS,
     MIN_SECONDS,
+    ROOFLINE_SLACK,
+    JudgedCall,
     TimingRun,
     benchmark,
     find_stall,
@@ -150,15 +152,16 @@ def test_a_kernel_that_stops_working_after_verification_fails_the_recheck(
     assert (result.stage, result.reason) == ("recheck", "unwritten")
 
 
-def test_a_kernel_faster_than_physics_is_rejected(
+def test_memoizing_never_pays_since_every_timed_call_has_fresh_inputs(
     cpu_backend: CpuBackend, calibration: HostCalibration
 ) -> None:
+    """A kernel that copies a stored product when it sees the same buffers and sampled
+    values again would be faster than the arithmetic allows; here it never sees them."""
     kernel = _build(cpu_backend, planted("memoizes_matmul"), "matmul")
-    shape = {"M": 512, "N": 512, "K": 512}
+    shape = {"M": 256, "N": 256, "K": 256}
     result = benchmark(BUILTIN["matmul"], cpu_backend, kernel, calibration, shape=shape)
-    assert isinstance(result, Rejection)
-    assert (result.stage, result.reason) == ("roofline", "beyond_roofline")
-    assert float(result.evidence["median_ns"]) < float(result.evidence["roofline_ns"])
+    assert isinstance(result, BenchmarkResult), result
+    assert result.roofline_fraction <= ROOFLINE_SLACK
 
 
 def test_a_crash_during_timing_is_a_rejection(
@@ -194,22 +197,24 @@ class ScriptedTiming:
     ) -> TimingRun:
         median_ns, contention = self.script[self.calls]
         self.calls += 1
-
-        def right(distribution: str, seed: int) -> dict[str, np.ndarray]:
-            inputs = self.problem.generate(shape, distribution, seed, "fp32")
-            return {k: v.astype(np.float32) for k, v in self.problem.expected(inputs).items()}
-
+        inputs = self.problem.generate(shape, "normal", recheck_seed, "fp32")
+        right = {k: v.astype(np.float32) for k, v in self.problem.expected(inputs).items()}
+        judged = JudgedCall(
+            when="a re-check",
+            inputs=inputs,
+            outputs=right,
+            inputs_after=inputs,
+            poison_bits=0x7FBADBAD,
+            seed=recheck_seed,
+        )
         return TimingRun(
             kernel_ns=[int(median_ns)] * MIN_RUNS,
             kernel_warmup_ns=[int(median_ns)] * 3,
             baseline_ns=[int(10 * median_ns)] * MIN_RUNS,
-            timed_outputs=[right("normal", s) for s in seeds],
-            recheck_outputs=right("uniform", recheck_seed),
+            judged=[judged],
             wall_seconds=10.0,
             timed_seconds=1.0,
             host_contention_cores=contention,
-            timed_poison_bits=0x7FBADBAD,
-            recheck_poison_bits=0xFFC0FFEE,
         )
 
 

@@ -1,4 +1,4 @@
-"""The CPU back end: compiler cache, static stage, guarded buffers and host calibration."""
+"""The CPU back end: compiler cache, static stage, guarded arena buffers, host calibration."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from gpu_workers.calibration_cache import is_quiet
 from gpu_workers.compile_failure import CompileFailure
+from gpu_workers.cpu.arena import PAGE, Arena, guard_ranges, layout
 from gpu_workers.cpu.calibrate import calibration_path, llc_bytes, load_or_calibrate
 from gpu_workers.cpu.compiler import CompiledKernel, bad_flags, compile_kernel
-from gpu_workers.cpu.guarded import PAGE, GuardedArray
 from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.results import HostCalibration
 from kernels.builtin import BUILTIN
@@ -118,20 +118,27 @@ def test_variables_that_outlive_a_call_are_refused_but_constant_tables_are_not(
     assert ".tbss [WAT, NOBITS, 8 bytes]: seen" in rejection.evidence["writable_sections"]
 
 
-def test_guarded_arrays_end_at_a_guard_page_and_keep_a_canary() -> None:
-    exact = GuardedArray((4, 64))
-    assert exact.slack_words == 0
-    assert (exact.address + exact.array.nbytes) % PAGE == 0
-    assert exact.address % 64 == 0
-    exact.release()
-    ragged = GuardedArray((3, 7))
-    assert ragged.slack_words == 32 - 21 and ragged.address % 64 == 0
-    ragged.array[...] = 1.0
-    assert ragged.slack_intact()
-    words = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint32 * 32).from_address(ragged.address))
-    words[21] = 0
-    assert not ragged.slack_intact()
-    ragged.release()
+def test_buffers_sit_between_guard_pages_at_varied_offsets_with_canaries_around() -> None:
+    rng = np.random.default_rng(0)
+    starts = set()
+    for _ in range(20):
+        (slot,) = layout([(3, 7)], 4, rng)
+        assert slot.offset % 64 == 0 and slot.start <= slot.offset
+        assert slot.offset + slot.nbytes <= slot.end
+        assert (slot.start % PAGE, slot.end % PAGE) == (0, 0)
+        starts.add(slot.offset - slot.start)
+    assert len(starts) > 5  # where a buffer starts in its pages varies
+    arena = Arena(slot.end + PAGE)
+    assert (slot.start - PAGE, PAGE) in guard_ranges([slot])
+    arena.fill_canaries([slot])
+    arena.floats(slot)[...] = 1.0
+    assert arena.damaged(slot) is None
+    arena.bytes[slot.offset - 1] = 0
+    assert arena.damaged(slot) == "before"
+    arena.fill_canaries([slot])
+    arena.bytes[slot.offset + slot.nbytes] = 0
+    assert arena.damaged(slot) == "after"
+    arena.close()
 
 
 def test_calibration_measures_real_ceilings_once(

@@ -1,9 +1,11 @@
-"""The CPU device back end: C through the system compiler, run only in the sandbox."""
+"""The CPU device back end: C through the system compiler; a kernel runs only in a kernel
+host started by the sandboxed driver (runner.py), never beside the harness."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from gpu_workers import runner_files as files
@@ -12,27 +14,34 @@ from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel
 from gpu_workers.cpu.static import source_check, static_check
-from gpu_workers.results import Rejection
+from gpu_workers.cpu.trusted_build import fresh_inputs_library, kernel_host
+from gpu_workers.results import Mechanism, Rejection, SandboxReport
 from gpu_workers.runner_files import expect_reply, write_request
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
-from gpu_workers.sandbox_outcome import contention, sandbox_failure
-from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial
+from gpu_workers.sandbox_outcome import contention
+from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial, new_seed
 from kernels.spec import Problem
 
 RUNNER = "gpu_workers.cpu.runner"
-VERIFY_ENV = {"OMP_WAIT_POLICY": "ACTIVE"}
-TIMING_ENV = {
-    "GOMP_SPINCOUNT": "10000",
-    "OPENBLAS_THREAD_TIMEOUT": "4",
-    "OMP_PROC_BIND": "spread",
-    "OMP_PLACES": "cores",
-}
+DRIVER_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4"}
+"""The driver's own environment: idle BLAS threads of the baseline go to sleep soon, so
+they never spin on the cores the kernel is timed on."""
 VERIFY_LIMITS = Limits(
     cpu_seconds=120, address_space_bytes=4 << 30, wall_seconds=60.0, file_size_bytes=256 << 20
 )
 BENCH_LIMITS = Limits(
     cpu_seconds=1200, address_space_bytes=8 << 30, wall_seconds=600.0, file_size_bytes=1 << 30
 )
+"""What the kernel's process may use over a whole verification or timing run."""
+DRIVER_SLACK_SECONDS = 120.0
+"""The driver outlives its kernel's limits by this much, so a kernel's ending is always
+reported by the driver, never mistaken for the driver's own."""
+RUN_DIR_PREFIX = "kf-run-"
+"""Verification and timing run in folders named alike: nothing says which one it is."""
+
+
+class HarnessError(RuntimeError):
+    """The driver itself failed: the harness's fault, never the kernel's."""
 
 
 class CpuBackend:
@@ -52,6 +61,14 @@ class CpuBackend:
         self.verify_limits = verify_limits
         self.bench_limits = bench_limits
         self.dtype = dtype
+
+    def _kernel_host(self, limits: Limits) -> p.KernelHostJob:
+        return p.KernelHostJob(
+            host=str(kernel_host(self.cache_dir)),
+            address_space_bytes=limits.address_space_bytes,
+            cpu_seconds=limits.cpu_seconds,
+            wall_seconds=limits.wall_seconds,
+        )
 
     def compile(
         self, problem: Problem, source: str, flags: tuple[str, ...], dtype: str = "fp32"
@@ -80,7 +97,7 @@ class CpuBackend:
         assert isinstance(build, CompiledKernel)
         names = [a.name for a in problem.args]
         outputs = [a.output for a in problem.args]
-        with sandbox_dir("kf-verify-") as workdir:
+        with sandbox_dir(RUN_DIR_PREFIX) as workdir:
             jobs = []
             for trial in trials:
                 for name, array in trial.inputs.items():
@@ -96,12 +113,19 @@ class CpuBackend:
                         runs=trial.runs,
                     )
                 )
-            job = p.VerifyJob(library=build.library, arg_names=names, outputs=outputs, trials=jobs)
+            job = p.VerifyJob(
+                library=build.library,
+                kernel_host=self._kernel_host(self.verify_limits),
+                arg_names=names,
+                outputs=outputs,
+                trials=jobs,
+                layout_seed=new_seed(),
+            )
             outcome = self._run(job, workdir, self.verify_limits)
-            failure = sandbox_failure(outcome, workdir, "run")
-            if failure is not None:
-                return RunOutcome(rejection=failure, sandbox=outcome.report)
             reply = expect_reply(workdir, p.Reply, files.VerifyReply)
+            sandbox = self._report(outcome, self.verify_limits, reply.mechanisms)
+            if reply.ended is not None:
+                return RunOutcome(rejection=reply.ended, sandbox=sandbox)
             runs = [
                 RunOutput(
                     trial=r.trial,
@@ -119,7 +143,7 @@ class CpuBackend:
                 )
                 for r in reply.runs
             ]
-            return RunOutcome(runs=runs, sandbox=outcome.report)
+            return RunOutcome(runs=runs, sandbox=sandbox)
 
     def time(
         self,
@@ -128,6 +152,7 @@ class CpuBackend:
         incumbent: object | None,
         shape: dict[str, int],
         *,
+        seed: int,
         seeds: list[int],
         recheck_seed: int,
         rotate_bytes: int,
@@ -139,20 +164,20 @@ class CpuBackend:
         job = p.BenchJob(
             library=build.library,
             incumbent_library=incumbent.library if incumbent is not None else None,
+            kernel_host=self._kernel_host(self.bench_limits),
+            fresh_inputs_library=str(fresh_inputs_library(self.cache_dir)),
             problem=problem.load_spec,
             dtype=self.dtype,
             shape=shape,
+            seed=seed,
             seeds=seeds,
             recheck_seed=recheck_seed,
             rotate_bytes=rotate_bytes,
             min_runs=min_runs,
             min_seconds=min_seconds,
         )
-        with sandbox_dir("kf-bench-") as workdir:
+        with sandbox_dir(RUN_DIR_PREFIX) as workdir:
             outcome = self._run(job, workdir, self.bench_limits)
-            failure = sandbox_failure(outcome, workdir, "benchmark")
-            if failure is not None:
-                return TimingRun(rejection=failure, wall_seconds=outcome.wall_seconds)
             reply = expect_reply(workdir, p.Reply, p.BenchReply)
             return TimingRun(
                 kernel_ns=reply.kernel_ns,
@@ -161,28 +186,44 @@ class CpuBackend:
                 incumbent_ns=reply.incumbent_ns,
                 input_sets=reply.input_sets,
                 rotated_bytes=reply.rotated_bytes,
-                timed_outputs=[
-                    {
-                        a.name: np.load(workdir / files.timed_out_file(i, a.name))
-                        for a in problem.outputs
-                    }
-                    for i in range(len(seeds))
-                ],
-                recheck_outputs={
-                    a.name: np.load(workdir / files.recheck_file(a.name)) for a in problem.outputs
-                },
+                judged_calls=reply.judged_calls,
+                rechecked=reply.rechecked,
+                handshake_ns=reply.handshake_ns,
+                kernel_cpu_seconds=reply.kernel_cpu_seconds,
+                sandbox=self._report(outcome, self.bench_limits, reply.mechanisms),
                 wall_seconds=outcome.wall_seconds,
                 timed_seconds=reply.timed_seconds,
                 host_contention_cores=contention(outcome),
-                timed_poison_bits=p.POISON_BITS[0],
-                recheck_poison_bits=p.POISON_BITS[1],
+                rejection=reply.rejection,
             )
 
+    @staticmethod
+    def _report(
+        outcome: SandboxOutcome, limits: Limits, mechanisms: list[Mechanism]
+    ) -> SandboxReport:
+        """The driver's network isolation, and the kernel process's limits and mechanisms."""
+        return msgspec.structs.replace(
+            outcome.report,
+            cpu_seconds_limit=limits.cpu_seconds,
+            address_space_limit_bytes=limits.address_space_bytes,
+            wall_seconds_limit=limits.wall_seconds,
+            mechanisms=tuple(mechanisms),
+        )
+
     def _run(self, job: p.Job, workdir: Path, limits: Limits) -> SandboxOutcome:
+        """Run the driver; a driver that did not finish is the harness's failure."""
         write_request(workdir, job)
-        # Verifying: spinning OpenMP threads start together, which is what exposes races.
-        # Timing: idle threads of one contender (OpenMP or OpenBLAS) must not spin on the
-        # cores the next contender is using, so both pools go to sleep soon after a call;
-        # OpenMP threads are pinned one per core, so no run finds two sharing a core.
-        env = VERIFY_ENV if isinstance(job, p.VerifyJob) else TIMING_ENV
-        return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=env)
+        driver = Limits(
+            cpu_seconds=limits.cpu_seconds + int(DRIVER_SLACK_SECONDS) * 4,
+            address_space_bytes=max(16 << 30, 2 * limits.address_space_bytes),
+            wall_seconds=limits.wall_seconds + DRIVER_SLACK_SECONDS,
+            file_size_bytes=limits.file_size_bytes,
+        )
+        outcome = run_sandboxed(RUNNER, [], workdir=workdir, limits=driver, env=DRIVER_ENV)
+        if not outcome.ok or not (workdir / files.RESULT_FILE).is_file():
+            why = "timed out" if outcome.timed_out else f"ended with {outcome.returncode}"
+            raise HarnessError(
+                f"the CPU driver {why} during {files.read_progress(workdir)}: "
+                f"{outcome.stderr[-2000:]}"
+            )
+        return outcome

@@ -1,16 +1,29 @@
-"""Messages between the worker and its sandboxed CPU runner (files in the sandbox dir).
+"""Messages between the worker and its sandboxed CPU driver (files in the sandbox dir).
 
 The file names, RunRecord and VerifyReply are every runner's: gpu_workers.runner_files.
+The driver never loads a kernel: it starts a kernel host for it (kernel_process.py).
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from gpu_workers.results import Mechanism, Rejection
 from gpu_workers.runner_files import VerifyReply
 
 POISON_BITS = (0x7FBADBAD, 0xFFC0FFEE)
 """Output poison per run: two different NaN payloads, so 'unwritten' is recognisable."""
+
+
+class KernelHostJob(msgspec.Struct, frozen=True, kw_only=True):
+    """How to start the kernel's process, and what it may use over the whole run."""
+
+    host: str
+    """The kernel host program (gpu_workers/cpu/kernel_host.c, built by the worker)."""
+    address_space_bytes: int
+    cpu_seconds: int
+    wall_seconds: float
+    """Wall-clock time the kernel's calls may take in all (loading included)."""
 
 
 class TrialJob(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,20 +39,31 @@ class TrialJob(msgspec.Struct, frozen=True, kw_only=True):
 
 class VerifyJob(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
     library: str
+    kernel_host: KernelHostJob
     arg_names: list[str]
     outputs: list[bool]
     trials: list[TrialJob]
+    layout_seed: int
+    """Where in their pages the buffers of each trial start (drawn per check)."""
 
 
 class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     library: str
     incumbent_library: str | None
+    kernel_host: KernelHostJob
+    fresh_inputs_library: str | None
+    """The fast generator of fresh timing inputs; None: the problem's own generator."""
     problem: str
     dtype: str
     shape: dict[str, int]
+    seed: int
+    """The check's secret: fresh inputs, which calls are judged, buffer placement."""
     seeds: list[int]
+    """The baseline's input sets."""
     recheck_seed: int
     rotate_bytes: int
+    judged_calls: int = 4
+    """How many timed calls, on average, have their outputs judged (chosen at random)."""
     warmup: int = 3
     warmup_seconds: float = 0.3
     min_runs: int = 30
@@ -65,6 +89,18 @@ class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     input_sets: int
     rotated_bytes: int
     timed_seconds: float
+    rejection: Rejection | None
+    """Why the kernel failed while timed or re-checked (judged by the driver, which holds
+    the inputs and outputs), or None."""
+    judged_calls: list[int]
+    """Which calls (counting warm-up) had their outputs judged."""
+    rechecked: list[str]
+    """The distributions re-checked at the timed shape after timing."""
+    handshake_ns: float
+    """Median cost of one call round trip with no kernel: included in every kernel time."""
+    kernel_cpu_seconds: float
+    """CPU time the kernel's process used over warm-up and timing (all its threads)."""
+    mechanisms: list[Mechanism]
 
 
 class CalibrateReply(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):

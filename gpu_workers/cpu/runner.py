@@ -1,8 +1,10 @@
-"""The sandboxed side of the CPU back end: loads a kernel and runs, times or calibrates.
+"""The CPU driver: runs in the sandbox as `python -m gpu_workers.sandbox gpu_workers.cpu.runner`.
 
-Runs only as `python -m gpu_workers.sandbox gpu_workers.cpu.runner` inside the sandbox
-dir. It reads `request.json`, writes arrays as .npy files and `result.json`. Before each
-kernel call it writes `progress.txt`, so a crash can be pinned to a trial.
+Trusted: it never loads a kernel. A kernel runs only in a kernel host the driver starts
+(kernel_process.py), which shares with it nothing but the arena holding that kernel's
+inputs and outputs; the driver stamps each call from outside. It reads `request.json`
+and writes `result.json`: verification (verify_run.py), timing (timing_run.py), or the
+host's calibration, whose kernels are ours and are loaded here.
 """
 
 from __future__ import annotations
@@ -19,172 +21,14 @@ import numpy.typing as npt
 
 from gpu_workers import runner_files as files
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.guarded import GuardedArray, aligned_empty
-from gpu_workers.interleave import Call, interleave
 
 FloatArray = npt.NDArray[np.float32]
-Kernel = Callable[..., None]
 
 
-def _progress(text: str) -> None:
-    Path(files.PROGRESS_FILE).write_text(text)
-
-
-def _load(library: str, n_arrays: int, n_dims: int, symbol: str = "kernel") -> Kernel:
-    fn = getattr(ctypes.CDLL(library), symbol)
-    fn.argtypes = [ctypes.c_void_p] * n_arrays + [ctypes.c_int64] * n_dims
-    fn.restype = None
-    return fn
-
-
-def _poison(array: FloatArray, bits: int) -> None:
-    array.view(np.uint32)[...] = np.uint32(bits)
-
-
-def verify(job: p.VerifyJob) -> files.VerifyReply:
-    n_dims = len(job.trials[0].dims) if job.trials else 0
-    fn = _load(job.library, len(job.arg_names), n_dims)
-    records: list[files.RunRecord] = []
-    for trial in job.trials:
-        inputs = {
-            name: np.load(files.input_file(trial.index, name))
-            for name, out in zip(job.arg_names, job.outputs, strict=True)
-            if not out
-        }
-        for run in range(trial.runs):
-            buffers = [GuardedArray(tuple(shape)) for shape in trial.arg_shapes]
-            try:
-                for buf, name, out in zip(buffers, job.arg_names, job.outputs, strict=True):
-                    if out:
-                        _poison(buf.array, p.POISON_BITS[run % len(p.POISON_BITS)])
-                    else:
-                        buf.array[...] = inputs[name]
-                _progress(
-                    f"trial {trial.index} run {run}: shape {trial.shape}, "
-                    f"{trial.distribution} inputs, seed {trial.seed}"
-                )
-                started = time.perf_counter()
-                fn(*(buf.address for buf in buffers), *trial.dims)
-                seconds = time.perf_counter() - started
-                damaged = [
-                    name
-                    for buf, name in zip(buffers, job.arg_names, strict=True)
-                    if not buf.slack_intact()
-                ]
-                for buf, name, out in zip(buffers, job.arg_names, job.outputs, strict=True):
-                    target = files.out_file if out else files.after_file
-                    np.save(target(trial.index, run, name), buf.array)
-                records.append(
-                    files.RunRecord(
-                        trial=trial.index, run=run, damaged_slack=damaged, seconds=seconds
-                    )
-                )
-            finally:
-                for buf in buffers:
-                    buf.release()
-    _progress("done")
-    return files.VerifyReply(runs=records)
-
-
-def bench(job: p.BenchJob) -> p.BenchReply:
-    from kernels.loading import load_problem
-
-    problem = load_problem(job.problem)
-    names = [a.name for a in problem.args]
-    outputs = [a.name for a in problem.outputs]
-    dims = [int(job.shape[d]) for d in problem.dims]
-    kernel = _load(job.library, len(names), len(dims))
-    incumbent = (
-        _load(job.incumbent_library, len(names), len(dims)) if job.incumbent_library else None
-    )
-    distinct = [problem.generate(job.shape, "normal", seed, job.dtype) for seed in job.seeds]
-    set_bytes = problem.nbytes(job.shape, job.dtype)
-    n_sets = max(2, len(distinct), math.ceil(job.rotate_bytes / set_bytes))
-    sets: list[dict[str, FloatArray]] = []
-    for i in range(n_sets):
-        arrays: dict[str, FloatArray] = {}
-        for arg in problem.args:
-            arrays[arg.name] = aligned_empty(arg.shape(job.shape))
-            if arg.output:
-                _poison(arrays[arg.name], p.POISON_BITS[0])
-            else:
-                arrays[arg.name][...] = distinct[i % len(distinct)][arg.name]
-        sets.append(arrays)
-    input_views = [{a.name: s[a.name] for a in problem.inputs} for s in sets]
-
-    def poisoned_outputs() -> dict[str, FloatArray]:
-        arrays = {a.name: aligned_empty(a.shape(job.shape)) for a in problem.outputs}
-        for array in arrays.values():
-            _poison(array, p.POISON_BITS[0])
-        return arrays
-
-    # The incumbent writes into outputs of its own, so the kernel never finds its answer.
-    incumbent_sets = [{**views, **poisoned_outputs()} for views in input_views]
-    timed_outputs = [poisoned_outputs() for _ in distinct]
-
-    def contender(fn: Kernel, arrays: list[dict[str, FloatArray]], save: bool) -> Call:
-        pointers = [[a[n].ctypes.data for n in names] for a in arrays]
-
-        def call(i: int) -> int:
-            started = time.perf_counter_ns()
-            fn(*pointers[i], *dims)
-            elapsed = time.perf_counter_ns() - started
-            # Every call starts from poisoned outputs, so no call can find an earlier
-            # answer. Poisoned after the call, not before it: the outputs stay as cold as
-            # the rotation left them.
-            for name in outputs:
-                if save:
-                    np.copyto(timed_outputs[i % len(distinct)][name], arrays[i][name])
-                _poison(arrays[i][name], p.POISON_BITS[0])
-            return elapsed
-
-        return call
-
-    def call_baseline(i: int) -> int:
-        started = time.perf_counter_ns()
-        problem.baseline(input_views[i])
-        return time.perf_counter_ns() - started
-
-    samples = interleave(
-        contender(kernel, sets, save=True),
-        call_baseline,
-        contender(incumbent, incumbent_sets, save=False) if incumbent is not None else None,
-        n_sets,
-        warmup=job.warmup,
-        warmup_seconds=job.warmup_seconds,
-        min_runs=job.min_runs,
-        min_seconds=job.min_seconds,
-        max_seconds=job.max_seconds,
-        progress=_progress,
-    )
-    _progress("saving timed outputs")
-    for seed_index, saved in enumerate(timed_outputs):
-        for name in outputs:
-            np.save(files.timed_out_file(seed_index, name), saved[name])
-    sets.clear()
-    incumbent_sets.clear()
-    _progress("re-check with fresh inputs")
-    fresh = problem.generate(job.shape, "uniform", job.recheck_seed, job.dtype)
-    arrays = {}
-    for arg in problem.args:
-        arrays[arg.name] = aligned_empty(arg.shape(job.shape))
-        if arg.output:
-            _poison(arrays[arg.name], p.POISON_BITS[1])
-        else:
-            arrays[arg.name][...] = fresh[arg.name]
-    kernel(*(arrays[n].ctypes.data for n in names), *dims)
-    for name in outputs:
-        np.save(files.recheck_file(name), arrays[name])
-    _progress("done")
-    return p.BenchReply(
-        kernel_ns=samples.kernel_ns,
-        kernel_warmup_ns=samples.kernel_warmup_ns,
-        baseline_ns=samples.baseline_ns,
-        incumbent_ns=samples.incumbent_ns,
-        input_sets=n_sets,
-        rotated_bytes=n_sets * set_bytes,
-        timed_seconds=samples.timed_seconds,
-    )
+def _aligned_empty(count: int, align: int = 64) -> FloatArray:
+    raw = np.empty(count * 4 + align, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % align
+    return raw[offset : offset + count * 4].view(np.float32)
 
 
 def calibrate(job: p.CalibrateJob) -> p.CalibrateReply:
@@ -197,7 +41,7 @@ def calibrate(job: p.CalibrateJob) -> p.CalibrateReply:
     fma.restype = ctypes.c_double
     streaming = ctypes.c_int.in_dll(lib, "kf_streaming_stores").value != 0
     n = job.copy_bytes // 4
-    src, dst = aligned_empty((n,)), aligned_empty((n,))
+    src, dst = _aligned_empty(n), _aligned_empty(n)
     rng = np.random.default_rng(0)
     src[...] = rng.standard_normal(n, dtype=np.float32)  # random: no page can be deduplicated
     dst[...] = rng.standard_normal(n, dtype=np.float32)
@@ -244,8 +88,12 @@ def main(args: list[str]) -> None:
     job = msgspec.json.decode(Path(files.REQUEST_FILE).read_bytes(), type=p.Job)
     reply: p.Reply
     if isinstance(job, p.VerifyJob):
+        from gpu_workers.cpu.verify_run import verify
+
         reply = verify(job)
     elif isinstance(job, p.BenchJob):
+        from gpu_workers.cpu.timing_run import bench  # imports the problem library
+
         reply = bench(job)
     else:
         reply = calibrate(job)

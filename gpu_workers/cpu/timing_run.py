@@ -1,0 +1,273 @@
+"""Timing in the CPU driver: the kernel on its host, the baseline here, interleaved.
+
+Every timed call gets inputs no earlier call has seen, written while the kernel's process
+is stopped, and starts from poisoned outputs; which calls are judged is drawn from the
+check's secret before the call. After timing, the same loaded kernel is re-checked on
+every distribution of the problem at the timed shape. The driver judges what it kept
+(it holds the inputs and outputs), with the benchmarker's own rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from gpu_workers import runner_files as files
+from gpu_workers.benchmarker import JudgedCall, judge_calls
+from gpu_workers.cpu import protocol as p
+from gpu_workers.cpu.arena import Arena, guard_ranges, layout, poison, slot_bytes
+from gpu_workers.cpu.kernel_process import (
+    KernelEnded,
+    ended_rejection,
+    kernel_process,
+)
+from gpu_workers.interleave import Call, interleave
+from gpu_workers.results import Rejection
+from gpu_workers.verifier import trial_seed
+from kernels.loading import load_problem
+from kernels.spec import Arrays, Problem
+
+FloatArray = npt.NDArray[np.float32]
+ITEMSIZE = 4
+
+
+class FreshInputs:
+    """Inputs no earlier call has seen, for every timed call: N(0, 1) values from the fast
+    generator where the problem fills its inputs from a distribution, else the problem's
+    own generator with a fresh seed. Keys and seeds come from the driver's secret."""
+
+    def __init__(self, problem: Problem, job: p.BenchJob, secret: np.random.Generator) -> None:
+        self.problem, self.job, self.secret = problem, job, secret
+        self.fill: Callable[..., None] | None = None
+        if problem.make_inputs is None and job.dtype == "fp32" and job.fresh_inputs_library:
+            fill = ctypes.CDLL(job.fresh_inputs_library).kf_fill_normal
+            fill.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint32]
+            fill.restype = None
+            self.fill = fill
+
+    def write(self, views: dict[str, FloatArray]) -> None:
+        """Fill the input `views` (in the arena) with fresh values."""
+        if self.fill is not None:
+            for view in views.values():
+                key_a, key_b = (int(k) for k in self.secret.integers(0, 1 << 32, size=2))
+                self.fill(view.ctypes.data, view.size, key_a, key_b)
+            return
+        seed = int(self.secret.integers(0, 1 << 63))
+        fresh = self.problem.generate(self.job.shape, "normal", seed, self.job.dtype)
+        for name, view in views.items():
+            view[...] = fresh[name]
+
+
+class Contender:
+    """A kernel in its own host and arena, over `sets` rotating input sets; every call gets
+    fresh inputs, starts from poisoned outputs, and may be judged."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        job: p.BenchJob,
+        library: str,
+        n_sets: int,
+        secret: np.random.Generator,
+        judge_probability: float,
+    ) -> None:
+        self.problem, self.job, self.secret = problem, job, secret
+        self.judge_probability = judge_probability
+        shapes = [a.shape(job.shape) for a in problem.args]
+        per_set = sum(slot_bytes(int(np.prod(s)) * ITEMSIZE) for s in shapes)
+        self.arena = Arena(per_set * n_sets)
+        self.sets = [layout(shapes, ITEMSIZE, secret, base=i * per_set) for i in range(n_sets)]
+        self.dims = [int(job.shape[d]) for d in problem.dims]
+        self.fresh = FreshInputs(problem, job, secret)
+        self.judged: list[JudgedCall] = []
+        self.judged_calls: list[int] = []
+        self._saved: dict[int, Arrays] = {}
+        self._stack = contextlib.ExitStack()
+        self.process = self._stack.enter_context(
+            kernel_process(job.kernel_host, library, len(problem.args), len(self.dims), self.arena)
+        )
+        self.process.guard([r for slots in self.sets for r in guard_ranges(slots)])
+        for i in range(n_sets):
+            self.arena.fill_canaries(self.sets[i])
+            self._refresh(i)
+
+    def views(self, i: int) -> dict[str, FloatArray]:
+        return {
+            a.name: self.arena.floats(slot)
+            for a, slot in zip(self.problem.args, self.sets[i], strict=True)
+        }
+
+    def _refresh(self, i: int) -> None:
+        """New inputs and poisoned outputs for set i; whether its next call will be judged
+        is decided now, before the kernel runs, and known only here."""
+        views = self.views(i)
+        for a in self.problem.outputs:
+            poison(views[a.name], p.POISON_BITS[0])
+        inputs = {a.name: views[a.name] for a in self.problem.inputs}
+        self.fresh.write(inputs)
+        if self.secret.random() < self.judge_probability:
+            self._saved[i] = {k: v.copy() for k, v in inputs.items()}
+        else:
+            self._saved.pop(i, None)
+
+    def timed(self, i: int, what: str) -> int:
+        ns = self.process.call([s.offset for s in self.sets[i]], self.dims, what)
+        call = self.process.calls - 1
+        self._check_canaries(i, what)
+        saved = self._saved.get(i)
+        if saved is not None:
+            views = self.views(i)
+            self.judged.append(
+                JudgedCall(
+                    when=f"timed call {call}",
+                    inputs=saved,
+                    outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
+                    inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
+                    poison_bits=p.POISON_BITS[0],
+                    seed=None,
+                )
+            )
+            self.judged_calls.append(call)
+        self._refresh(i)
+        return ns
+
+    def run_once(self, inputs: Arrays, what: str, seed: int) -> JudgedCall:
+        """One call on `inputs` (set 0), its outputs read back for judging."""
+        views = self.views(0)
+        for a in self.problem.outputs:
+            poison(views[a.name], p.POISON_BITS[1])
+        for a in self.problem.inputs:
+            views[a.name][...] = inputs[a.name]
+        self.process.call([s.offset for s in self.sets[0]], self.dims, what)
+        self._check_canaries(0, what)
+        return JudgedCall(
+            when=what,
+            inputs=inputs,
+            outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
+            inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
+            poison_bits=p.POISON_BITS[1],
+            seed=seed,
+        )
+
+    def _check_canaries(self, i: int, what: str) -> None:
+        for arg, slot in zip(self.problem.args, self.sets[i], strict=True):
+            side = self.arena.damaged(slot)
+            if side is not None:
+                raise OutOfBounds(arg.name, side, what)
+
+    def close(self) -> None:
+        self._stack.close()
+        self.arena.close()
+
+
+class OutOfBounds(Exception):
+    def __init__(self, name: str, side: str, what: str) -> None:
+        super().__init__(f"wrote outside {name} ({side} its data) during {what}")
+        self.rejection = Rejection(
+            stage="benchmark",
+            reason="out_of_bounds_write",
+            message=str(self),
+            evidence={"buffer": name, "side": side, "during": what},
+        )
+
+
+def bench(job: p.BenchJob) -> p.BenchReply:
+
+    problem = load_problem(job.problem)
+    secret = np.random.default_rng(job.seed)
+    set_bytes = problem.nbytes(job.shape, job.dtype)
+    n_sets = max(2, len(job.seeds), math.ceil(job.rotate_bytes / set_bytes))
+    files.write_progress("baseline inputs")
+    distinct = [problem.generate(job.shape, "normal", seed, job.dtype) for seed in job.seeds]
+    baseline_sets = [dict(distinct[i % len(distinct)]) for i in range(n_sets)]
+    judge_probability = min(1.0, job.judged_calls / max(1, job.warmup + job.min_runs))
+    files.write_progress("starting the kernel")
+    contenders: list[Contender] = []
+    rejection: Rejection | None = None
+    samples = None
+    rechecked: list[str] = []
+    handshake = 0.0
+    cpu_before = cpu_after = 0.0
+    try:
+        kernel = Contender(problem, job, job.library, n_sets, secret, judge_probability)
+        contenders.append(kernel)
+        incumbent = None
+        if job.incumbent_library:
+            incumbent = Contender(problem, job, job.incumbent_library, n_sets, secret, 0.0)
+            contenders.append(incumbent)
+        handshake = float(np.median([kernel.process.nop() for _ in range(21)]))
+        cpu_before = kernel.process.cpu_seconds()
+
+        def call_kernel(i: int) -> int:
+            return kernel.timed(i, f"timed call {kernel.process.calls}")
+
+        def call_incumbent(i: int) -> int:
+            assert incumbent is not None
+            return incumbent.timed(i, f"incumbent call {incumbent.process.calls}")
+
+        def call_baseline(i: int) -> int:
+            started = time.perf_counter_ns()
+            problem.baseline(baseline_sets[i])
+            return time.perf_counter_ns() - started
+
+        contender_calls: Call | None = call_incumbent if incumbent is not None else None
+        samples = interleave(
+            call_kernel,
+            call_baseline,
+            contender_calls,
+            n_sets,
+            warmup=job.warmup,
+            warmup_seconds=job.warmup_seconds,
+            min_runs=job.min_runs,
+            min_seconds=job.min_seconds,
+            max_seconds=job.max_seconds,
+            progress=files.write_progress,
+        )
+        cpu_after = kernel.process.cpu_seconds()
+        if incumbent is not None:
+            incumbent.close()
+            contenders.remove(incumbent)
+        baseline_sets.clear()
+        files.write_progress("judging the timed calls")
+        rejection = judge_calls(problem, job.dtype, kernel.judged)
+        kernel.judged.clear()
+        for index, distribution in enumerate(problem.distributions):
+            if rejection is not None:
+                break
+            seed = trial_seed(job.recheck_seed, index, distribution)
+            what = f"re-check after timing: {distribution} inputs at {job.shape}, seed {seed}"
+            files.write_progress(what)
+            inputs = problem.generate(job.shape, distribution, seed, job.dtype)
+            rejection = judge_calls(problem, job.dtype, [kernel.run_once(inputs, what, seed)])
+            rechecked.append(distribution)
+    except KernelEnded as ended:
+        rejection = ended_rejection("benchmark", ended)
+    except OutOfBounds as oob:
+        rejection = oob.rejection
+    finally:
+        mechanisms = contenders[0].process.mechanisms if contenders else []
+        judged = contenders[0].judged_calls if contenders else []
+        for contender in contenders:
+            contender.close()
+    files.write_progress("done")
+    return p.BenchReply(
+        kernel_ns=samples.kernel_ns if samples else [],
+        kernel_warmup_ns=samples.kernel_warmup_ns if samples else [],
+        baseline_ns=samples.baseline_ns if samples else [],
+        incumbent_ns=samples.incumbent_ns if samples else [],
+        input_sets=n_sets,
+        rotated_bytes=n_sets * set_bytes,
+        timed_seconds=samples.timed_seconds if samples else 0.0,
+        rejection=rejection,
+        judged_calls=judged,
+        rechecked=rechecked,
+        handshake_ns=handshake,
+        kernel_cpu_seconds=max(0.0, cpu_after - cpu_before),
+        mechanisms=list(mechanisms),
+    )

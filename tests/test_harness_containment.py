@@ -1,0 +1,229 @@
+"""A kernel runs where it can reach nothing of the harness (the CPU kernel host).
+
+Every planted kernel here gets past the compiler, and most would be refused by the static
+stage; they are run without it, to show that the process they run in holds them anyway:
+seccomp, namespaces, an unprivileged user, an empty read-only root, a clock outside the
+kernel's process, fresh inputs for every timed call and randomly judged calls.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpu_workers.benchmarker import benchmark
+from gpu_workers.cpu.arena import Arena, guard_ranges, layout
+from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel
+from gpu_workers.cpu.kernel_process import HostLimits, KernelEnded, KernelProcess
+from gpu_workers.cpu.trusted_build import fresh_inputs_library, kernel_host
+from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
+from gpu_workers.verifier import judge_runs, plan_trials, verify
+from kernels.builtin import BUILTIN
+from tests.cpu_support import EXAMPLES, FLAGS, calibration, cpu_backend, kf_cache, planted
+
+__all__ = ["calibration", "cpu_backend", "kf_cache"]
+SOFTMAX = BUILTIN["softmax"]
+SMALL = {"rows": 64, "cols": 1000}
+OWN_UIDS = range(200_000, 300_000)
+"""The user ids kernel hosts run as (kernel_host.c: KF_FIRST_UID + pid)."""
+
+
+def _compiled(kf_cache: Path, name: str) -> CompiledKernel:
+    """Compiled, and neither source- nor statically-checked."""
+    result = compile_kernel(
+        planted(name), FLAGS, prototype=SOFTMAX.c_signature(), cache_dir=kf_cache / "cpu-kernels"
+    )
+    assert isinstance(result, CompiledKernel), result
+    return result
+
+
+def _run(backend: CpuBackend, build: CompiledKernel) -> Rejection | None:
+    trials = plan_trials(SOFTMAX, "fp32", 1)[:3]
+    outcome = backend.run_trials(SOFTMAX, build, trials)
+    if outcome.rejection is not None:
+        return outcome.rejection
+    return judge_runs(SOFTMAX, SOFTMAX.tolerances["fp32"], trials, outcome.runs)[0]
+
+
+def _kernel_hosts_alive() -> list[int]:
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid in OWN_UIDS:
+                    alive.append(int(entry.name))
+            except OSError:
+                continue
+    return alive
+
+
+@pytest.mark.parametrize(
+    ("name", "syscall"),
+    [
+        ("harness_opens_passwd", "openat"),
+        ("harness_writes_a_file", "openat"),
+        ("harness_opens_a_socket", "socket"),
+    ],
+)
+def test_files_and_sockets_are_out_of_reach_and_the_verdict_names_the_call(
+    cpu_backend: CpuBackend, kf_cache: Path, name: str, syscall: str
+) -> None:
+    rejection = _run(cpu_backend, _compiled(kf_cache, name))
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("run", "forbidden_syscall"), rejection
+    assert rejection.evidence["syscall"] == syscall
+    assert syscall in rejection.message
+    assert not Path("/tmp/kf-planted-escape").exists()
+
+
+def test_children_cannot_be_made_and_nothing_outlives_the_run(
+    cpu_backend: CpuBackend, kf_cache: Path
+) -> None:
+    build = _compiled(kf_cache, "harness_forks_a_survivor")
+    before = set(_kernel_hosts_alive())
+    for trial in plan_trials(SOFTMAX, "fp32", 2)[:2]:  # rows 4: libc fork; rows 1: raw syscall
+        outcome = cpu_backend.run_trials(SOFTMAX, build, [trial])
+        assert outcome.rejection is not None
+        assert outcome.rejection.reason == "forbidden_syscall", outcome.rejection
+        assert outcome.rejection.evidence["syscall"] in ("clone", "fork")
+    deadline = time.monotonic() + 5
+    while set(_kernel_hosts_alive()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not set(_kernel_hosts_alive()) - before
+
+
+def test_the_floating_point_state_is_reset_and_checked_around_every_call(
+    cpu_backend: CpuBackend, kf_cache: Path
+) -> None:
+    rejection = _run(cpu_backend, _compiled(kf_cache, "harness_sets_flush_to_zero"))
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("run", "fp_state"), rejection
+    assert rejection.evidence["mxcsr"] != rejection.evidence["expected_mxcsr"]
+
+
+def test_a_forged_reply_gains_nothing(cpu_backend: CpuBackend, kf_cache: Path) -> None:
+    """The clock is the driver's: a kernel that says "done" early is stopped where it is,
+    and its half-written outputs are judged."""
+    rejection = _run(cpu_backend, _compiled(kf_cache, "harness_forges_its_reply"))
+    assert rejection is not None, "a forged reply passed verification"
+    assert rejection.reason in ("unwritten", "wrong_value", "nondeterministic", "crashed")
+
+
+def test_verification_and_timing_look_the_same_to_a_kernel(
+    cpu_backend: CpuBackend, kf_cache: Path
+) -> None:
+    rejection = _run(cpu_backend, _compiled(kf_cache, "harness_wrong_when_timed"))
+    assert rejection is not None and rejection.reason == "wrong_value", rejection
+
+
+def test_a_write_just_before_a_buffer_is_caught(cpu_backend: CpuBackend, kf_cache: Path) -> None:
+    rejection = _run(cpu_backend, _compiled(kf_cache, "harness_writes_before_start"))
+    assert rejection is not None
+    if rejection.reason == "out_of_bounds_write":
+        assert "before" in rejection.message
+    else:  # the buffer started right after its guard page in that layout
+        assert (rejection.reason, rejection.evidence.get("signal")) == ("crashed", "SIGSEGV")
+
+
+def test_memoizing_by_pointer_is_caught_by_fresh_inputs_and_judged_calls(
+    cpu_backend: CpuBackend, kf_cache: Path, calibration: HostCalibration
+) -> None:
+    build = _compiled(kf_cache, "harness_memoizes_by_pointer")
+    result = benchmark(SOFTMAX, cpu_backend, build, calibration, shape=SMALL, seed=5)
+    assert isinstance(result, Rejection), result
+    assert (result.stage, result.reason) == ("recheck", "wrong_value"), result
+    assert result.evidence["when"].startswith(("timed call", "re-check after timing"))
+
+
+def test_a_verified_kernel_is_timed_with_its_evidence_recorded(
+    cpu_backend: CpuBackend, kf_cache: Path, calibration: HostCalibration
+) -> None:
+    source = (EXAMPLES / "softmax.c").read_text()
+    compiled = cpu_backend.compile(SOFTMAX, source, FLAGS)
+    assert compiled.build is not None
+    result = benchmark(SOFTMAX, cpu_backend, compiled.build, calibration, shape=SMALL, seed=9)
+    assert isinstance(result, BenchmarkResult), result
+    assert result.seed == 9
+    assert set(result.rechecked) == set(SOFTMAX.distributions)
+    assert result.handshake_ns is not None and 0 < result.handshake_ns < result.kernel.median_ns
+    assert result.sandbox is not None
+    by_name = {m.name: m for m in result.sandbox.mechanisms}
+    assert by_name["seccomp"].applied, by_name["seccomp"].note
+    assert all(m.note for m in result.sandbox.mechanisms)
+
+
+def test_the_verdict_says_how_the_kernel_was_contained(cpu_backend: CpuBackend) -> None:
+    source = (EXAMPLES / "softmax.c").read_text()
+    verdict = verify(SOFTMAX, cpu_backend, source, FLAGS)
+    assert verdict.sandbox is not None
+    names = [m.name for m in verdict.sandbox.mechanisms]
+    for needed in ("seccomp", "pid_namespace", "network_namespace", "rlimits"):
+        assert needed in names
+    if os.geteuid() == 0:  # as root every mechanism is available on Linux
+        refused = [m for m in verdict.sandbox.mechanisms if not m.applied]
+        assert [m.name for m in refused] == ["user_namespace"], refused
+
+
+def test_nothing_of_the_kernel_runs_between_calls(kf_cache: Path, tmp_path: Path) -> None:
+    """A thread the kernel leaves spinning is stopped with the rest of its process while
+    the driver checks outputs and times the baseline."""
+    build = _compiled(kf_cache, "harness_spins_between_calls")
+    rng = np.random.default_rng(0)
+    slots = layout([(4, 64), (4, 64)], 4, rng)
+    arena = Arena(slots[-1].end + 4096)
+    host = str(kernel_host(kf_cache / "cpu-kernels"))
+    limits = HostLimits(1 << 30, 30, 30.0)
+    with KernelProcess(
+        host, build.library, 2, 2, arena, limits, tmp_path / "root", tmp_path / "log"
+    ) as process:
+        process.guard(guard_ranges(slots))
+        process.call([s.offset for s in slots], [4, 64], "a first call")
+        tasks = list(Path(f"/proc/{process.pid}/task").iterdir())
+        assert len(tasks) >= 2  # the spinning thread exists
+        for task in tasks:
+            assert (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+        used = process.cpu_seconds()
+        time.sleep(0.5)
+        assert process.cpu_seconds() == pytest.approx(used, abs=0.02)
+    arena.close()
+
+
+def test_a_kernel_that_fails_to_load_is_the_kernels_fault(kf_cache: Path, tmp_path: Path) -> None:
+    arena = Arena(4096)
+    bogus = tmp_path / "kernel.so"
+    bogus.write_bytes(b"not an ELF file")
+    host = str(kernel_host(kf_cache / "cpu-kernels"))
+    with pytest.raises(KernelEnded) as ended:
+        KernelProcess(
+            host,
+            str(bogus),
+            2,
+            2,
+            arena,
+            HostLimits(1 << 30, 30, 30.0),
+            tmp_path / "r",
+            tmp_path / "l",
+        )
+    assert ended.value.reason == "load_failed"
+    arena.close()
+
+
+def test_the_drivers_own_helpers_leave_its_numerics_alone(kf_cache: Path) -> None:
+    """The baseline is timed in the driver: nothing it loads may flush denormals there (a
+    -ffast-math link would, through crtfastmath.o)."""
+    library = fresh_inputs_library(kf_cache / "cpu-kernels")
+    code = (
+        "import ctypes, sys, numpy as np; ctypes.CDLL(sys.argv[1]); "
+        "print(np.float32(1e-40) * np.float32(1.0) != 0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(library)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "True"

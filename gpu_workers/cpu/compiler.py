@@ -39,9 +39,10 @@ LOG_LIMIT = 8000
 WRAPPED = ("malloc", "calloc", "realloc", "aligned_alloc", "posix_memalign")
 KERNEL_FILE = "kernel.c"
 DIAGNOSTIC_FLAGS = ("-fdiagnostics-color=never", "-fno-diagnostics-show-caret")
-LINK_FLAGS = ("-Wl,-z,relro,-z,now",)
+LINK_FLAGS = ("-Wl,-z,relro,-z,now,-z,noexecstack",)
+"""Relocations resolved and made read-only at load; never an executable stack."""
 PP_OUT = ("-o", "kernel.i")
-CHECKS_VERSION = "object-facts-3"
+CHECKS_VERSION = "object-facts-4"
 """Part of the cache key: a build recorded by older checks is checked again."""
 
 _ALLOWED_FLAGS = re.compile(
@@ -140,6 +141,7 @@ def system_include_dirs() -> tuple[str, ...]:
             timeout=30,
             check=False,
             stdin=subprocess.DEVNULL,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C"},  # no CPATH
         )
     except (OSError, subprocess.TimeoutExpired):
         return ()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ import numpy as np
 import pytest
 
 from gpu_workers import runner_files as files
+from gpu_workers.benchmarker import judge_calls
 from gpu_workers.cuda import backend as cuda_backend
-from gpu_workers.cuda import baselines
+from gpu_workers.cuda import baselines, fresh
 from gpu_workers.cuda import protocol as p
+from gpu_workers.cuda import timing as cuda_timing
 from gpu_workers.cuda.backend import VERIFY_LIMITS, CudaBackend
 from gpu_workers.cuda.baselines import ARRAY_FORMULAS, choose_baseline, has_formula
 from gpu_workers.cuda.calibrate import CalibrationError, matmul_library, measure
@@ -34,7 +37,8 @@ from gpu_workers.cuda.device import (
     gpu_unavailable_reason,
     unavailable_reason,
 )
-from gpu_workers.cuda.runner import FAULT_EXIT, HARNESS_EXIT, Loaded, pack
+from gpu_workers.cuda.driver import Loaded, pack
+from gpu_workers.cuda.runner import FAULT_EXIT, HARNESS_EXIT
 from gpu_workers.results import Rejection, SandboxReport
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed
 from gpu_workers.verifier import check_outputs, plan_trials, verify
@@ -43,7 +47,14 @@ from kernels.cuda_launch import parse_launch_plan
 from kernels.templates import TEMPLATES
 
 NO_GPU = gpu_unavailable_reason()
-needs_gpu = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU: {NO_GPU}")
+
+
+def needs_gpu(test: Callable[..., None]) -> Callable[..., None]:
+    """Marked `gpu`; skipped with the device probe's reason on a host without one."""
+    skip = pytest.mark.skipif(NO_GPU is not None, reason=f"needs a CUDA GPU: {NO_GPU}")
+    return pytest.mark.gpu(skip(test))
+
+
 without_gpu = pytest.mark.skipif(NO_GPU is None, reason="this host has a GPU")
 needs_nvcc = pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not installed")
 
@@ -98,7 +109,10 @@ def test_jobs_and_replies_survive_the_trip_to_the_runner() -> None:
             dtype="fp16",
             shape={"n": 5},
             seeds=[1, 2],
-            recheck_seed=3,
+            rechecks=[p.RecheckJob(distribution="uniform", seed=3)],
+            secret_seed=(1 << 63) - 1,
+            judged_calls=3,
+            refresh_cubin="/c/refresh.cubin",
             l2_flush_bytes=100 << 20,
         ),
         p.CalibrateJob(
@@ -120,6 +134,11 @@ def test_jobs_and_replies_survive_the_trip_to_the_runner() -> None:
             baseline="torch 2.11 eager: torch.softmax(x, dim=-1)",
             l2_flush_bytes=1 << 27,
             cache_policy="flushed",
+            secret_seed=12345,
+            kernel_calls=40,
+            judged=[p.JudgedCall(slot=0, call=17, timed=True, input_set=1, refresh=30)],
+            rechecks=[p.RecheckJob(distribution="normal", seed=1)],
+            input_policy="fresh",
         ),
         p.CalibrateReply(
             device_name="NVIDIA H200",
@@ -244,6 +263,7 @@ def test_without_a_gpu_running_and_timing_refuse_instead_of_faking(tmp_path: Pat
             outcome.build,
             None,
             {"n": 1024},
+            seed=5,
             seeds=[1, 2],
             recheck_seed=3,
             rotate_bytes=1 << 20,
@@ -569,31 +589,33 @@ def test_timing_returns_event_samples_a_baseline_and_right_outputs(
     assert compiled.build is not None, compiled.rejection
     shape = {"n": 1 << 20}
     seeds, recheck = [11, 12], 13
-    run = gpu_backend.time(
+    timing = gpu_backend.timing(
         GELU,
         compiled.build,
         compiled.build,
         shape,
+        secret_seed=77,
         seeds=seeds,
-        recheck_seed=recheck,
+        rechecks=cuda_timing.default_rechecks(GELU, recheck),
         rotate_bytes=0,
         min_runs=10,
         min_seconds=0.1,
     )
-    assert run.rejection is None, run.rejection
-    assert len(run.kernel_ns) >= 10 and min(run.kernel_ns) > 0
-    assert len(run.baseline_ns) >= 10 and len(run.incumbent_ns) >= 10
-    assert run.baseline_name
-    assert sum(run.kernel_ns) < run.timed_seconds * 1e9
-    tolerance = GELU.tolerances["fp32"]
-    for index, outputs in enumerate(run.timed_outputs):
-        inputs = GELU.generate(shape, "normal", seeds[index], "fp32")
-        assert check_outputs(GELU, tolerance, inputs, outputs, run.timed_poison_bits)[0] is None
-    fresh = GELU.generate(shape, "uniform", recheck, "fp32")
-    assert (
-        check_outputs(GELU, tolerance, fresh, run.recheck_outputs, run.recheck_poison_bits)[0]
-        is None
+    assert timing.rejection is None and timing.reply is not None, timing.rejection
+    reply = timing.reply
+    assert len(reply.kernel_ns) >= 10 and min(reply.kernel_ns) > 0
+    assert len(reply.baseline_ns) >= 10 and len(reply.incumbent_ns) >= 10
+    assert reply.baseline
+    assert sum(reply.kernel_ns) < reply.timed_seconds * 1e9
+    assert [(r.distribution, r.seed) for r in timing.rechecks] == cuda_timing.default_rechecks(
+        GELU, recheck
     )
+    assert len(timing.judged) == fresh.JUDGED_CALLS
+    run = cuda_timing.timing_run(GELU, "fp32", shape, timing)
+    assert run.rejection is None, run.rejection
+    assert run.kernel_ns == reply.kernel_ns
+    assert len(run.judged) == fresh.JUDGED_CALLS + len(GELU.distributions)
+    assert judge_calls(GELU, "fp32", run.judged) is None
 
 
 @needs_gpu
@@ -609,6 +631,7 @@ def test_every_timed_call_starts_from_poisoned_outputs(gpu_backend: CudaBackend)
         kernel.build,
         incumbent.build,
         {"n": 1 << 20},
+        seed=5,
         seeds=[11, 12],
         recheck_seed=13,
         rotate_bytes=0,

@@ -16,6 +16,7 @@ fit in); the SandboxReport says so with address_space_limit_bytes = -1.
 from __future__ import annotations
 
 import resource
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpu_workers import runner_files as files
@@ -24,7 +25,13 @@ from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda.arch import DEFAULT_ARCH
 from gpu_workers.cuda.baselines import NAIVE_CUDA, choose_baseline, naive_template
-from gpu_workers.cuda.compiler import CudaBuild, compile_cuda
+from gpu_workers.cuda.compiler import (
+    CudaBuild,
+    compile_cuda,
+    default_cache_dir,
+    nvcc_identity,
+    nvcc_path,
+)
 from gpu_workers.cuda.device import (
     cuda_env,
     cuda_libraries,
@@ -32,7 +39,9 @@ from gpu_workers.cuda.device import (
     gpu_unavailable_reason,
     require_gpu,
 )
+from gpu_workers.cuda.fresh import JUDGED_CALLS, refresh_cubin
 from gpu_workers.cuda.static import source_check, static_check
+from gpu_workers.cuda.timing import CudaTiming, default_rechecks, read_timing, timing_run
 from gpu_workers.results import Rejection
 from gpu_workers.runner_files import (
     NO_PROGRESS,
@@ -42,7 +51,7 @@ from gpu_workers.runner_files import (
     write_request,
 )
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
-from gpu_workers.sandbox_outcome import contention, sandbox_failure
+from gpu_workers.sandbox_outcome import sandbox_failure
 from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial
 from kernels.cuda_launch import LaunchError, LaunchPlan, parse_launch_plan
 from kernels.spec import Problem
@@ -62,9 +71,11 @@ LAUNCH_TIMEOUT_S = 20.0
 
 
 class CudaBackend:
-    """Compile, statically check, run and time CUDA kernels on this host's GPU."""
+    """Compile, statically check, run and time CUDA kernels on this host's GPU. Its build
+    type is CudaBuild: what `compile` makes is what the other stages take."""
 
     target = "cuda"
+    build_type = CudaBuild
 
     def __init__(
         self,
@@ -74,12 +85,14 @@ class CudaBackend:
         verify_limits: Limits = VERIFY_LIMITS,
         bench_limits: Limits = BENCH_LIMITS,
         launch_timeout_s: float = LAUNCH_TIMEOUT_S,
+        judged_calls: int = JUDGED_CALLS,
     ) -> None:
         self.cache_dir = cache_dir
         self._arch = arch
         self.verify_limits = verify_limits
         self.bench_limits = bench_limits
         self.launch_timeout_s = launch_timeout_s
+        self.judged_calls = judged_calls
 
     @property
     def arch(self) -> str:
@@ -103,15 +116,13 @@ class CudaBackend:
             return CompileOutcome(build=None, rejection=compile_rejection(result))
         return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
 
-    def static_check(self, problem: Problem, build: object) -> Rejection | None:
-        assert isinstance(build, CudaBuild)
+    def static_check(self, problem: Problem, build: CudaBuild) -> Rejection | None:
         shapes = (*problem.test_shapes, problem.default_shape)
         return static_check(build, _plan(problem, build), shapes=shapes)
 
-    def run_trials(self, problem: Problem, build: object, trials: list[Trial]) -> RunOutcome:
+    def run_trials(self, problem: Problem, build: CudaBuild, trials: list[Trial]) -> RunOutcome:
         """Run the trials in the sandboxed runner. The launches were checked at the test
         shapes by static_check; what is new here is the scratch buffers' sizes."""
-        assert isinstance(build, CudaBuild)
         require_gpu()
         plan = _plan(problem, build)
         for trial in trials:
@@ -170,22 +181,57 @@ class CudaBackend:
     def time(
         self,
         problem: Problem,
-        build: object,
-        incumbent: object | None,
+        build: CudaBuild,
+        incumbent: CudaBuild | None,
         shape: dict[str, int],
         *,
+        seed: int,
         seeds: list[int],
         recheck_seed: int,
         rotate_bytes: int,
         min_runs: int,
         min_seconds: float,
     ) -> TimingRun:
-        """Time the kernel, its baseline and the incumbent, interleaved, by CUDA events;
-        L2 is flushed before every timed call (by writing at least `rotate_bytes`)."""
-        assert isinstance(build, CudaBuild)
-        assert incumbent is None or isinstance(incumbent, CudaBuild)
+        """Time the kernel, its baseline and the incumbent, interleaved, by CUDA events,
+        on inputs drawn afresh before every timed call; L2 is flushed before every timed
+        call (by writing at least `rotate_bytes`). `seed` is the check's secret: it draws
+        the fresh inputs and the judged calls. The result in the benchmarker's terms
+        (`timing_run`): the judged calls and the re-checks are judged there."""
+        timing = self.timing(
+            problem,
+            build,
+            incumbent,
+            shape,
+            secret_seed=seed,
+            seeds=seeds,
+            rechecks=default_rechecks(problem, recheck_seed),
+            rotate_bytes=rotate_bytes,
+            min_runs=min_runs,
+            min_seconds=min_seconds,
+        )
+        return timing_run(problem, build.dtype, shape, timing)
+
+    def timing(
+        self,
+        problem: Problem,
+        build: CudaBuild,
+        incumbent: CudaBuild | None,
+        shape: dict[str, int],
+        *,
+        secret_seed: int,
+        seeds: list[int],
+        rechecks: Sequence[tuple[str, int]],
+        rotate_bytes: int,
+        min_runs: int,
+        min_seconds: float,
+    ) -> CudaTiming:
+        """One timing run in the sandboxed runner, as it came back: the samples, the
+        judged calls' inputs and outputs, the re-checks' outputs. `seeds` generate the
+        reservoir the fresh inputs are drawn from; `secret_seed` draws the refreshes and
+        the judged calls (the same seed replays both)."""
         require_gpu()
         choice = choose_baseline(problem, build.dtype, cuda_libraries())
+        secret = secret_seed
         job = p.BenchJob(
             kernel=_ref(build),
             incumbent=_ref(incumbent) if incumbent is not None else None,
@@ -197,7 +243,10 @@ class CudaBackend:
             dtype=build.dtype,
             shape=shape,
             seeds=seeds,
-            recheck_seed=recheck_seed,
+            rechecks=[p.RecheckJob(distribution=d, seed=s) for d, s in rechecks],
+            secret_seed=secret,
+            judged_calls=self.judged_calls,
+            refresh_cubin=str(self._refresh_cubin(build.arch)),
             l2_flush_bytes=rotate_bytes,
             min_runs=min_runs,
             min_seconds=min_seconds,
@@ -207,35 +256,25 @@ class CudaBackend:
             outcome = _run(job, workdir, self.bench_limits)
             failure = _failure(outcome, workdir, "benchmark")
             if failure is not None:
-                return TimingRun(rejection=failure, wall_seconds=outcome.wall_seconds)
+                return CudaTiming(
+                    reply=None,
+                    rejection=failure,
+                    secret_seed=secret,
+                    wall_seconds=outcome.wall_seconds,
+                    poison_bits=poison,
+                    sandbox=outcome.report,
+                )
             reply = expect_reply(workdir, p.Reply, p.BenchReply)
-            return TimingRun(
-                kernel_ns=reply.kernel_ns,
-                kernel_warmup_ns=reply.kernel_warmup_ns,
-                baseline_ns=reply.baseline_ns,
-                incumbent_ns=reply.incumbent_ns,
-                input_sets=reply.input_sets,
-                rotated_bytes=reply.rotated_bytes,
-                timed_outputs=[
-                    {
-                        a.name: p.load_elements(
-                            workdir / files.timed_out_file(i, a.name), build.dtype
-                        )
-                        for a in problem.outputs
-                    }
-                    for i in range(len(seeds))
-                ],
-                recheck_outputs={
-                    a.name: p.load_elements(workdir / files.recheck_file(a.name), build.dtype)
-                    for a in problem.outputs
-                },
-                wall_seconds=outcome.wall_seconds,
-                timed_seconds=reply.timed_seconds,
-                host_contention_cores=contention(outcome),
-                baseline_name=reply.baseline,
-                timed_poison_bits=poison[0],
-                recheck_poison_bits=poison[1],
+            return read_timing(problem, build.dtype, workdir, reply, outcome, poison)
+
+    def _refresh_cubin(self, arch: str) -> Path:
+        """The harness's refresh kernel for `arch` (built by nvcc once, then cached)."""
+        nvcc = nvcc_path()
+        if nvcc is None:
+            raise RuntimeError(
+                "nvcc is not on PATH: the refresh kernel of the timing runs needs it"
             )
+        return refresh_cubin(nvcc, nvcc_identity(nvcc), arch, self.cache_dir or default_cache_dir())
 
     def _naive_baseline(self, problem: Problem, build: CudaBuild) -> p.KernelRef:
         template = naive_template(problem, build.dtype)

@@ -32,7 +32,7 @@ KERNEL_FAULTS = ("crashed", "launch_failed", "timeout", "memory_limit", "bad_lau
 """Reasons a runner gives for a kernel that faulted; anything else is the harness's own."""
 
 PREPARING_BASELINE = "preparing the baseline"
-SAVING_OUTPUTS = "saving timed outputs"
+SAVING_OUTPUTS = "saving judged outputs"
 DONE = "done"
 HARNESS_STEPS = frozenset({PREPARING_BASELINE, SAVING_OUTPUTS, DONE})
 """Progress of steps with no kernel call of the candidate pending: a runner stopped by
@@ -65,6 +65,13 @@ class VerifyJob(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
     itself (the sandbox's wall-clock limit stays the backstop)."""
 
 
+class RecheckJob(msgspec.Struct, frozen=True, kw_only=True):
+    """One call after timing on inputs the problem generates for (distribution, seed)."""
+
+    distribution: str
+    seed: int
+
+
 class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     kernel: KernelRef
     incumbent: KernelRef | None
@@ -76,7 +83,15 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     dtype: str
     shape: dict[str, int]
     seeds: list[int]
-    recheck_seed: int
+    """The reservoir: one input set per seed ("normal"), from which every timed call's
+    inputs are drawn afresh (gpu_workers.cuda.fresh), and the pool's size."""
+    rechecks: list[RecheckJob]
+    secret_seed: int
+    """Draws the keys of the refreshes and the judged calls; the kernel never sees it."""
+    judged_calls: int
+    """How many kernel calls, chosen at random, come back to be judged."""
+    refresh_cubin: str
+    """The harness's own refresh kernel (fresh.refresh_cubin), built for this GPU."""
     l2_flush_bytes: int
     """At least this many bytes are written before every timed call (raised to twice the
     device's L2 size when that is larger)."""
@@ -101,6 +116,21 @@ class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):
 Job = VerifyJob | BenchJob | CalibrateJob
 
 
+class JudgedCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A kernel call whose inputs came back as given (judged_in_file) and as it left them
+    (judged_after_file), with its outputs (judged_out_file)."""
+
+    slot: int
+    call: int
+    """Its index among the kernel's calls, warm-up first (fresh.judged_calls replays it)."""
+    timed: bool
+    """False for a warm-up call."""
+    input_set: int
+    """The pool set it ran on."""
+    refresh: int
+    """The refresh (counted over the run) that wrote its inputs: fresh.refresh_key."""
+
+
 class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     kernel_ns: list[int]
     kernel_warmup_ns: list[int]
@@ -113,6 +143,14 @@ class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     """What the kernel was compared against, for a human (library, version, formula)."""
     l2_flush_bytes: int
     cache_policy: str
+    secret_seed: int
+    kernel_calls: int
+    """The kernel's calls in timing, warm-up included (not the re-checks)."""
+    judged: list[JudgedCall]
+    rechecks: list[RecheckJob]
+    """Done in this order: recheck_out_file(index, name) holds each one's outputs and
+    recheck_after_file(index, name) its inputs as the call left them."""
+    input_policy: str
 
 
 class CalibrateReply(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):
@@ -139,6 +177,27 @@ class FaultReply(msgspec.Struct, frozen=True, kw_only=True, tag="fault"):
 
 
 Reply = VerifyReply | BenchReply | CalibrateReply | FaultReply
+
+
+def judged_in_file(slot: int, name: str) -> str:
+    return f"judged_{slot}_in_{name}.npy"
+
+
+def judged_out_file(slot: int, name: str) -> str:
+    return f"judged_{slot}_out_{name}.npy"
+
+
+def judged_after_file(slot: int, name: str) -> str:
+    """An input of a judged call as the call left it."""
+    return f"judged_{slot}_after_{name}.npy"
+
+
+def recheck_out_file(index: int, name: str) -> str:
+    return f"recheck_{index}_out_{name}.npy"
+
+
+def recheck_after_file(index: int, name: str) -> str:
+    return f"recheck_{index}_after_{name}.npy"
 
 
 def bits_dtype(dtype: str) -> np.dtype[Any]:

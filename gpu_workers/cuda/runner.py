@@ -7,11 +7,13 @@ this process goes with it. It reads `request.json`, writes arrays as .npy files 
 bits and `result.json`; before each kernel launch of a verification it writes
 `progress.txt`, so a fault can be pinned to a trial and a launch.
 
-pycuda holds the context and does memory, copies and events; modules are loaded and
-kernels launched through the driver API by ctypes (Launcher). Every driver call is checked
-(pycuda raises; the launcher checks each CUresult). A kernel's fault ends the process with
-a FaultReply saying why (crashed, launch_failed, timeout, memory_limit, bad_launch);
-anything else that goes wrong is a harness fault, reported as such.
+The driver layer (context, memory, module loading, launches, events, the L2 flush) is
+gpu_workers.cuda.driver; this module decides what runs on which inputs and what comes
+back. Timing draws fresh inputs before every timed call and brings back the inputs and
+outputs of calls chosen at random from the job's secret seed (gpu_workers.cuda.fresh).
+A kernel's fault ends the process with a FaultReply saying why (crashed, launch_failed,
+timeout, memory_limit, bad_launch); anything else that goes wrong is a harness fault,
+reported as such.
 """
 
 from __future__ import annotations
@@ -23,41 +25,37 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 
 from gpu_workers import runner_files as files
-from gpu_workers.cuda import baselines
+from gpu_workers.cuda import baselines, fresh
 from gpu_workers.cuda import protocol as p
+from gpu_workers.cuda.driver import (
+    Bits,
+    Gpu,
+    Guarded,
+    KernelFault,
+    Loaded,
+    Timer,
+    allow_shared,
+    call_plan,
+    event_seconds,
+    load_kernel,
+    pack,
+    resolve,
+)
 from gpu_workers.interleave import interleave
-from kernels.cuda_launch import LaunchError, LaunchPlan, ResolvedLaunch, parse_launch_plan
+from kernels.cuda_launch import ResolvedLaunch
 from kernels.spec import Arrays, Problem
 
-DEFAULT_SHARED_LIMIT = 48 * 1024
-"""Shared memory per block a kernel gets without opting in (static + dynamic)."""
-CANARY = ((np.arange(p.SLACK_BYTES, dtype=np.uint32) * 37 + 11) % 251 + 3).astype(np.uint8)
-"""Slack contents: no zero byte and no repeating short period, so neither a stray memset
-nor a stray vector store can rewrite it unnoticed."""
 FAULT_EXIT = 3
 HARNESS_EXIT = 4
-
-Bits = npt.NDArray[Any]
-
-
-class KernelFault(Exception):
-    """The kernel (not the harness) failed; `reason` is one of protocol.KERNEL_FAULTS."""
-
-    def __init__(self, reason: str, message: str, evidence: dict[str, str] | None = None):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.evidence = evidence or {}
 
 
 def _progress(text: str) -> None:
@@ -66,324 +64,6 @@ def _progress(text: str) -> None:
 
 def _elements(problem: Problem, shape: dict[str, int]) -> dict[str, int]:
     return {a.name: math.prod(a.shape(shape)) for a in problem.args}
-
-
-class Gpu:
-    """The primary context of device 0, current on this thread, and the driver calls made."""
-
-    def __init__(self) -> None:
-        import pycuda.driver as cuda  # type: ignore[import-not-found, unused-ignore]
-
-        cuda.init()
-        self.cuda: Any = cuda
-        self.device: Any = cuda.Device(0)
-        self.context: Any = self.device.retain_primary_context()
-        self.context.push()
-        self.launcher = Launcher()
-        self.l2_bytes = int(self.device.get_attribute(cuda.device_attribute.L2_CACHE_SIZE))
-
-    def close(self) -> None:
-        try:
-            self.context.pop()
-            self.context.detach()
-        except self.cuda.Error as exc:  # after every result is written and synchronized
-            print(f"warning: releasing the CUDA context failed: {exc}", file=sys.stderr)
-
-    def alloc(self, nbytes: int, what: str, *, kernel_fault: bool = False) -> Any:
-        try:
-            return self.cuda.mem_alloc(max(1, nbytes))
-        except self.cuda.MemoryError as exc:
-            if kernel_fault:
-                raise KernelFault(
-                    "memory_limit", f"{what}: {nbytes} bytes of device memory refused ({exc})"
-                ) from exc
-            raise
-
-    def upload(self, ptr: int, bits: Bits) -> None:
-        if bits.nbytes:
-            self.cuda.memcpy_htod(ptr, np.ascontiguousarray(bits))
-
-    def download(self, ptr: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Bits:
-        host = np.empty(shape, dtype=dtype)
-        if host.nbytes:
-            self.cuda.memcpy_dtoh(host, ptr)
-        return host
-
-    def fill(self, ptr: int, bits: int, count: int, itemsize: int) -> None:
-        """Set `count` elements of `itemsize` bytes to `bits` (the output poison)."""
-        if count == 0:
-            return
-        if itemsize == 4:
-            self.cuda.memset_d32(ptr, bits, count)
-        elif itemsize == 2:
-            self.cuda.memset_d16(ptr, bits, count)
-        else:
-            raise ValueError(f"no poison fill for {itemsize}-byte elements")
-
-    def synchronize(self, what: str) -> None:
-        """Wait for the harness's own work (uploads, fills, copies): called only where
-        every kernel launched before was already waited for by `wait` or the Timer, so
-        an error here is the harness's, never a kernel's."""
-        try:
-            self.cuda.Context.synchronize()
-        except self.cuda.Error as exc:
-            raise RuntimeError(f"{what}: {exc}") from exc
-
-    def wait(self, timeout_s: float, what: str) -> None:
-        """Wait for the kernel launched last on the default stream, with a deadline: a
-        kernel still running then is a timeout, a CUDA error on the way is a crash."""
-        deadline = time.monotonic() + timeout_s
-        pause = 1e-5
-        try:
-            done = self.cuda.Event()
-            done.record()
-            while not done.query():
-                if time.monotonic() > deadline:
-                    raise KernelFault("timeout", f"{what} was still running after {timeout_s:g} s")
-                time.sleep(pause)
-                pause = min(2 * pause, 0.01)
-            self.cuda.Context.synchronize()
-        except self.cuda.Error as exc:
-            raise KernelFault("crashed", f"{what}: {exc}", {"cuda_error": str(exc)}) from exc
-
-
-class Guarded:
-    """A device array with SLACK_BYTES of canary before and after it."""
-
-    def __init__(self, gpu: Gpu, nbytes: int, name: str, *, kernel_fault: bool = False):
-        self.gpu, self.nbytes, self.name = gpu, nbytes, name
-        self.allocation = gpu.alloc(
-            nbytes + 2 * p.SLACK_BYTES, f"{name} (with its canaries)", kernel_fault=kernel_fault
-        )
-        self.base = int(self.allocation)
-        self.ptr = self.base + p.SLACK_BYTES  # still 256-byte aligned, as cuMemAlloc's are
-        gpu.upload(self.base, CANARY)
-        gpu.upload(self.ptr + nbytes, CANARY)
-
-    def damaged(self) -> list[str]:
-        found = []
-        if not np.array_equal(
-            self.gpu.download(self.ptr + self.nbytes, CANARY.shape, CANARY.dtype), CANARY
-        ):
-            found.append(self.name)
-        if not np.array_equal(self.gpu.download(self.base, CANARY.shape, CANARY.dtype), CANARY):
-            found.append(f"{self.name} (before its start)")
-        return found
-
-    def free(self) -> None:
-        self.allocation.free()
-
-
-class DriverError(Exception):
-    """A driver API call made through ctypes failed; the message names the call and error."""
-
-
-class Launcher:
-    """Module loading and kernel launches through the CUDA driver API itself (ctypes), in
-    the context pycuda made current. pycuda has no cuFuncSetAttribute, and a kernel needs
-    it for more than 48 KiB of dynamic shared memory (any large Hopper tile)."""
-
-    SHARED_SIZE_BYTES = 1  # CUfunction_attribute values
-    MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-
-    def __init__(self) -> None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        pointer, integer, unsigned = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
-        signatures: dict[str, list[Any]] = {
-            "cuModuleLoadData": [ctypes.POINTER(pointer), pointer],
-            "cuModuleGetFunction": [ctypes.POINTER(pointer), pointer, ctypes.c_char_p],
-            "cuFuncGetAttribute": [ctypes.POINTER(integer), integer, pointer],
-            "cuFuncSetAttribute": [pointer, integer, integer],
-            "cuLaunchKernel": [pointer, *[unsigned] * 7, pointer, pointer, pointer],
-            "cuGetErrorName": [integer, ctypes.POINTER(ctypes.c_char_p)],
-            "cuGetErrorString": [integer, ctypes.POINTER(ctypes.c_char_p)],
-        }
-        for name, argtypes in signatures.items():
-            function = getattr(lib, name)
-            function.argtypes = argtypes
-            function.restype = integer
-        self.lib = lib
-        self.images: list[Any] = []  # module images stay alive with the process
-
-    def check(self, code: int, call: str) -> None:
-        if code == 0:
-            return
-        name, text = ctypes.c_char_p(), ctypes.c_char_p()
-        self.lib.cuGetErrorName(code, ctypes.byref(name))
-        self.lib.cuGetErrorString(code, ctypes.byref(text))
-        label = (name.value or b"CUDA error %d" % code).decode()
-        raise DriverError(f"{call} failed: {label}: {(text.value or b'').decode()}")
-
-    def load(self, image: bytes) -> ctypes.c_void_p:
-        buffer = ctypes.create_string_buffer(image, len(image))
-        self.images.append(buffer)
-        module = ctypes.c_void_p()
-        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), buffer), "cuModuleLoadData")
-        return module
-
-    def function(self, module: ctypes.c_void_p, name: str) -> ctypes.c_void_p:
-        handle = ctypes.c_void_p()
-        code = self.lib.cuModuleGetFunction(ctypes.byref(handle), module, name.encode())
-        self.check(code, f"cuModuleGetFunction({name})")
-        return handle
-
-    def get_attribute(self, function: ctypes.c_void_p, attribute: int) -> int:
-        value = ctypes.c_int()
-        code = self.lib.cuFuncGetAttribute(ctypes.byref(value), attribute, function)
-        self.check(code, "cuFuncGetAttribute")
-        return value.value
-
-    def set_attribute(self, function: ctypes.c_void_p, attribute: int, value: int) -> None:
-        self.check(self.lib.cuFuncSetAttribute(function, attribute, value), "cuFuncSetAttribute")
-
-    def launch(self, packed: Packed) -> None:
-        """One launch on the legacy default stream (the stream pycuda, torch and cupy use)."""
-        grid, block = packed.launch.grid, packed.launch.block
-        code = self.lib.cuLaunchKernel(
-            packed.function,
-            grid[0],
-            grid[1],
-            grid[2],
-            block[0],
-            block[1],
-            block[2],
-            packed.launch.shared_bytes,
-            None,
-            packed.params,
-            None,
-        )
-        self.check(code, f"cuLaunchKernel({packed.launch.kernel})")
-
-
-@dataclass
-class Packed:
-    """One launch with its argument values laid out as cuLaunchKernel takes them."""
-
-    launch: ResolvedLaunch
-    function: ctypes.c_void_p
-    values: list[Any]
-    params: Any
-
-
-@dataclass
-class Loaded:
-    """A cubin loaded into the context, with the launch plan of its source."""
-
-    label: str
-    plan: LaunchPlan
-    functions: dict[str, ctypes.c_void_p]
-    dims: frozenset[str]
-
-
-def load_kernel(gpu: Gpu, ref: p.KernelRef, problem: Problem, label: str) -> Loaded:
-    try:
-        plan = parse_launch_plan(Path(ref.source).read_text(), problem)
-    except LaunchError as exc:
-        raise KernelFault("bad_launch", f"{label}: {exc}") from exc
-    try:
-        module = gpu.launcher.load(Path(ref.cubin).read_bytes())
-    except DriverError as exc:
-        raise KernelFault("launch_failed", f"{label}: the cubin does not load: {exc}") from exc
-    functions: dict[str, ctypes.c_void_p] = {}
-    for name in plan.kernels:
-        try:
-            functions[name] = gpu.launcher.function(module, name)
-        except DriverError as exc:
-            raise KernelFault(
-                "launch_failed",
-                f'{label}: the cubin has no kernel {name!r} (declare it extern "C" __global__): '
-                f"{exc}",
-            ) from exc
-    kinds: dict[str, str] = {}
-    for launch in plan.launches:
-        kind = "".join("q" if a in problem.dims else "P" for a in launch.args)
-        if kinds.setdefault(launch.kernel, kind) != kind:
-            raise KernelFault(
-                "bad_launch",
-                f"{label}: {launch.kernel} is launched with different argument kinds "
-                f"({kinds[launch.kernel]} and {kind}; P = pointer, q = int64)",
-            )
-    return Loaded(label, plan, functions, frozenset(problem.dims))
-
-
-def resolve(
-    kernel: Loaded, dims: dict[str, int]
-) -> tuple[tuple[ResolvedLaunch, ...], dict[str, int]]:
-    """The launches and scratch sizes at one shape."""
-    try:
-        return kernel.plan.resolve(dims), kernel.plan.buffer_bytes(dims)
-    except LaunchError as exc:
-        raise KernelFault("bad_launch", f"{kernel.label} at {dims}: {exc}") from exc
-
-
-def allow_shared(gpu: Gpu, kernel: Loaded, launches: Iterable[ResolvedLaunch]) -> None:
-    """Opt each kernel in to the dynamic shared memory its largest launch asks for, where
-    static plus dynamic exceeds what a block gets without opting in."""
-    launcher = gpu.launcher
-    wanted: dict[str, int] = {}
-    for launch in launches:
-        wanted[launch.kernel] = max(wanted.get(launch.kernel, 0), launch.shared_bytes)
-    for name, dynamic in wanted.items():
-        function = kernel.functions[name]
-        try:
-            static = launcher.get_attribute(function, launcher.SHARED_SIZE_BYTES)
-            if static + dynamic > DEFAULT_SHARED_LIMIT:
-                launcher.set_attribute(function, launcher.MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic)
-        except DriverError as exc:
-            raise KernelFault(
-                "launch_failed",
-                f"{kernel.label}: {name} asks for {dynamic} bytes of dynamic shared memory: {exc}",
-            ) from exc
-
-
-def pack(
-    kernel: Loaded,
-    launches: tuple[ResolvedLaunch, ...],
-    pointers: dict[str, int],
-    dims: dict[str, int],
-) -> list[Packed]:
-    """Every launch's arguments: a device pointer per array or buffer, an int64 per dim."""
-    packed = []
-    for launch in launches:
-        values: list[Any] = [
-            ctypes.c_int64(dims[a]) if a in kernel.dims else ctypes.c_uint64(pointers[a])
-            for a in launch.args
-        ]
-        params = (ctypes.c_void_p * max(1, len(values)))(
-            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
-        )
-        packed.append(Packed(launch, kernel.functions[launch.kernel], values, params))
-    return packed
-
-
-def call_plan(
-    gpu: Gpu,
-    kernel: Loaded,
-    packed: list[Packed],
-    scratch: dict[str, tuple[int, int]],
-    *,
-    wait_s: float | None = None,
-    progress: Callable[[int, ResolvedLaunch], str] | None = None,
-) -> None:
-    """Zero the scratch buffers, then launch the plan in order on the default stream.
-    With `wait_s`, wait for each launch (verification: faults are pinned to a launch)."""
-    for ptr, nbytes in scratch.values():
-        if nbytes:
-            gpu.cuda.memset_d8_async(ptr, 0, nbytes)
-    for index, one in enumerate(packed):
-        launch = one.launch
-        where = progress(index, launch) if progress else f"{kernel.label} launch {index}"
-        try:
-            gpu.launcher.launch(one)
-        except DriverError as exc:
-            raise KernelFault(
-                "launch_failed",
-                f"{where}: launching {launch.kernel} grid={launch.grid} block={launch.block} "
-                f"smem={launch.shared_bytes}: {exc}",
-                {"cuda_error": str(exc)},
-            ) from exc
-        if wait_s is not None:
-            gpu.wait(wait_s, where)
 
 
 # Verification ---------------------------------------------------------------------------
@@ -514,54 +194,6 @@ class Contender:
         call_plan(self.gpu, self.kernel, self.packed[index], self.scratch)
 
 
-class Timer:
-    """CUDA events around one call on the default stream, after writing a buffer larger
-    than L2 so no call finds its inputs cached by the call before. The flush also keeps
-    the GPU busy while the host enqueues the call, so launch overhead is not timed unless
-    the call itself makes the GPU wait for the host (as an eager chain of ops does)."""
-
-    def __init__(self, gpu: Gpu, flush_bytes: int, call_timeout_s: float):
-        self.gpu = gpu
-        self.flush_bytes = flush_bytes
-        self.call_timeout_s = call_timeout_s
-        self.flush = gpu.alloc(flush_bytes, "L2 flush buffer")
-        self.value = 0
-        self.start: Any = gpu.cuda.Event()
-        self.end: Any = gpu.cuda.Event()
-
-    def gpu_call(self, call: Callable[[], None], what: str, *, kernel: bool) -> int:
-        """Nanoseconds between the events around `call`. A fault or a call that does not
-        finish in time is the kernel's when `kernel`, else the harness's."""
-        cuda = self.gpu.cuda
-        self.value = (self.value + 1) % 256
-        try:
-            cuda.memset_d8_async(int(self.flush), self.value, self.flush_bytes)
-            self.start.record()
-            call()
-            self.end.record()
-            deadline = time.monotonic() + self.call_timeout_s
-            while not self.end.query():  # spins, as a synchronize would, but with a deadline
-                if time.monotonic() > deadline:
-                    raise KernelFault(
-                        "timeout", f"{what} was still running after {self.call_timeout_s:g} s"
-                    )
-        except cuda.Error as exc:
-            if not kernel:
-                raise
-            raise KernelFault("crashed", f"{what}: {exc}", {"cuda_error": str(exc)}) from exc
-        except KernelFault as fault:
-            if kernel:
-                raise
-            raise RuntimeError(f"{what} failed: {fault.reason}: {fault.message}") from fault
-        return round(self.end.time_since(self.start) * 1e6)
-
-    @staticmethod
-    def host_call(call: Callable[[], None]) -> int:
-        started = time.perf_counter_ns()
-        call()
-        return time.perf_counter_ns() - started
-
-
 @contextlib.contextmanager
 def _not_the_kernels(what: str) -> Iterator[None]:
     """Loading or preparing the incumbent or the baseline: a fault there is the harness's
@@ -605,6 +237,80 @@ class _KernelBaseline:
         self.contender(index)
 
 
+class Refresher:
+    """Fresh inputs before a timed call: the harness's refresh kernel (fresh.py) overwrites
+    every input array of a pool set with rows drawn from a reservoir of the problem's own
+    input sets, by keys from the secret seed; then waits, so that a fault here is the
+    harness's and the call that follows starts on finished inputs. The reservoir stays on
+    the device for the whole run."""
+
+    def __init__(
+        self,
+        gpu: Gpu,
+        cubin: str,
+        problem: Problem,
+        shape: dict[str, int],
+        itemsize: int,
+        reservoir: list[dict[str, Bits]],
+        secret_seed: int,
+    ):
+        self.gpu, self.secret_seed = gpu, secret_seed
+        launcher = gpu.launcher
+        self.function = launcher.function(
+            launcher.load(Path(cubin).read_bytes()), fresh.REFRESH_KERNEL
+        )
+        self.sets = len(reservoir)
+        if self.sets < 1:
+            raise ValueError("the reservoir needs at least one input set")
+        self.keep: list[Any] = []
+        self.arrays: list[tuple[str, fresh.RowLayout, int]] = []
+        for arg in problem.inputs:
+            layout = fresh.row_layout(problem, arg, shape, itemsize)
+            nbytes = layout.units * fresh.UNIT_BYTES
+            allocation = gpu.alloc(self.sets * nbytes, f"the input reservoir of {arg.name}")
+            self.keep.append(allocation)
+            for index, arrays in enumerate(reservoir):
+                gpu.upload(int(allocation) + index * nbytes, arrays[arg.name])
+            self.arrays.append((arg.name, layout, int(allocation)))
+        self.count = 0
+
+    def __call__(self, pointers: dict[str, int]) -> int:
+        """Refresh the inputs at `pointers`; the refresh's number (fresh.refresh_key)."""
+        number = self.count
+        self.count += 1
+        for index, (name, layout, reservoir) in enumerate(self.arrays):
+            if layout.units == 0:
+                continue
+            key = fresh.refresh_key(self.secret_seed, number, index)
+            values = [
+                ctypes.c_uint64(v)
+                for v in (pointers[name], reservoir, layout.rows, layout.row_units, self.sets, key)
+            ]
+            params = (ctypes.c_void_p * len(values))(
+                *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
+            )
+            self.gpu.launcher.launch_function(
+                self.function,
+                fresh.refresh_grid(layout),
+                (fresh.REFRESH_BLOCK, 1, 1),
+                0,
+                params,
+                fresh.REFRESH_KERNEL,
+            )
+        self.gpu.synchronize("refreshing the inputs")
+        return number
+
+
+@dataclass
+class _Judged:
+    call: int
+    input_set: int
+    refresh: int
+    inputs: dict[str, Bits]
+    outputs: dict[str, Bits]
+    inputs_after: dict[str, Bits]
+
+
 def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     from kernels.loading import load_problem
 
@@ -621,16 +327,22 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
         with _not_the_kernels("the incumbent"):
             incumbent = load_kernel(gpu, job.incumbent, problem, "the incumbent")
     distinct = [problem.generate(job.shape, "normal", seed, job.dtype) for seed in job.seeds]
+    reservoir = [
+        {a.name: p.as_bits(s[a.name], job.dtype) for a in problem.inputs} for s in distinct
+    ]
     keep: list[Any] = []
     inputs: list[dict[str, int]] = []
-    for arrays in distinct:
+    for arrays in reservoir:
         device = {}
         for arg in problem.inputs:
             allocation = gpu.alloc(counts[arg.name] * bits.itemsize, f"input {arg.name}")
             keep.append(allocation)
-            gpu.upload(int(allocation), p.as_bits(arrays[arg.name], job.dtype))
+            gpu.upload(int(allocation), arrays[arg.name])
             device[arg.name] = int(allocation)
         inputs.append(device)
+    refresh = Refresher(
+        gpu, job.refresh_cubin, problem, job.shape, bits.itemsize, reservoir, job.secret_seed
+    )
 
     def contender(loaded: Loaded) -> Contender:
         return Contender(
@@ -647,13 +359,30 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     timer = Timer(gpu, flush_bytes, job.call_timeout_s)
     gpu.synchronize("before timing")
     n_sets = len(distinct)
+    choice = fresh.JudgeChoice(job.secret_seed, job.judged_calls)
+    judged: dict[int, _Judged] = {}
+
+    def read(pointers: dict[str, int], args: tuple[Any, ...]) -> dict[str, Bits]:
+        return {a.name: gpu.download(pointers[a.name], a.shape(job.shape), bits) for a in args}
 
     def call_kernel(i: int) -> int:
+        """Fresh inputs, the judged call's inputs read back, poisoned outputs, then the
+        timed call; all but the call itself outside the events."""
+        call = choice.calls
+        number = refresh(inputs[i])
+        slot = choice.offer(call)
+        given = read(inputs[i], problem.inputs) if slot is not None else {}
         mine.poison(i)
-        return timer.gpu_call(lambda: mine(i), f"timed call on input set {i}", kernel=True)
+        ns = timer.gpu_call(lambda: mine(i), f"timed call {call} on input set {i}", kernel=True)
+        if slot is not None:
+            wrote = read(mine.outputs[i], problem.outputs)
+            after = read(inputs[i], problem.inputs)
+            judged[slot] = _Judged(call, i, number, given, wrote, after)
+        return ns
 
     def call_incumbent(i: int) -> int:
         assert theirs is not None
+        refresh(inputs[i])
         theirs.poison(i)
         return timer.gpu_call(lambda: theirs(i), "the incumbent", kernel=False)
 
@@ -677,27 +406,47 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
         progress=_progress,
     )
     _progress(p.SAVING_OUTPUTS)
-    for index in range(n_sets):
-        for arg in problem.outputs:
-            host = gpu.download(mine.outputs[index][arg.name], arg.shape(job.shape), bits)
-            np.save(files.timed_out_file(index, arg.name), host)
-    _progress("re-check with fresh inputs")
-    fresh = problem.generate(job.shape, "uniform", job.recheck_seed, job.dtype)
+    warm_up_calls = len(samples.kernel_warmup_ns)
+    records = []
+    for slot in sorted(judged):
+        held = judged[slot]
+        for name, array in held.inputs.items():
+            np.save(p.judged_in_file(slot, name), array)
+        for name, array in held.outputs.items():
+            np.save(p.judged_out_file(slot, name), array)
+        for name, array in held.inputs_after.items():
+            np.save(p.judged_after_file(slot, name), array)
+        records.append(
+            p.JudgedCall(
+                slot=slot,
+                call=held.call,
+                timed=held.call >= warm_up_calls,
+                input_set=held.input_set,
+                refresh=held.refresh,
+            )
+        )
+    judged.clear()
     pointers = dict(mine.pointers[0])
     for arg in problem.args:
         allocation = gpu.alloc(counts[arg.name] * bits.itemsize, f"re-check {arg.name}")
         keep.append(allocation)
         pointers[arg.name] = int(allocation)
-        if arg.output:
-            gpu.fill(int(allocation), recheck_poison, counts[arg.name], bits.itemsize)
-        else:
-            gpu.upload(int(allocation), p.as_bits(fresh[arg.name], job.dtype))
-    gpu.synchronize("before the re-check")
-    call_plan(gpu, kernel, pack(kernel, mine.launches, pointers, dims), mine.scratch)
-    gpu.wait(job.call_timeout_s, "the re-check call on fresh inputs")
-    for arg in problem.outputs:
-        host = gpu.download(pointers[arg.name], arg.shape(job.shape), bits)
-        np.save(files.recheck_file(arg.name), host)
+    packed = pack(kernel, mine.launches, pointers, dims)
+    for index, recheck in enumerate(job.rechecks):
+        _progress(f"re-check {index}: {recheck.distribution} inputs, seed {recheck.seed}")
+        given = problem.generate(job.shape, recheck.distribution, recheck.seed, job.dtype)
+        for arg in problem.args:
+            if arg.output:
+                gpu.fill(pointers[arg.name], recheck_poison, counts[arg.name], bits.itemsize)
+            else:
+                gpu.upload(pointers[arg.name], p.as_bits(given[arg.name], job.dtype))
+        gpu.synchronize("before the re-check")
+        call_plan(gpu, kernel, packed, mine.scratch)
+        gpu.wait(job.call_timeout_s, f"re-check {index} on fresh {recheck.distribution} inputs")
+        for arg in problem.args:
+            host = gpu.download(pointers[arg.name], arg.shape(job.shape), bits)
+            target = p.recheck_out_file if arg.output else p.recheck_after_file
+            np.save(target(index, arg.name), host)
     _progress(p.DONE)
     set_bytes = sum(counts.values()) * bits.itemsize
     return p.BenchReply(
@@ -712,8 +461,18 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
         l2_flush_bytes=flush_bytes,
         cache_policy=(
             f"L2 ({gpu.l2_bytes >> 20} MiB) flushed before every timed call by writing "
-            f"{flush_bytes >> 20} MiB; {n_sets} distinct input sets in turn; CUDA events "
+            f"{flush_bytes >> 20} MiB; {n_sets} input sets in turn; CUDA events "
             "on the default stream"
+        ),
+        secret_seed=job.secret_seed,
+        kernel_calls=choice.calls,
+        judged=records,
+        rechecks=list(job.rechecks),
+        input_policy=(
+            "inputs of the kernel and the incumbent overwritten on the device before every "
+            f"timed call, outside the events, with rows drawn from {len(reservoir)} generated "
+            f"sets by keys from the secret seed; {len(records)} of {choice.calls} kernel calls "
+            "judged, chosen by the secret seed"
         ),
     )
 
@@ -721,26 +480,10 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
 # Calibration ------------------------------------------------------------------------------
 
 
-def _event_seconds(gpu: Gpu, call: Callable[[], object], repeats: int) -> float:
-    """The fastest of `repeats` calls, by CUDA events, after two untimed ones."""
-    start, end = gpu.cuda.Event(), gpu.cuda.Event()
-    for _ in range(2):
-        call()
-    gpu.synchronize("calibration warm-up")
-    best = math.inf
-    for _ in range(repeats):
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        best = min(best, end.time_since(start) / 1e3)
-    return best
-
-
 def _matmul_seconds_of(
     gpu: Gpu, matmul: Callable[..., object], a: Any, b: Any, c: Any, repeats: int
 ) -> float:
-    return _event_seconds(gpu, lambda: matmul(a, b, out=c), repeats)
+    return event_seconds(gpu, lambda: matmul(a, b, out=c), repeats)
 
 
 def _matmul_seconds(gpu: Gpu, job: p.CalibrateJob) -> tuple[str, dict[str, float]]:
@@ -788,7 +531,7 @@ def calibrate(gpu: Gpu, job: p.CalibrateJob) -> p.CalibrateReply:
     dst = gpu.alloc(n, "copy destination")
     cuda.memset_d32(int(src), 0x3F800000, n // 4)
     cuda.memset_d32(int(dst), 0, n // 4)
-    copy_s = _event_seconds(gpu, lambda: cuda.memcpy_dtod_async(int(dst), int(src), n), job.repeats)
+    copy_s = event_seconds(gpu, lambda: cuda.memcpy_dtod_async(int(dst), int(src), n), job.repeats)
     gpu.synchronize("the calibration copy")
     for offset in (0, n // 2 - n // 2 % 4, n - 4096):
         sample = gpu.download(int(dst) + offset, (1024,), np.dtype(np.uint32))

@@ -15,10 +15,16 @@ class CompileFailure(msgspec.Struct, frozen=True, kw_only=True):
     log: str
 
 
+STATIC_REASONS = frozenset({"forbidden_include", "forbidden_construct"})
+"""Refusals a compiler makes on what a source is, not on whether it builds: the static
+stage's, even when only a compile step can see them (an assembler directive in the -S
+output)."""
+
+
 def compile_rejection(failure: CompileFailure) -> Rejection:
-    """The failure as the compile stage's rejection, the compiler's log as evidence."""
+    """The failure as the compile (or static) stage's rejection, its log as evidence."""
     return Rejection(
-        stage="compile",
+        stage="static" if failure.reason in STATIC_REASONS else "compile",
         reason=failure.reason,
         message=failure.message,
         evidence={"log": failure.log},

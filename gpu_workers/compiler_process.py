@@ -34,6 +34,7 @@ def run_compiler(
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
+        stdin=subprocess.DEVNULL,  # `#include "/dev/stdin"` reads nothing of the worker's
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -2,8 +2,11 @@
 
 Every buffer has a guard page on each side (made PROT_NONE in the kernel's process only)
 and canary bytes in whatever lies between its data and those pages, on both sides. Where
-in its pages a buffer starts varies between layouts (64-byte steps), so a kernel cannot
-count on the slack after its data, nor on its data touching a guard page.
+in its pages a buffer starts varies between layouts (64-byte steps): right after the
+guard page before it, as close to the guard page after it as alignment allows, or
+anywhere between, so a read past either end faults in some layouts, and a kernel cannot
+count on the slack around its data. A canary word is a huge finite float (0x5A5A5A5A,
+about 1.5e16): read into a max or a sum, it ruins the result.
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def layout(
         span = slot_bytes(nbytes)
         start, end = at + PAGE, at + span - PAGE
         room = (end - start - nbytes) // ALIGN
-        offset = start + ALIGN * int(rng.integers(0, room + 1))
+        step = (0, room, int(rng.integers(0, room + 1)))[int(rng.integers(0, 3))]
+        offset = start + ALIGN * step
         slots.append(Slot(offset=offset, nbytes=nbytes, start=start, end=end, shape=shape))
         at += span
     return slots

@@ -44,6 +44,7 @@
 #define KF_FIRST_UID 200000
 #define KF_MXCSR_DEFAULT 0x1f80u
 #define KF_MXCSR_FLAGS 0x3fu /* sticky exception flags: a kernel may set these */
+#define KF_X87_DEFAULT 0x037fu
 
 enum { OP_CALL = 1, OP_GUARD = 2, OP_NOP = 3, OP_EXIT = 4, OP_UNGUARD = 5 };
 enum { ST_OK = 0, ST_FORBIDDEN_SYSCALL = 1, ST_FP_STATE = 2, ST_BAD_COMMAND = 3 };
@@ -52,7 +53,7 @@ enum { EXIT_LOAD_FAILED = 90, EXIT_FORBIDDEN = 91, EXIT_SETUP_FAILED = 92 };
 /* The mechanisms, in the order kernel_process.MECHANISMS names them. */
 enum {
     M_USER_NS, M_PID_NS, M_NET_NS, M_MOUNT_NS, M_IPC_NS, M_UNPRIVILEGED, M_EMPTY_ROOT,
-    M_RLIMITS, M_NPROC, M_NO_NEW_PRIVS, M_SECCOMP, M_COUNT
+    M_RLIMITS, M_NPROC, M_NO_NEW_PRIVS, M_SECCOMP, M_NO_TSC, M_COUNT
 };
 #define NOT_TRIED (-1)
 
@@ -68,7 +69,7 @@ struct kf_command {
 struct kf_reply {
     uint32_t status;
     uint32_t mxcsr;
-    int64_t detail;
+    int64_t detail; /* the forbidden call's number, or the x87 control word after a call */
 };
 
 struct kf_hello {
@@ -354,7 +355,7 @@ typedef void (*kf_call24)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint
                           uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
                           uint64_t, uint64_t, uint64_t);
 
-static uint32_t call_kernel(kf_kernel fn, const struct kf_command *c) {
+static uint32_t call_kernel(kf_kernel fn, const struct kf_command *c, uint16_t *x87) {
     /* The pointers, then the dims, as the kernel's prototype lists them. Every argument is
        an integer-class 8-byte value, so under the System V ABI each lands where the
        kernel looks for it, and the unused trailing ones are ignored by the callee. */
@@ -362,15 +363,19 @@ static uint32_t call_kernel(kf_kernel fn, const struct kf_command *c) {
     for (int i = 0; i < n_arrays; ++i) a[i] = (uint64_t)(uintptr_t)(arena + c->offsets[i]);
     for (int i = 0; i < n_dims; ++i) a[n_arrays + i] = (uint64_t)c->dims[i];
     uint32_t after = KF_MXCSR_DEFAULT;
+    *x87 = KF_X87_DEFAULT;
 #if defined(__x86_64__)
     _mm_setcsr(KF_MXCSR_DEFAULT);
+    __asm__ volatile("fninit");
 #endif
     ((kf_call24)fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
                     a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21],
                     a[22], a[23]);
 #if defined(__x86_64__)
     after = _mm_getcsr();
+    __asm__ volatile("fnstcw %0" : "=m"(*x87));
     _mm_setcsr(KF_MXCSR_DEFAULT);
+    __asm__ volatile("fninit");
 #endif
     scrub_stack();
     return after;
@@ -424,6 +429,8 @@ int main(int argc, char **argv) {
         return EXIT_SETUP_FAILED;
     }
     close(3);
+    /* The time-stamp counter faults: no clock of its own, whatever instructions it holds. */
+    hello.mechanisms[M_NO_TSC] = errno_of(prctl(PR_SET_TSC, PR_TSC_SIGSEGV, 0, 0, 0));
     struct sigaction on_sys = {.sa_sigaction = on_sigsys, .sa_flags = SA_SIGINFO};
     sigaction(SIGSYS, &on_sys, NULL);
     hello.mechanisms[M_NO_NEW_PRIVS] = errno_of(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
@@ -448,8 +455,11 @@ int main(int argc, char **argv) {
     while (read_all(0, &command, sizeof command) == 0) {
         struct kf_reply reply = {ST_OK, KF_MXCSR_DEFAULT, 0};
         if (command.op == OP_CALL && valid_call(&command)) {
-            reply.mxcsr = call_kernel(fn, &command);
-            if ((reply.mxcsr & ~KF_MXCSR_FLAGS) != (KF_MXCSR_DEFAULT & ~KF_MXCSR_FLAGS))
+            uint16_t x87;
+            reply.mxcsr = call_kernel(fn, &command, &x87);
+            reply.detail = x87;
+            if ((reply.mxcsr & ~KF_MXCSR_FLAGS) != (KF_MXCSR_DEFAULT & ~KF_MXCSR_FLAGS) ||
+                x87 != KF_X87_DEFAULT)
                 reply.status = ST_FP_STATE;
         } else if (command.op == OP_GUARD) {
             if (guard(&command) != 0) reply.status = ST_BAD_COMMAND;

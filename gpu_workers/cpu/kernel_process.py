@@ -42,6 +42,7 @@ MECHANISMS = (
     ("process_limit", "RLIMIT_NPROC: one OpenMP team of threads and no more"),
     ("no_new_privs", "no new privileges (PR_SET_NO_NEW_PRIVS)"),
     ("seccomp", "seccomp: memory, threads and waiting only; no files, processes or sockets"),
+    ("no_timestamp_counter", "rdtsc and rdtscp fault (PR_SET_TSC): no clock of its own"),
 )
 COMMAND = struct.Struct(f"<II{MAX_ARRAYS}Q{MAX_DIMS}q{MAX_GUARDS}Q{MAX_GUARDS}Q")
 REPLY = struct.Struct("<IIq")
@@ -173,15 +174,21 @@ class KernelProcess:
             *_padded(dims, MAX_DIMS),
             *([0] * (2 * MAX_GUARDS)),
         )
-        status, mxcsr, _, ns = self._roundtrip(command, what)
+        status, mxcsr, x87, ns = self._roundtrip(command, what)
         self.calls += 1
         if status == ST_FP_STATE:
             self.kill()
             raise KernelEnded(
                 "fp_state",
-                f"the kernel changed the floating-point control state (MXCSR {mxcsr:#06x}) "
-                f"during {what}",
-                {"mxcsr": f"{mxcsr:#06x}", "expected_mxcsr": "0x1f80", "during": what},
+                f"the kernel changed the floating-point control state (MXCSR {mxcsr:#06x}, "
+                f"x87 control word {x87:#06x}) during {what}",
+                {
+                    "mxcsr": f"{mxcsr:#06x}",
+                    "expected_mxcsr": "0x1f80",
+                    "x87_control": f"{x87:#06x}",
+                    "expected_x87_control": "0x037f",
+                    "progress": what,
+                },
             )
         return ns
 
@@ -241,7 +248,7 @@ class KernelProcess:
                 raise KernelEnded(
                     "timeout",
                     f"no answer within the run's {limit:g} s wall-clock limit during {what}",
-                    {"during": what, "limit_seconds": f"{limit:g}", "log": self.log_tail()},
+                    {"progress": what, "limit_seconds": f"{limit:g}", "log": self.log_tail()},
                 )
             chunk = os.read(self._reply, size - len(data))
             if not chunk:
@@ -257,13 +264,13 @@ class KernelProcess:
         raise KernelEnded(
             "forbidden_syscall",
             f"the kernel made the system call {name}, which a kernel may not make, during {what}",
-            {"syscall": name, "number": str(number), "during": what, "log": self.log_tail()},
+            {"syscall": name, "number": str(number), "progress": what, "log": self.log_tail()},
         )
 
     def _ended(self, what: str) -> None:
         status = self._wait(5.0)
         log = self.log_tail()
-        evidence = {"during": what, "log": log}
+        evidence = {"progress": what, "log": log}
         if status is None:
             self.kill()
             raise KernelEnded(

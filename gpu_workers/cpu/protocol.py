@@ -62,8 +62,9 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     """The baseline's input sets."""
     recheck_seed: int
     rotate_bytes: int
-    judged_calls: int = 4
-    """How many timed calls, on average, have their outputs judged (chosen at random)."""
+    judged_calls: int = 3
+    """How many kernel calls (warm-up included), chosen at random, have their outputs
+    judged."""
     warmup: int = 3
     warmup_seconds: float = 0.3
     min_runs: int = 30

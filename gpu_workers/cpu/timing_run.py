@@ -14,6 +14,7 @@ import ctypes
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +38,11 @@ FloatArray = npt.NDArray[np.float32]
 ITEMSIZE = 4
 
 
+Recipe = tuple[int, ...]
+"""How one call's fresh inputs were made: a key pair per input (the fast generator) or one
+seed (the problem's generator). Enough to make them again for judging."""
+
+
 class FreshInputs:
     """Inputs no earlier call has seen, for every timed call: N(0, 1) values from the fast
     generator where the problem fills its inputs from a distribution, else the problem's
@@ -51,22 +57,43 @@ class FreshInputs:
             fill.restype = None
             self.fill = fill
 
-    def write(self, views: dict[str, FloatArray]) -> None:
-        """Fill the input `views` (in the arena) with fresh values."""
+    def write(self, views: dict[str, FloatArray], recipe: Recipe | None = None) -> Recipe:
+        """Fill the input `views` with fresh values (or those of `recipe` again)."""
         if self.fill is not None:
-            for view in views.values():
-                key_a, key_b = (int(k) for k in self.secret.integers(0, 1 << 32, size=2))
-                self.fill(view.ctypes.data, view.size, key_a, key_b)
-            return
-        seed = int(self.secret.integers(0, 1 << 63))
+            keys = recipe or tuple(int(k) for k in self.secret.integers(0, 1 << 32, 2 * len(views)))
+            for n, view in enumerate(views.values()):
+                self.fill(view.ctypes.data, view.size, keys[2 * n], keys[2 * n + 1])
+            return keys
+        seed = recipe[0] if recipe else int(self.secret.integers(0, 1 << 63))
         fresh = self.problem.generate(self.job.shape, "normal", seed, self.job.dtype)
         for name, view in views.items():
             view[...] = fresh[name]
+        return (seed,)
+
+    def make(self, recipe: Recipe) -> Arrays:
+        """The inputs of `recipe`, in arrays of their own."""
+        arrays = {
+            a.name: np.empty(a.shape(self.job.shape), np.float32) for a in self.problem.inputs
+        }
+        self.write(arrays, recipe)
+        return arrays
+
+
+@dataclass
+class Kept:
+    """A timed call kept for judging: how its inputs were made, and what it left."""
+
+    call: int
+    recipe: Recipe
+    outputs: Arrays
+    inputs_after: Arrays
 
 
 class Contender:
     """A kernel in its own host and arena, over `sets` rotating input sets; every call gets
-    fresh inputs, starts from poisoned outputs, and may be judged."""
+    fresh inputs and starts from poisoned outputs. `judge` calls, drawn by reservoir
+    sampling from the secret (every call equally likely, however many there are), are kept
+    for judging; which ones is decided after each call, and the kernel cannot see it."""
 
     def __init__(
         self,
@@ -75,19 +102,17 @@ class Contender:
         library: str,
         n_sets: int,
         secret: np.random.Generator,
-        judge_probability: float,
+        judge: int,
     ) -> None:
-        self.problem, self.job, self.secret = problem, job, secret
-        self.judge_probability = judge_probability
+        self.problem, self.job, self.secret, self.judge = problem, job, secret, judge
         shapes = [a.shape(job.shape) for a in problem.args]
         per_set = sum(slot_bytes(int(np.prod(s)) * ITEMSIZE) for s in shapes)
         self.arena = Arena(per_set * n_sets)
         self.sets = [layout(shapes, ITEMSIZE, secret, base=i * per_set) for i in range(n_sets)]
         self.dims = [int(job.shape[d]) for d in problem.dims]
         self.fresh = FreshInputs(problem, job, secret)
-        self.judged: list[JudgedCall] = []
-        self.judged_calls: list[int] = []
-        self._saved: dict[int, Arrays] = {}
+        self.recipes: list[Recipe] = [()] * n_sets
+        self.kept: list[Kept] = []
         self._stack = contextlib.ExitStack()
         self.process = self._stack.enter_context(
             kernel_process(job.kernel_host, library, len(problem.args), len(self.dims), self.arena)
@@ -104,38 +129,45 @@ class Contender:
         }
 
     def _refresh(self, i: int) -> None:
-        """New inputs and poisoned outputs for set i; whether its next call will be judged
-        is decided now, before the kernel runs, and known only here."""
+        """New inputs and poisoned outputs for set i."""
         views = self.views(i)
         for a in self.problem.outputs:
             poison(views[a.name], p.POISON_BITS[0])
-        inputs = {a.name: views[a.name] for a in self.problem.inputs}
-        self.fresh.write(inputs)
-        if self.secret.random() < self.judge_probability:
-            self._saved[i] = {k: v.copy() for k, v in inputs.items()}
-        else:
-            self._saved.pop(i, None)
+        self.recipes[i] = self.fresh.write({a.name: views[a.name] for a in self.problem.inputs})
 
     def timed(self, i: int, what: str) -> int:
         ns = self.process.call([s.offset for s in self.sets[i]], self.dims, what)
         call = self.process.calls - 1
         self._check_canaries(i, what)
-        saved = self._saved.get(i)
-        if saved is not None:
+        slot = call if call < self.judge else int(self.secret.integers(0, call + 1))
+        if slot < self.judge:  # Algorithm R
             views = self.views(i)
-            self.judged.append(
-                JudgedCall(
-                    when=f"timed call {call}",
-                    inputs=saved,
-                    outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
-                    inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
-                    poison_bits=p.POISON_BITS[0],
-                    seed=None,
-                )
+            kept = Kept(
+                call=call,
+                recipe=self.recipes[i],
+                outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
+                inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
             )
-            self.judged_calls.append(call)
+            if len(self.kept) < self.judge:
+                self.kept.append(kept)
+            else:
+                self.kept[slot] = kept
         self._refresh(i)
         return ns
+
+    def judged(self) -> list[JudgedCall]:
+        """The kept calls, their inputs made again, in the order they were made."""
+        return [
+            JudgedCall(
+                when=f"timed call {k.call}",
+                inputs=self.fresh.make(k.recipe),
+                outputs=k.outputs,
+                inputs_after=k.inputs_after,
+                poison_bits=p.POISON_BITS[0],
+                seed=None,
+            )
+            for k in sorted(self.kept, key=lambda k: k.call)
+        ]
 
     def run_once(self, inputs: Arrays, what: str, seed: int) -> JudgedCall:
         """One call on `inputs` (set 0), its outputs read back for judging."""
@@ -173,12 +205,11 @@ class OutOfBounds(Exception):
             stage="benchmark",
             reason="out_of_bounds_write",
             message=str(self),
-            evidence={"buffer": name, "side": side, "during": what},
+            evidence={"buffer": name, "side": side, "progress": what},
         )
 
 
 def bench(job: p.BenchJob) -> p.BenchReply:
-
     problem = load_problem(job.problem)
     secret = np.random.default_rng(job.seed)
     set_bytes = problem.nbytes(job.shape, job.dtype)
@@ -186,20 +217,20 @@ def bench(job: p.BenchJob) -> p.BenchReply:
     files.write_progress("baseline inputs")
     distinct = [problem.generate(job.shape, "normal", seed, job.dtype) for seed in job.seeds]
     baseline_sets = [dict(distinct[i % len(distinct)]) for i in range(n_sets)]
-    judge_probability = min(1.0, job.judged_calls / max(1, job.warmup + job.min_runs))
     files.write_progress("starting the kernel")
     contenders: list[Contender] = []
     rejection: Rejection | None = None
     samples = None
     rechecked: list[str] = []
+    judged_calls: list[int] = []
     handshake = 0.0
     cpu_before = cpu_after = 0.0
     try:
-        kernel = Contender(problem, job, job.library, n_sets, secret, judge_probability)
+        kernel = Contender(problem, job, job.library, n_sets, secret, job.judged_calls)
         contenders.append(kernel)
         incumbent = None
         if job.incumbent_library:
-            incumbent = Contender(problem, job, job.incumbent_library, n_sets, secret, 0.0)
+            incumbent = Contender(problem, job, job.incumbent_library, n_sets, secret, 0)
             contenders.append(incumbent)
         handshake = float(np.median([kernel.process.nop() for _ in range(21)]))
         cpu_before = kernel.process.cpu_seconds()
@@ -235,8 +266,9 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             contenders.remove(incumbent)
         baseline_sets.clear()
         files.write_progress("judging the timed calls")
-        rejection = judge_calls(problem, job.dtype, kernel.judged)
-        kernel.judged.clear()
+        judged_calls = [k.call for k in kernel.kept]
+        rejection = judge_calls(problem, job.dtype, kernel.judged())
+        kernel.kept.clear()
         for index, distribution in enumerate(problem.distributions):
             if rejection is not None:
                 break
@@ -252,7 +284,6 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         rejection = oob.rejection
     finally:
         mechanisms = contenders[0].process.mechanisms if contenders else []
-        judged = contenders[0].judged_calls if contenders else []
         for contender in contenders:
             contender.close()
     files.write_progress("done")
@@ -265,7 +296,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         rotated_bytes=n_sets * set_bytes,
         timed_seconds=samples.timed_seconds if samples else 0.0,
         rejection=rejection,
-        judged_calls=judged,
+        judged_calls=sorted(judged_calls),
         rechecked=rechecked,
         handshake_ns=handshake,
         kernel_cpu_seconds=max(0.0, cpu_after - cpu_before),

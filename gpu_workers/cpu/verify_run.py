@@ -58,6 +58,7 @@ def _verify_trial(
     records: list[files.RunRecord],
 ) -> None:
     slots = layout([tuple(s) for s in trial.arg_shapes], ITEMSIZE, placement)
+    arena.bytes[:] = 0  # nothing of an earlier trial stays anywhere in the kernel's reach
     kernel.guard(guard_ranges(slots))
     inputs = {
         name: np.load(files.input_file(trial.index, name))

@@ -13,10 +13,9 @@ import asyncio
 
 import msgspec
 
-from actors.devices import backend_for
+from actors.devices import cuda_backend
 from actors.runtime import Actor, Reactions
 from eventstore.events import Event, KernelCompiled, KernelRejected, KernelWritten
-from gpu_workers.cuda.compiler import CudaBuild
 from gpu_workers.verifier import precheck
 from kernels.loading import load_problem
 
@@ -39,7 +38,7 @@ class Compiler(Actor):
     async def handle(self, event: Event, out: Reactions) -> None:
         assert isinstance(event, KernelWritten)
         problem = load_problem(event.problem)
-        backend = backend_for(event.target)
+        backend = cuda_backend()  # the only prechecked target
         outcome = await asyncio.to_thread(
             precheck, problem, backend, event.source, tuple(event.flags), event.dtype
         )
@@ -56,7 +55,6 @@ class Compiler(Actor):
             )
             return
         build = outcome.build
-        assert isinstance(build, CudaBuild)
         out.emit(
             KernelCompiled,
             arch=build.arch,

@@ -41,8 +41,12 @@ def check_target(target: str) -> None:
 def backend_for(target: str) -> CpuBackend | CudaBackend:
     check_target(target)
     if target == "cuda":
-        return CudaBackend(cache_dir=cuda_cache_dir())
+        return cuda_backend()
     return CpuBackend(cache_dir=default_cache_dir())
+
+
+def cuda_backend() -> CudaBackend:
+    return CudaBackend(cache_dir=cuda_cache_dir())
 
 
 @cache

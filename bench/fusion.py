@@ -26,7 +26,7 @@ from gpu_workers.benchmarker import benchmark
 from gpu_workers.cache_root import cache_root
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
-from gpu_workers.cpu.compiler import default_cache_dir
+from gpu_workers.cpu.compiler import CompiledKernel, default_cache_dir
 from gpu_workers.results import BenchmarkResult
 from gpu_workers.verifier import verify
 from kernels.builtin import BUILTIN
@@ -51,7 +51,7 @@ def measure(
     flags: tuple[str, ...],
     backend: CpuBackend,
     shape: dict[str, int] | None,
-    incumbent: object | None,
+    incumbent: CompiledKernel | None,
 ) -> dict[str, Any]:
     problem = BUILTIN[PROBLEM]
     row: dict[str, Any] = {"kernel": label, "params": params, "flags": list(flags)}
@@ -60,6 +60,7 @@ def measure(
         assert verdict.rejection is not None
         return {**row, "verdict": f"rejected {verdict.rejection.stage}/{verdict.rejection.reason}"}
     build = backend.compile(problem, source, flags).build
+    assert build is not None  # it was just verified
     calibration = load_or_calibrate(cache_root())
     result = benchmark(
         problem,

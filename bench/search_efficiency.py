@@ -50,7 +50,7 @@ from gpu_workers.benchmarker import benchmark  # noqa: E402
 from gpu_workers.cache_root import cache_root  # noqa: E402
 from gpu_workers.cpu.backend import CpuBackend  # noqa: E402
 from gpu_workers.cpu.calibrate import load_or_calibrate  # noqa: E402
-from gpu_workers.cpu.compiler import default_cache_dir  # noqa: E402
+from gpu_workers.cpu.compiler import CompiledKernel, default_cache_dir  # noqa: E402
 from gpu_workers.results import BenchmarkResult  # noqa: E402
 from gpu_workers.verifier import verify  # noqa: E402
 from kernels.design_space import Template  # noqa: E402
@@ -100,7 +100,7 @@ class Timer:
         self.backend = CpuBackend(cache_dir=default_cache_dir())
         self.calibration = load_or_calibrate(cache_root())
 
-    def verify(self, params: dict[str, Any]) -> tuple[object | None, str | None]:
+    def verify(self, params: dict[str, Any]) -> tuple[CompiledKernel | None, str | None]:
         rendered = self.template.render(params)
         verdict = verify(self.problem, self.backend, rendered.source, rendered.flags)
         if not verdict.verified:
@@ -108,7 +108,7 @@ class Timer:
             return None, verdict.rejection.stage
         return self.backend.compile(self.problem, rendered.source, rendered.flags).build, None
 
-    def time(self, build: object, seed: int = 0) -> dict[str, Any]:
+    def time(self, build: CompiledKernel, seed: int = 0) -> dict[str, Any]:
         with HostTurn():  # the swarm's benchmarkers and this script take turns
             result = benchmark(
                 self.problem,

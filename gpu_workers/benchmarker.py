@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -117,14 +117,18 @@ class TimingRun:
     rejection: Rejection | None = None
 
 
-class TimingBackend(Protocol):
+BuildT = TypeVar("BuildT")
+BuildT_contra = TypeVar("BuildT_contra", contravariant=True)
+
+
+class TimingBackend(Protocol[BuildT_contra]):
     target: str
 
     def time(
         self,
         problem: Problem,
-        build: object,
-        incumbent: object | None,
+        build: BuildT_contra,
+        incumbent: BuildT_contra | None,
         shape: dict[str, int],
         *,
         seed: int,
@@ -221,11 +225,11 @@ def _judge(
 
 def benchmark(
     problem: Problem,
-    backend: TimingBackend,
-    build: object,
+    backend: TimingBackend[BuildT],
+    build: BuildT,
     calibration: HostCalibration,
     *,
-    incumbent: object | None = None,
+    incumbent: BuildT | None = None,
     shape: dict[str, int] | None = None,
     dtype: str = "fp32",
     seed: int | None = None,

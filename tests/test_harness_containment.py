@@ -108,6 +108,15 @@ def test_the_floating_point_state_is_reset_and_checked_around_every_call(
     assert rejection.evidence["mxcsr"] != rejection.evidence["expected_mxcsr"]
 
 
+def test_the_time_stamp_counter_faults_in_the_kernels_process(
+    cpu_backend: CpuBackend, kf_cache: Path
+) -> None:
+    rejection = _run(cpu_backend, _compiled(kf_cache, "harness_reads_the_clock"))
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("run", "crashed"), rejection
+    assert rejection.evidence["signal"] == "SIGSEGV"
+
+
 def test_a_forged_reply_gains_nothing(cpu_backend: CpuBackend, kf_cache: Path) -> None:
     """The clock is the driver's: a kernel that says "done" early is stopped where it is,
     and its half-written outputs are judged."""

@@ -72,7 +72,7 @@ class CpuBackend:
 
     def compile(
         self, problem: Problem, source: str, flags: tuple[str, ...], dtype: str = "fp32"
-    ) -> CompileOutcome:
+    ) -> CompileOutcome[CompiledKernel]:
         if dtype != self.dtype:
             message = f"this back end builds {self.dtype} kernels, not {dtype}"
             return CompileOutcome(
@@ -89,12 +89,12 @@ class CpuBackend:
             return CompileOutcome(build=None, rejection=compile_rejection(result))
         return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
 
-    def static_check(self, problem: Problem, build: object) -> Rejection | None:
-        assert isinstance(build, CompiledKernel)
+    def static_check(self, problem: Problem, build: CompiledKernel) -> Rejection | None:
         return static_check(build)
 
-    def run_trials(self, problem: Problem, build: object, trials: list[Trial]) -> RunOutcome:
-        assert isinstance(build, CompiledKernel)
+    def run_trials(
+        self, problem: Problem, build: CompiledKernel, trials: list[Trial]
+    ) -> RunOutcome:
         names = [a.name for a in problem.args]
         outputs = [a.output for a in problem.args]
         with sandbox_dir(RUN_DIR_PREFIX) as workdir:
@@ -148,8 +148,8 @@ class CpuBackend:
     def time(
         self,
         problem: Problem,
-        build: object,
-        incumbent: object | None,
+        build: CompiledKernel,
+        incumbent: CompiledKernel | None,
         shape: dict[str, int],
         *,
         seed: int,
@@ -159,8 +159,6 @@ class CpuBackend:
         min_runs: int,
         min_seconds: float,
     ) -> TimingRun:
-        assert isinstance(build, CompiledKernel)
-        assert incumbent is None or isinstance(incumbent, CompiledKernel)
         job = p.BenchJob(
             library=build.library,
             incumbent_library=incumbent.library if incumbent is not None else None,

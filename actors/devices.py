@@ -4,8 +4,11 @@ benchmarker; and whether this host has the device at all."""
 from __future__ import annotations
 
 import hashlib
+import math
+import time
 from functools import cache
 
+from gpu_workers.calibration_cache import is_quiet
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate as calibrate_cpu
 from gpu_workers.cpu.compiler import default_cache_dir
@@ -45,21 +48,38 @@ def backend_for(target: str) -> CpuBackend | CudaBackend:
     return CpuBackend(cache_dir=default_cache_dir())
 
 
+@cache
 def cuda_backend() -> CudaBackend:
     return CudaBackend(cache_dir=cuda_cache_dir())
 
 
-@cache
+CONTENDED_KEPT_SECONDS = 300.0
+"""How long this process keeps using a calibration measured on a busy host before it
+measures again (a quiet one is kept for good)."""
+_calibrations: dict[str, tuple[HostCalibration, float]] = {}
+
+
 def calibration_for(target: str) -> HostCalibration:
-    return _calibrate(target, force=False)
+    """The device's ceilings: a quiet measurement for good, a contended one for a while."""
+    kept = _calibrations.get(target)
+    if kept is not None and time.monotonic() < kept[1]:
+        return kept[0]
+    return _keep(target, _calibrate(target, force=False))
 
 
 def recalibrate(target: str) -> HostCalibration:
     """Measure the device again, never reading the cache (a ceiling measured while it was
     busy can be too low); the new figures replace the cached ones only if the host was
     quiet while they were measured."""
-    calibration_for.cache_clear()
-    return _calibrate(target, force=True)
+    return _keep(target, _calibrate(target, force=True))
+
+
+def _keep(target: str, calibration: HostCalibration) -> HostCalibration:
+    _calibrations[target] = (
+        calibration,
+        math.inf if is_quiet(calibration) else time.monotonic() + CONTENDED_KEPT_SECONDS,
+    )
+    return calibration
 
 
 def _calibrate(target: str, *, force: bool) -> HostCalibration:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -95,11 +96,29 @@ def test_recalibrate_measures_afresh_rather_than_reading_the_cache(
     monkeypatch.setenv("KFACTORY_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "ATTEMPTS", 1)
     planted = _planted(calibration_path(None), busy=0.0)
-    devices.calibration_for.cache_clear()
-    try:
-        assert devices.calibration_for("cpu") == planted
-        fresh = devices.recalibrate("cpu")
-        assert fresh.host != "planted" and fresh.measured_at != planted.measured_at
-        assert fresh.host_contention_cores is not None
-    finally:
-        devices.calibration_for.cache_clear()
+    monkeypatch.setattr(devices, "_calibrations", {})
+    assert devices.calibration_for("cpu") == planted
+    fresh = devices.recalibrate("cpu")
+    assert fresh.host != "planted" and fresh.measured_at != planted.measured_at
+    assert fresh.host_contention_cores is not None
+    assert devices.calibration_for("cpu") == fresh  # what was measured last is what is used
+
+
+def test_a_contended_calibration_is_used_for_a_while_then_measured_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measured: list[HostCalibration] = []
+
+    def measure(target: str, *, force: bool) -> HostCalibration:
+        busy = _planted(Path(tempfile.mkdtemp()) / "c.json", busy=1.5)
+        measured.append(busy)
+        return busy
+
+    monkeypatch.setattr(devices, "_calibrations", {})
+    monkeypatch.setattr(devices, "_calibrate", measure)
+    first = devices.calibration_for("cpu")
+    assert devices.calibration_for("cpu") is first and len(measured) == 1
+    monkeypatch.setattr(devices, "CONTENDED_KEPT_SECONDS", 0.0)
+    devices.recalibrate("cpu")
+    devices.calibration_for("cpu")
+    assert len(measured) == 3

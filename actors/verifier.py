@@ -48,8 +48,9 @@ class Verifier(Actor):
     ) -> None:
         problem = load_problem(event.problem)
         backend = backend_for(event.target)
+        # No seed: every check draws a fresh secret one, recorded in the event for audits.
         verdict = await asyncio.to_thread(
-            verify, problem, backend, source, tuple(flags), dtype=event.dtype
+            verify, problem, backend, source, tuple(flags), dtype=event.dtype, seed=None
         )
         common = {**event.work(), "source_hash": event.source_hash}
         if verdict.rejection is None:
@@ -58,6 +59,7 @@ class Verifier(Actor):
                 max_rel_err=verdict.max_rel_err or 0.0,
                 trials=len(verdict.trials),
                 evidence={"compile_cache_hit": verdict.compile_cache_hit},
+                seed=verdict.seed,
                 **common,
             )
         else:
@@ -67,6 +69,7 @@ class Verifier(Actor):
                 stage=rejection.stage,
                 reason=rejection.reason,
                 evidence={"message": rejection.message, **rejection.evidence},
+                seed=verdict.seed,
                 **common,
             )
 

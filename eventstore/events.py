@@ -183,6 +183,7 @@ class KernelVerified(_Targeted, tag=True, frozen=True):
     max_rel_err: float
     trials: int
     evidence: dict[str, Any] = {}
+    seed: int | None = None  # the check's secret seed: replays its shapes and inputs
 
 
 class KernelRejected(_Targeted, tag=True, frozen=True):
@@ -190,6 +191,7 @@ class KernelRejected(_Targeted, tag=True, frozen=True):
     stage: str
     reason: str
     evidence: dict[str, Any] = {}
+    seed: int | None = None  # the check's seed, when inputs were drawn (not for compile)
 
 
 class BenchmarkCompleted(_Targeted, tag=True, frozen=True):
@@ -202,6 +204,7 @@ class BenchmarkCompleted(_Targeted, tag=True, frozen=True):
     roofline_fraction: float
     device: str = ""  # the calibrated host or GPU the time belongs to
     evidence: dict[str, Any] = {}
+    seed: int | None = None  # the seed of the timed and re-checked inputs
 
 
 class LessonLearned(Event, tag=True, frozen=True):

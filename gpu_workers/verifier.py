@@ -1,22 +1,28 @@
 """Verification rules, the same for every device: stages compile, static, run, compare.
 
 A device back end compiles, checks statically and runs kernels in its sandbox; this
-module decides. Rules: fresh inputs every trial, from every distribution and shape;
-outputs poisoned before every run and every element checked; NaN and Inf never pass;
+module decides. Rules: every check draws a fresh secret seed (recorded in the verdict, so
+an audit can replay it); from it come the test shapes (fixed edge shapes plus shapes
+drawn per check: tall, wide, page-sized, ragged) and fresh inputs for every trial, from
+every distribution the problem supports (including NaN/Inf, values near the type's
+limits, masked rows and wide spreads); outputs poisoned before every run and every
+element checked; NaN and Inf pass only where the float64 reference gives exactly that
+(NaN where it gives NaN, the same infinity, or the infinity a finite result rounds to);
 inputs must be unchanged; writes past the end are caught; a second run on the same
-inputs must agree bit for bit.
+inputs must agree bit for bit (any NaN equals any NaN).
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict
-from kernels.spec import DISTRIBUTIONS, Array, Arrays, Problem, Tolerance
+from kernels.spec import Array, Arrays, Problem, Tolerance
 
 RUNS_PER_TRIAL = 2
 STRESS_RUNS = 6
@@ -78,13 +84,43 @@ def trial_seed(base_seed: int, index: int, salt: str = "trial") -> int:
     return int.from_bytes(digest[:8], "little")
 
 
+FINITE_MATH_FLAGS = frozenset({"-ffast-math", "-Ofast", "-ffinite-math-only"})
+NAN_SAFE_FLAG = "-fno-finite-math-only"
+
+
+def build_flags(target: str, flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags a kernel is built with, for verification and for timing alike: its own,
+    and on the cpu target `-fno-finite-math-only` last where one of them lets the compiler
+    assume there is no NaN or infinity (-ffast-math, -Ofast, -ffinite-math-only). What a
+    kernel does with non-finite input is judged (`Problem.nonfinite`); a flag must not
+    license ignoring it. Reassociation, reciprocals and contraction stay allowed."""
+    flags = tuple(flags)
+    if target != "cpu" or not FINITE_MATH_FLAGS.intersection(flags):
+        return flags
+    if flags and flags[-1] == NAN_SAFE_FLAG:
+        return flags
+    return (*flags, NAN_SAFE_FLAG)
+
+
+def new_seed() -> int:
+    """A secret seed for one check: no kernel can know its inputs or shapes in advance."""
+    return secrets.randbits(63)
+
+
+def trial_shapes(problem: Problem, seed: int) -> tuple[dict[str, int], ...]:
+    """The shapes one check runs: the problem's fixed edge shapes and those drawn from `seed`."""
+    return problem.trial_shapes(np.random.default_rng(trial_seed(seed, 0, "shapes")))
+
+
 def plan_trials(problem: Problem, dtype: str = "fp32", seed: int = 0) -> list[Trial]:
-    """Fresh inputs for every (shape, distribution) pair; `seed` makes them reproducible."""
+    """Fresh inputs for every (shape, distribution) pair; `seed` makes them reproducible.
+    The largest shape is the race-stress shape: its first distribution runs STRESS_RUNS times."""
     trials: list[Trial] = []
-    largest = max(problem.test_shapes, key=lambda s: problem.nbytes(s))
-    for shape in problem.test_shapes:
-        runs = STRESS_RUNS if shape is largest else RUNS_PER_TRIAL
-        for distribution in DISTRIBUTIONS:
+    shapes = trial_shapes(problem, seed)
+    largest = max(range(len(shapes)), key=lambda i: problem.nbytes(shapes[i]))
+    for number, shape in enumerate(shapes):
+        for d, distribution in enumerate(problem.distributions):
+            runs = STRESS_RUNS if number == largest and d == 0 else RUNS_PER_TRIAL
             index = len(trials)
             s = trial_seed(seed, index)
             inputs = problem.generate(shape, distribution, s, dtype)
@@ -112,6 +148,18 @@ def _where(shape: tuple[int, ...], flat: int) -> str:
     return str(tuple(int(i) for i in np.unravel_index(flat, shape)))
 
 
+@dataclass(frozen=True)
+class WorstError:
+    """The element with the largest relative error of one comparison."""
+
+    rel: float = 0.0
+    output: str = ""
+    index: tuple[int, ...] = ()
+    got: float = 0.0
+    expected: float = 0.0
+    scale: float = 0.0
+
+
 def check_outputs(
     problem: Problem,
     tolerance: Tolerance,
@@ -125,10 +173,45 @@ def check_outputs(
     """Every element of every output against the float64 reference (`expected`, computed
     from `inputs` unless given). Returns the rejection (or None) and the largest relative
     error |got - expected| / scale seen."""
+    rejection, worst = compare_outputs(
+        problem, tolerance, inputs, got, poison_bits, stage, context, expected
+    )
+    return rejection, worst.rel
+
+
+def compare_outputs(
+    problem: Problem,
+    tolerance: Tolerance,
+    inputs: Arrays,
+    got: Arrays,
+    poison_bits: int,
+    stage: str = "compare",
+    context: dict[str, str] | None = None,
+    expected: Arrays | None = None,
+    scales: Arrays | None = None,
+) -> tuple[Rejection | None, WorstError]:
+    """`check_outputs`, naming the worst element. Where the reference is NaN the kernel must
+    give a NaN (any NaN but the poison, which means unwritten); where it is an infinity,
+    that infinity; where it is finite, a finite value within tolerance, or the infinity
+    the exact result rounds to in the output type."""
     expected = problem.expected(inputs) if expected is None else expected
-    scales = problem.scales(inputs, expected)
+    scales = problem.scales(inputs, expected) if scales is None else scales
+    return compare_whole(problem, tolerance, got, poison_bits, stage, context, expected, scales)
+
+
+def compare_whole(
+    problem: Problem,
+    tolerance: Tolerance,
+    got: Arrays,
+    poison_bits: int,
+    stage: str,
+    context: dict[str, str] | None,
+    expected: Arrays,
+    scales: Arrays,
+) -> tuple[Rejection | None, WorstError]:
+    """The rules of `compare_outputs` on whole arrays, with the evidence of a failure."""
     ctx = dict(context or {})
-    worst = 0.0
+    worst = WorstError()
     for arg in problem.outputs:
         g = got[arg.name]
         e = np.asarray(expected[arg.name], dtype=np.float64)
@@ -154,10 +237,32 @@ def check_outputs(
             ), worst
         g64 = flat_g.astype(np.float64)
         e64, s64 = e.reshape(-1), scale.reshape(-1)
+        # The reference's own NaN and infinities are the answer there: the kernel must
+        # give NaN where it gives NaN, and the same infinity.
+        exact_nan = np.isnan(e64)
+        exact_inf = np.isinf(e64)
+        lost = np.flatnonzero((exact_nan & ~np.isnan(g64)) | (exact_inf & (g64 != e64)))
+        if lost.size:
+            i = int(lost[0])
+            return _reject(
+                stage,
+                "lost_non_finite",
+                f"{arg.name}{_where(g.shape, i)} is {g64[i]:.8g} where the reference gives "
+                f"{e64[i]}; {lost.size} elements lose the reference's NaN or infinity",
+                {
+                    **ctx,
+                    "output": arg.name,
+                    "first_index": _where(g.shape, i),
+                    "got": repr(float(g64[i])),
+                    "expected": repr(float(e64[i])),
+                    "lost_count": str(lost.size),
+                },
+            ), worst
+        finite = ~(exact_nan | exact_inf)
         # Where the exact result overflows the output type, the right answer is that
-        # infinity; everywhere else NaN and Inf never pass.
+        # infinity; everywhere else a finite reference needs a finite answer.
         right_infinity = rounded_infinities(e64, flat_g.dtype) & (g64 == overflowed_to(e64))
-        nonfinite = np.flatnonzero(~np.isfinite(g64) & ~right_infinity)
+        nonfinite = np.flatnonzero(finite & ~np.isfinite(g64) & ~right_infinity)
         if nonfinite.size:
             i = int(nonfinite[0])
             return _reject(
@@ -174,11 +279,25 @@ def check_outputs(
                     "non_finite_count": str(nonfinite.size),
                 },
             ), worst
-        # A finite value where the exact result overflows is judged by its error, as anywhere.
-        err = np.where(right_infinity, 0.0, np.abs(g64 - e64))
+        # A finite value where the exact result overflows is judged by its error, as
+        # anywhere. A scale that is not finite where the reference is (an Inf * 0 in a
+        # magnitude sum) falls back to |expected|: it never widens the tolerance.
+        judged = finite & ~right_infinity
+        with np.errstate(invalid="ignore"):
+            err = np.where(judged, np.abs(g64 - e64), 0.0)
+            s64 = np.where(np.isfinite(s64), s64, np.where(finite, np.abs(e64), 0.0))
         rel = err / np.maximum(s64, tolerance.atol / tolerance.rtol)
-        if rel.size:
-            worst = max(worst, float(rel.max()))
+        if judged.any():  # the worst of the elements judged by their error
+            w = int(np.argmax(np.where(judged, rel, -1.0)))
+            if float(rel[w]) >= worst.rel:
+                worst = WorstError(
+                    rel=float(rel[w]),
+                    output=arg.name,
+                    index=tuple(int(i) for i in np.unravel_index(w, g.shape)),
+                    got=float(g64[w]),
+                    expected=float(e64[w]),
+                    scale=float(s64[w]),
+                )
         bad = np.flatnonzero(err > tolerance.atol + tolerance.rtol * s64)
         if bad.size:
             i = int(bad[0])
@@ -234,7 +353,9 @@ def judge_runs(
                 reports,
                 worst_overall,
             )
-        worst = 0.0
+        worst = WorstError()
+        expected = problem.expected(trial.inputs)  # once per trial, not once per run
+        scales = problem.scales(trial.inputs, expected)
         for r in trial_runs:
             ctx = _trial_context(trial, r.run)
             if r.damaged_slack:
@@ -272,18 +393,28 @@ def judge_runs(
                         reports,
                         worst_overall,
                     )
-            rejection, err = check_outputs(
-                problem, tolerance, trial.inputs, r.outputs, r.poison_bits, context=ctx
+            rejection, err = compare_outputs(
+                problem,
+                tolerance,
+                trial.inputs,
+                r.outputs,
+                r.poison_bits,
+                context=ctx,
+                expected=expected,
+                scales=scales,
             )
             if rejection is not None:
                 return rejection, reports, worst_overall
-            worst = max(worst, err)
+            worst = err if err.rel > worst.rel or not worst.output else worst
         first = trial_runs[0]
         for other in trial_runs[1:]:
             for arg in problem.outputs:
-                a = bits(first.outputs[arg.name].reshape(-1))
-                b = bits(other.outputs[arg.name].reshape(-1))
-                differ = np.flatnonzero(a != b)
+                a_values = first.outputs[arg.name].reshape(-1)
+                b_values = other.outputs[arg.name].reshape(-1)
+                both_nan = np.isnan(a_values.astype(np.float32)) & np.isnan(
+                    b_values.astype(np.float32)
+                )
+                differ = np.flatnonzero((bits(a_values) != bits(b_values)) & ~both_nan)
                 if differ.size:
                     i = int(differ[0])
                     shape = first.outputs[arg.name].shape
@@ -311,21 +442,27 @@ def judge_runs(
                 shape=trial.shape,
                 distribution=trial.distribution,
                 seed=trial.seed,
-                max_rel_err=worst,
+                max_rel_err=worst.rel,
+                worst_output=worst.output,
+                worst_index=worst.index,
+                worst_got=worst.got,
+                worst_expected=worst.expected,
+                worst_scale=worst.scale,
             )
         )
-        worst_overall = max(worst_overall, worst)
+        worst_overall = max(worst_overall, worst.rel)
     return None, reports, worst_overall
 
 
 def precheck(
     problem: Problem, backend: DeviceBackend, source: str, flags: tuple[str, ...], dtype: str
 ) -> CompileOutcome:
-    """The stages that need no device, compile and static: a build, or why there is none."""
+    """The stages that need no device, compile and static: a build, or why there is none.
+    The kernel is built with `build_flags` (the benchmark must build it the same way)."""
     if dtype not in problem.tolerances:
         reason = f"{problem.name} has no tolerance for {dtype}; it takes {problem.dtypes}"
         return CompileOutcome(None, _reject("compile", "unsupported_dtype", reason, {}))
-    compiled = backend.compile(problem, source, flags, dtype)
+    compiled = backend.compile(problem, source, build_flags(backend.target, flags), dtype)
     if compiled.rejection is not None:
         return compiled
     if compiled.build is None:
@@ -344,9 +481,12 @@ def verify(
     flags: tuple[str, ...],
     *,
     dtype: str = "fp32",
-    seed: int = 0,
+    seed: int | None = None,
 ) -> Verdict:
-    """Run every stage; the first failure ends verification with its evidence."""
+    """Run every stage; the first failure ends verification with its evidence. Without a
+    `seed` a fresh secret one is drawn; the verdict records it, and the same seed replays
+    exactly the same shapes and inputs."""
+    check_seed = new_seed() if seed is None else seed
 
     def done(
         rejection: Rejection | None,
@@ -368,12 +508,13 @@ def verify(
             max_rel_err=max_rel_err,
             compile_cache_hit=cache_hit,
             sandbox=sandbox,
+            seed=check_seed,
         )
 
     compiled = precheck(problem, backend, source, flags, dtype)
     if compiled.rejection is not None or compiled.build is None:
         return done(compiled.rejection, cache_hit=compiled.cache_hit)
-    trials = plan_trials(problem, dtype, seed)
+    trials = plan_trials(problem, dtype, check_seed)
     outcome = backend.run_trials(problem, compiled.build, trials)
     if outcome.rejection is not None:
         return done(outcome.rejection, cache_hit=compiled.cache_hit, sandbox=outcome.sandbox)

@@ -7,9 +7,10 @@ Calling convention for every target: one pointer per argument, in `args` order
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
@@ -19,13 +20,43 @@ Array = npt.NDArray[Any]
 Shape = Mapping[str, int]
 Arrays = dict[str, Array]
 
-DISTRIBUTIONS: tuple[str, ...] = ("normal", "uniform", "large", "tiny", "ties")
-"""Value distributions every problem is verified over.
+DISTRIBUTIONS: tuple[str, ...] = (
+    "normal",
+    "uniform",
+    "large",
+    "tiny",
+    "ties",
+    "nonfinite",
+    "extreme",
+    "mixed",
+    "spread",
+)
+"""Value distributions every problem is verified over (those it supports: `Problem.distributions`).
 
 normal: N(0, 1). uniform: U(-1, 1). large: N(0, 1) * 1e4 (overflows a naive exp).
 tiny: N(0, 1) * 1e-15 (squares and cubes approach the denormal range).
 ties: a few exact values repeated, including constant rows.
+nonfinite: N(0, 1) with NaN, +Inf and -Inf sprinkled over a few rows (the problem's
+  `nonfinite_inputs`); never a row (last axis) of -Inf only.
+extreme: half the values near the top of the range (|x| in [top/128, 2 top), top the smaller
+  of the problem's `input_limit` and half the dtype's largest finite value), half near
+  the bottom (from 1/16 of the smallest normal, denormals, to 16x it); random signs.
+mixed: N(0, 1) rows with a few outliers of magnitude ~1e6 and attention-style mask values
+  (-1e9): whole rows masked, masked suffixes, scattered masks.
+spread: sign * 2**U(lo, hi) (random mantissa), values across many decades: from 1e-20
+  (or the dtype's smallest normal) to 1e20 (or the top of `extreme`).
 """
+
+Nonfinite = Literal["propagate", "not_applicable"]
+"""What a problem's reference does with NaN and +-Inf inputs: `propagate` (its float64 NaN
+and infinities are the expected outputs) or `not_applicable` (never given them)."""
+
+SPECIALS: tuple[float, ...] = (math.nan, math.inf, -math.inf)
+MASK_VALUE = -1e9
+"""The value attention masks write before a softmax."""
+OUTLIER_MAGNITUDE = 1e6
+
+ShapeDrawer = Callable[[np.random.Generator], tuple[dict[str, int], ...]]
 
 DTYPES: dict[str, type[Any]] = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
 """Element types, by the name campaigns use. Kernels take and return arrays of one dtype."""
@@ -98,10 +129,39 @@ class Problem:
     """For graph problems: the chain of elementary ops a fuser may fuse."""
     spec: str = ""
     """How to load it again in another process: a built-in name or `path.py:NAME`."""
+    nonfinite: Nonfinite = "propagate"
+    """propagate: inputs from the `nonfinite` distribution hold NaN and infinities, and the
+    float64 reference's own NaN / +-Inf outputs are the expected ones (a kernel must give
+    NaN exactly there, and the same infinity). not_applicable: never drawn."""
+    nonfinite_inputs: tuple[float, ...] = SPECIALS
+    """The special values the `nonfinite` distribution sprinkles (a problem whose honest
+    formulations disagree on one, e.g. gelu(-Inf), leaves it out and says so)."""
+    input_limit: float | None = None
+    """The largest input magnitude `extreme` and `spread` reach; None: half the dtype's
+    largest finite value. Set where fp32 intermediates of any correct kernel (a sum of
+    squares) would overflow beyond it."""
+    supported_distributions: tuple[str, ...] | None = None
+    """The distributions a custom `make_inputs` can draw; None: all of DISTRIBUTIONS."""
+    draw_shapes: ShapeDrawer | None = None
+    """Test shapes drawn per check from the check's seed, besides the fixed `test_shapes`;
+    None: `spread_shapes` over the dims (one dim large at a time, page rows, ragged)."""
 
     @property
     def load_spec(self) -> str:
         return self.spec or self.name
+
+    @property
+    def distributions(self) -> tuple[str, ...]:
+        """The distributions this problem is verified over, in DISTRIBUTIONS order."""
+        allowed = set(self.supported_distributions or DISTRIBUTIONS)
+        if self.nonfinite == "not_applicable":
+            allowed.discard("nonfinite")
+        return tuple(d for d in DISTRIBUTIONS if d in allowed)
+
+    def trial_shapes(self, rng: np.random.Generator) -> tuple[dict[str, int], ...]:
+        """The fixed edge shapes, then the shapes drawn for one check from `rng`."""
+        drawn = (self.draw_shapes or (lambda r: spread_shapes(self.dims, r)))(rng)
+        return (*(dict(s) for s in self.test_shapes), *(dict(s) for s in drawn))
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -127,25 +187,43 @@ class Problem:
         return f"void {name}({', '.join(params)})"
 
     def generate(self, shape: Shape, distribution: str, seed: int, dtype: str = "fp32") -> Arrays:
-        """Fresh inputs for one trial, already in the kernel's dtype."""
+        """Fresh inputs for one trial, already in the kernel's dtype. The single entry point
+        for every input a kernel is judged on (verification and the benchmark's re-check)."""
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"unknown distribution {distribution!r}; known: {DISTRIBUTIONS}")
+        if distribution not in self.distributions:
+            raise ValueError(
+                f"{self.name} is not verified over {distribution!r}; it takes {self.distributions}"
+            )
         rng = np.random.default_rng(seed)
         if self.make_inputs is not None:
             raw = self.make_inputs(shape, distribution, rng)
         else:
-            raw = {a.name: fill(a.shape(shape), distribution, rng) for a in self.inputs}
+            raw = {
+                a.name: fill(
+                    a.shape(shape),
+                    distribution,
+                    rng,
+                    dtype,
+                    limit=self.input_limit,
+                    specials=self.nonfinite_inputs,
+                )
+                for a in self.inputs
+            }
         return {a.name: to_dtype(raw[a.name], dtype) for a in self.inputs}
 
     def expected(self, inputs: Arrays) -> Arrays:
+        """The float64 reference; NaN and infinities it produces are part of the answer."""
         as64 = {k: v.astype(np.float64) for k, v in inputs.items()}
-        return self.reference(as64)
+        with np.errstate(all="ignore"):
+            return self.reference(as64)
 
     def scales(self, inputs: Arrays, expected: Arrays) -> Arrays:
         if self.error_scale is None:
             return {k: np.abs(v) for k, v in expected.items()}
         as64 = {k: v.astype(np.float64) for k, v in inputs.items()}
-        return self.error_scale(as64, expected)
+        with np.errstate(all="ignore"):
+            return self.error_scale(as64, expected)
 
     def cost_for(self, shape: Shape, dtype: str = "fp32") -> Cost:
         """`cost` counts fp32 bytes; the traffic of another dtype scales with its size."""
@@ -159,26 +237,156 @@ class Problem:
 
 
 def to_dtype(values: Array, dtype: str) -> Array:
-    """float64 values in a dtype: out-of-range values clipped to its largest finite value
-    (an input is a finite number in the kernel's type, never an overflowed infinity)."""
+    """Values in a dtype: finite values beyond its range clipped to its largest finite value
+    (a finite input stays a finite number in the kernel's type, never an overflowed
+    infinity); infinities and NaN that were drawn on purpose are kept."""
     np_dtype = DTYPES[dtype]
     largest = float(ml_dtypes.finfo(np_dtype).max)
-    return np.ascontiguousarray(np.clip(values, -largest, largest).astype(np_dtype))
+    clipped = np.clip(values, -largest, largest)
+    infinite = np.isinf(values)
+    if infinite.any():
+        clipped = np.where(infinite, values, clipped)
+    return np.ascontiguousarray(clipped.astype(np_dtype, copy=False))
 
 
-def fill(shape: tuple[int, ...], distribution: str, rng: np.random.Generator) -> Array:
-    """Values of one array drawn from a named distribution (float64)."""
+def _rows(values: Array) -> Array:
+    """A view of an array as rows along its last axis (a vector is one row)."""
+    return values.reshape(-1, values.shape[-1]) if values.ndim else values.reshape(1, 1)
+
+
+def _sprinkle_specials(
+    values: Array, specials: tuple[float, ...], rng: np.random.Generator
+) -> Array:
+    """NaN / +-Inf at a few places: about one row in eight of a matrix (so most rows and
+    columns of any output stay finite), one element in 64 of a vector."""
+    if not specials or values.size == 0:
+        return values
+    rows = _rows(values)
+    count = max(1, min(rows.shape) // 8) if values.ndim >= 2 else max(1, values.size // 64)
+    where = rng.integers(0, values.size, count)
+    flat = values.reshape(-1)
+    flat[where] = np.asarray(specials, dtype=values.dtype)[rng.integers(0, len(specials), count)]
+    # A row of -Inf only has no maximum: softmax is 0/0 there, and honest formulations
+    # (max-subtracted from -FLT_MAX, online) differ. Such a row becomes NaN.
+    touched = np.unique(where // rows.shape[1])
+    lost = touched[np.all(rows[touched] == -np.inf, axis=1)]
+    rows[lost] = np.nan
+    return values
+
+
+def _mixed(values: Array, rng: np.random.Generator) -> Array:
+    """Attention-style rows: masks of MASK_VALUE (whole rows, at least one of them;
+    suffixes; scattered) and a few outliers of ~OUTLIER_MAGNITUDE among ordinary values."""
+    rows = _rows(values)
+    count, width = rows.shape
+    if values.ndim >= 2:
+        kind: Array = rng.integers(0, 8, (count, 1))  # 0 whole row, 1-3 suffix, 4-5 scattered
+        start = rng.integers(0, width + 1, (count, 1))
+        cols = np.arange(width)[None, :]
+        kind[rng.integers(0, count)] = 0  # at least one row masked throughout
+        mask = (kind == 0) | ((kind <= 3) & (cols >= start))
+        mask |= (kind >= 4) & (kind <= 5) & (rng.random(rows.shape, dtype=np.float32) < 0.25)
+    else:
+        mask = rng.random(rows.shape, dtype=np.float32) < 0.125
+    outlier = (rng.random(rows.shape, dtype=np.float32) < 1 / 128) & ~mask
+    n = int(outlier.sum())
+    magnitude = OUTLIER_MAGNITUDE * np.exp2(rng.random(n, dtype=np.float32) * 2 - 1)
+    rows[outlier] = np.where(rng.random(n) < 0.5, -magnitude, magnitude)
+    rows[mask] = MASK_VALUE
+    return values
+
+
+def _with_exponents(exponent: Array, raw: Array) -> Array:
+    """float32 values (1 + m) * 2**exponent, their mantissa m and sign from the random bits
+    `raw` (uint32), built from bits: fast at 4096x4096, and exact down to the smallest
+    denormal (below 2**-126 the mantissa is shifted into a denormal)."""
+    field = exponent.astype(np.int32)
+    field += 127
+    below = field < 1
+    np.maximum(field, 1, out=field)
+    out = field.view(np.uint32)
+    out <<= np.uint32(23)
+    out |= raw & np.uint32(0x807FFFFF)  # sign and mantissa
+    if below.any():
+        where = np.flatnonzero(below)
+        shift = (1 - exponent.reshape(-1)[where].astype(np.int32) - 127).clip(0, 31)
+        mantissa = (raw.reshape(-1)[where] & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
+        sign = raw.reshape(-1)[where] & np.uint32(0x80000000)
+        out.reshape(-1)[where] = (mantissa >> shift.astype(np.uint32)) | sign
+    return out.view(np.float32)
+
+
+def fill(
+    shape: tuple[int, ...],
+    distribution: str,
+    rng: np.random.Generator,
+    dtype: str = "fp32",
+    *,
+    limit: float | None = None,
+    specials: tuple[float, ...] = SPECIALS,
+) -> Array:
+    """Values of one array drawn from a named distribution (float32: every distribution is
+    exact in it, and a 4096x4096 array needs no float64 temporaries). `dtype` and `limit`
+    set the range of `extreme` and `spread`; `specials` what `nonfinite` sprinkles."""
+    f32 = np.float32
     if distribution == "normal":
-        return rng.standard_normal(shape)
+        return rng.standard_normal(shape, dtype=f32)
     if distribution == "uniform":
-        return rng.uniform(-1.0, 1.0, shape)
+        return rng.random(shape, dtype=f32) * f32(2.0) - f32(1.0)
     if distribution == "large":
-        return rng.standard_normal(shape) * 1e4
+        return rng.standard_normal(shape, dtype=f32) * f32(1e4)
     if distribution == "tiny":
-        return rng.standard_normal(shape) * 1e-15
+        return rng.standard_normal(shape, dtype=f32) * f32(1e-15)
     if distribution == "ties":
-        values = rng.choice(np.array([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0]), size=shape)
+        table = np.array([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0], dtype=f32)
+        values = table[rng.integers(0, len(table), shape, dtype=np.int8)]
         if len(shape) >= 2 and shape[0] > 0:
             values[0, ...] = 1.0  # a constant row: every element ties
         return values
+    if distribution == "nonfinite":
+        return _sprinkle_specials(rng.standard_normal(shape, dtype=f32), specials, rng)
+    if distribution == "mixed":
+        return _mixed(rng.standard_normal(shape, dtype=f32), rng)
+    info = ml_dtypes.finfo(DTYPES[dtype])
+    top = min(float(info.max) / 2, limit if limit is not None else math.inf)
+    smallest_normal = float(info.smallest_normal)
+    raw = rng.integers(0, 1 << 32, shape, dtype=np.uint32)  # mantissa, sign, 8 spare bits
+    if distribution == "extreme":
+        # |x| in [top / 128, 2 top): 2**e (1 + m), e among the 8 binades up to top, for
+        # half the values; the others from 1/16 of the dtype's smallest normal to 16x it,
+        # half of those denormal. Not deeper: a denormal of a few significant bits times a
+        # huge value (x * w) is a normal number no fp32 kernel can compute to 1e-4.
+        high = math.floor(math.log2(top))
+        low = round(math.log2(smallest_normal))
+        bits = (raw >> np.uint32(23)).astype(np.int16)  # the 8 spare bits: 23 to 30
+        denormal = rng.integers(low - 4, low, shape, dtype=np.int16)
+        tiny = np.where(bits & 2, denormal, low + ((bits >> 2) & 3))  # half of them denormal
+        exponent = np.where(bits & 1, high - ((bits >> 4) & 7), tiny)
+        return _with_exponents(exponent, raw)
+    if distribution == "spread":
+        low2 = math.ceil(math.log2(10.0 ** max(-20.0, math.log10(smallest_normal))))
+        high2 = math.floor(math.log2(10.0 ** min(20.0, math.log10(top)))) - 1
+        return _with_exponents(rng.integers(low2, high2 + 1, shape, dtype=np.int16), raw)
     raise ValueError(f"unknown distribution {distribution!r}")
+
+
+def spread_shapes(dims: tuple[str, ...], rng: np.random.Generator) -> tuple[dict[str, int], ...]:
+    """A default spread of drawn test shapes for any dims: each dim in turn large (1025 to
+    4096, not a multiple of 16) with the others small; the last dim a whole number of 4 KiB
+    pages of fp32 (1024 elements); every dim ragged between 2 and 64."""
+    shapes: list[dict[str, int]] = []
+    for big in dims:
+        shapes.append(
+            {d: ragged(rng, 1025, 4097) if d == big else int(rng.integers(1, 9)) for d in dims}
+        )
+    pages = {d: int(rng.integers(1, 5)) for d in dims}
+    pages[dims[-1]] = 1024 * int(rng.integers(1, 3))
+    shapes.append(pages)
+    shapes.append({d: int(rng.integers(2, 65)) for d in dims})
+    return tuple(shapes)
+
+
+def ragged(rng: np.random.Generator, low: int, high: int) -> int:
+    """An integer in [low, high) that is not a multiple of 16 (no tile divides it)."""
+    value = int(rng.integers(low, high))
+    return value if value % 16 else value + 1 + int(rng.integers(0, 15))

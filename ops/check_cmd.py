@@ -21,7 +21,7 @@ from gpu_workers.cuda.calibrate import CalibrationError as GpuCalibrationError
 from gpu_workers.cuda.compiler import CudaBuild
 from gpu_workers.cuda.compiler import default_cache_dir as cuda_cache_dir
 from gpu_workers.results import BenchmarkResult, Rejection, Verdict
-from gpu_workers.verifier import precheck, verify
+from gpu_workers.verifier import build_flags, new_seed, precheck, verify
 from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import Problem
@@ -33,7 +33,7 @@ FLAGS_COMMENT = re.compile(r"^\s*//\s*kfactory-flags:\s*(.+?)\s*$", re.MULTILINE
 
 CHECK_HELP = """Verify a hand-written kernel against a problem's reference; --bench also times it.
 
-The kernel must define the problem's C signature (see `kfactory problems show NAME`). It is compiled, statically checked, and run in a sandbox on fresh inputs from every distribution and test shape. With --bench it is then timed at the default shape against the baseline (float32 numpy on the CPU; torch eager, cupy or the naive kernel on a GPU), re-checked on new inputs, and compared with this host's roofline.
+The kernel must define the problem's C signature (see `kfactory problems show NAME`). It is compiled, statically checked, and run in a sandbox on fresh inputs from every distribution (NaN/Inf, values near the type's limits, masked rows, ...) and test shape (fixed edge shapes and shapes drawn per check). The inputs and shapes come from a fresh secret seed, printed with the verdict; --seed N replays exactly the same check. With --bench it is then timed at the default shape against the baseline (float32 numpy on the CPU; torch eager, cupy or the naive kernel on a GPU), re-checked on new inputs, and compared with this host's roofline.
 
 A cuda kernel (--target cuda) is device code with `// kf-launch:` lines saying what to launch (see a template's output: `kfactory problems show NAME`). On a host without a GPU only the compile and static stages run: nvcc for sm_90, the ptxas report, spills and the architecture's limits.
 
@@ -88,6 +88,7 @@ def _report(verdict: Verdict, bench: BenchmarkResult | Rejection | None) -> dict
         "source_sha256": verdict.source_sha256,
         "flags": list(verdict.flags),
         "trials": len(verdict.trials),
+        "seed": verdict.seed,
         "max_rel_err": verdict.max_rel_err,
         "median_ns": result.kernel.median_ns if result else None,
         "iqr_ns": result.kernel.iqr_ns if result else None,
@@ -122,6 +123,8 @@ def _print_human(report: dict[str, Any]) -> None:
         )
     else:
         _print_rejection(report)
+    if report["seed"] is not None:
+        print(f"seed:     {report['seed']} (the same inputs again: --seed {report['seed']})")
     if report["median_ns"] is not None:
         print(
             f"time:     {report['median_ns'] / 1e6:.3f} ms median "
@@ -162,7 +165,13 @@ def check(
     incumbent: Path | None = typer.Option(
         None, "--incumbent", help="A verified kernel to time interleaved with this one."
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the trial inputs."),
+    seed: int | None = typer.Option(
+        None,
+        "--seed",
+        min=0,
+        help="Replay a check: the seed its shapes and inputs were drawn from (printed by "
+        "every check). Default: a fresh secret seed.",
+    ),
     timeout: float = typer.Option(
         60.0, "--timeout", help="Wall-clock limit in seconds for the sandboxed verification run."
     ),
@@ -202,18 +211,20 @@ def check(
     missing = device_missing(target)
     if missing is not None:
         _not_run(spec, backend, text, kernel_flags, dtype, missing, json_out)
-    verdict = verify(spec, backend, text, kernel_flags, dtype=dtype, seed=seed)
+    check_seed = new_seed() if seed is None else seed
+    verdict = verify(spec, backend, text, kernel_flags, dtype=dtype, seed=check_seed)
     outcome: BenchmarkResult | Rejection | None = None
     if bench and verdict.verified:
         try:
             calibration = calibration_for(target) if not recalibrate else recalibrate_device(target)
         except (CalibrationError, GpuCalibrationError) as exc:
             raise UserError(f"cannot calibrate this host: {exc}") from None
-        build = backend.compile(spec, text, kernel_flags, dtype).build
+        build = backend.compile(spec, text, build_flags(target, kernel_flags), dtype).build
         incumbent_build = None
         if incumbent is not None:
             inc_text = incumbent.read_text()
-            inc = backend.compile(spec, inc_text, _flags(inc_text, None, target), dtype)
+            inc_flags = build_flags(target, _flags(inc_text, None, target))
+            inc = backend.compile(spec, inc_text, inc_flags, dtype)
             if inc.build is None:
                 raise UserError(f"the incumbent {incumbent} does not compile")
             incumbent_build = inc.build
@@ -225,7 +236,7 @@ def check(
             incumbent=incumbent_build,
             shape=bench_shape,
             dtype=dtype,
-            seed=seed,
+            seed=check_seed,
             recalibrate=lambda: recalibrate_device(target),
         )
     report = _report(verdict, outcome)

@@ -11,7 +11,7 @@ import pytest
 from kernels.builtin import BUILTIN
 from kernels.design_space import InvalidParams
 from kernels.loading import ProblemLoadError, load_problem
-from kernels.spec import DISTRIBUTIONS
+from kernels.spec import DISTRIBUTIONS, MASK_VALUE, fill, to_dtype
 from kernels.templates import TEMPLATES, templates_for
 
 LLC_BYTES = 32 << 20
@@ -44,9 +44,9 @@ def test_generators_are_fresh_deterministic_float32(distribution: str) -> None:
     b = problem.generate(shape, distribution, seed=1)
     c = problem.generate(shape, distribution, seed=2)
     assert a["x"].dtype == np.float32 and a["x"].shape == (5, 33)
-    assert np.array_equal(a["x"], b["x"])
-    assert not np.array_equal(a["x"], c["x"])
-    assert np.all(np.isfinite(a["x"]))
+    assert np.array_equal(a["x"].view(np.uint32), b["x"].view(np.uint32))
+    assert not np.array_equal(a["x"], c["x"], equal_nan=True)
+    assert np.all(np.isfinite(a["x"])) == (distribution != "nonfinite")
 
 
 def test_distributions_cover_large_tiny_and_ties() -> None:
@@ -221,3 +221,70 @@ def test_a_violated_constraint_is_named() -> None:
     params = {**packed.defaults, "mr": 12, "nr": 48, "simdlen": 8}
     assert packed.violations(params) == ["accumulators fit in registers"]
     assert packed.render(packed.defaults).source != packed.render(packed.best_known).source
+
+
+def test_the_new_distributions_reach_nan_inf_the_type_limits_masks_and_many_decades() -> None:
+    shape = (64, 256)
+    rng = np.random.default_rng(3)
+    special = fill(shape, "nonfinite", rng)
+    assert np.isnan(special).any() and np.isposinf(special).any() and np.isneginf(special).any()
+    assert np.isfinite(special).mean() > 0.9, "most rows stay finite"
+    nan_bits = special[np.isnan(special)].view(np.uint32)
+    assert set(nan_bits.tolist()) <= {0x7FC00000, 0xFFC00000}, "a plain NaN, never a poison"
+    extreme = np.abs(fill(shape, "extreme", rng).astype(np.float64))
+    assert extreme.max() > 3e37 and extreme.max() <= np.finfo(np.float32).max
+    assert (extreme < np.finfo(np.float32).smallest_normal).any(), "denormals"
+    assert extreme.min() >= np.finfo(np.float32).smallest_normal / 16
+    assert (extreme > 1e30).mean() > 0.3
+    mixed = fill(shape, "mixed", rng)
+    assert (mixed == np.float32(MASK_VALUE)).any()
+    assert np.all(mixed == np.float32(MASK_VALUE), axis=1).any(), "a row masked throughout"
+    assert ((np.abs(mixed) > 1e5) & (mixed != np.float32(MASK_VALUE))).any(), "outliers"
+    spread = np.abs(fill(shape, "spread", rng).astype(np.float64))
+    assert spread.min() < 1e-15 and spread.max() > 1e15
+    for dtype in ("bf16", "fp16"):  # in range of the dtype, the limits of the dtype
+        values = BUILTIN["softmax"].generate({"rows": 8, "cols": 512}, "extreme", 1, dtype)["x"]
+        as64 = np.abs(values.astype(np.float64))
+        assert np.isfinite(as64).all() and (as64 > 0).all()
+    assert (
+        np.abs(BUILTIN["rmsnorm"].generate({"rows": 8, "cols": 64}, "extreme", 1)["x"]).max() < 3e16
+    )
+
+
+def test_to_dtype_clips_finite_overflow_but_keeps_intended_infinities() -> None:
+    values = np.array([1e300, -1e300, np.inf, -np.inf, np.nan, 1.5])
+    got = to_dtype(values, "fp16").astype(np.float64)
+    assert got[:2].tolist() == [65504.0, -65504.0]
+    assert got[2] == np.inf and got[3] == -np.inf and np.isnan(got[4]) and got[5] == 1.5
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_drawn_shapes_are_tall_wide_ragged_and_page_sized(name: str) -> None:
+    problem = BUILTIN[name]
+    rng = np.random.default_rng(8)
+    shapes = problem.trial_shapes(rng)
+    assert shapes[: len(problem.test_shapes)] == tuple(dict(s) for s in problem.test_shapes)
+    assert any(all(v == 1 for v in s.values()) for s in shapes), "1x1"
+    drawn = shapes[len(problem.test_shapes) :]
+    assert any(max(s.values()) > 1024 and max(s.values()) % 16 for s in drawn), "large, ragged"
+    assert any(v % 1024 == 0 for s in drawn for v in s.values()), "whole 4 KiB pages"
+    if problem.dims == ("rows", "cols"):
+        assert any(s["rows"] > 1024 for s in drawn), "tall"
+        assert any(s["cols"] > 1024 and s["cols"] % 16 for s in drawn), "wide"
+    assert problem.trial_shapes(np.random.default_rng(9)) != shapes, "drawn per check"
+    assert max(problem.nbytes(s) for s in shapes) < 8 << 20, "a cheap float64 reference"
+
+
+def test_problems_declare_their_distributions_and_non_finite_semantics() -> None:
+    assert BUILTIN["softmax"].distributions == DISTRIBUTIONS
+    assert "extreme" not in BUILTIN["kda"].distributions
+    with pytest.raises(ValueError, match="not verified over"):
+        BUILTIN["kda"].generate({"B": 1, "T": 2, "H": 1, "K": 2, "V": 2}, "extreme", 0)
+    gelu = BUILTIN["gelu"].generate({"n": 4096}, "nonfinite", 0)["x"]
+    assert np.isnan(gelu).any() and np.isposinf(gelu).any() and not np.isneginf(gelu).any()
+    assert all(p.nonfinite == "propagate" for p in BUILTIN.values())
+    # the float64 reference's own NaN / Inf are the expected outputs
+    x = np.array([[1.0, np.nan, 2.0], [1.0, np.inf, 2.0], [1.0, -np.inf, 2.0]], np.float32)
+    y = BUILTIN["softmax"].expected({"x": x})["y"]
+    assert np.isnan(y[0]).all() and np.isnan(y[1]).all()
+    assert y[2, 1] == 0 and np.isfinite(y[2]).all()

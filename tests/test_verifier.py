@@ -11,9 +11,8 @@ import pytest
 
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.sandbox import Limits
-from gpu_workers.verifier import check_outputs, plan_trials, verify
+from gpu_workers.verifier import check_outputs, plan_trials, trial_shapes, verify
 from kernels.builtin import BUILTIN
-from kernels.spec import DISTRIBUTIONS
 from kernels.templates import EXAMPLE_TEMPLATES, TEMPLATES, example_file_text
 from tests.cpu_support import EXAMPLES, FLAGS, calibration, cpu_backend, kf_cache, planted
 
@@ -29,15 +28,21 @@ def test_the_example_kernel_of_every_problem_is_verified(
     rendered = TEMPLATES[EXAMPLE_TEMPLATES[problem]].render(
         TEMPLATES[EXAMPLE_TEMPLATES[problem]].best_known
     )
-    verdict = verify(BUILTIN[problem], cpu_backend, rendered.source, rendered.flags)
-    assert verdict.verified, verdict.rejection
+    spec = BUILTIN[problem]
+    verdict = verify(spec, cpu_backend, rendered.source, rendered.flags)
+    assert verdict.verified, (verdict.seed, verdict.rejection)
     assert verdict.rejection is None
-    assert len(verdict.trials) == len(BUILTIN[problem].test_shapes) * len(DISTRIBUTIONS)
+    assert verdict.seed is not None
+    shapes = trial_shapes(spec, verdict.seed)
+    assert len(verdict.trials) == len(shapes) * len(spec.distributions)
+    assert {t.distribution for t in verdict.trials} == set(spec.distributions)
     assert verdict.max_rel_err is not None and verdict.max_rel_err < 1e-4
     assert verdict.sandbox is not None
 
 
-def test_random_points_of_every_softmax_and_matmul_space_verify(cpu_backend: CpuBackend) -> None:
+def test_random_points_of_every_softmax_and_matmul_space_verify(
+    cpu_backend: CpuBackend,
+) -> None:
     rng = random.Random(11)
     for name in ("softmax_threepass", "softmax_online", "matmul_blocked", "matmul_packed"):
         template = TEMPLATES[name]
@@ -46,16 +51,23 @@ def test_random_points_of_every_softmax_and_matmul_space_verify(cpu_backend: Cpu
             verdict = verify(
                 BUILTIN[template.problem], cpu_backend, rendered.source, rendered.flags
             )
-            assert verdict.verified, (name, params, verdict.rejection)
+            assert verdict.verified, (name, params, verdict.seed, verdict.rejection)
 
 
 def test_trials_cover_every_shape_and_distribution_with_fresh_inputs() -> None:
-    trials = plan_trials(BUILTIN["softmax"], seed=5)
+    spec = BUILTIN["softmax"]
+    trials = plan_trials(spec, seed=5)
+    shapes = trial_shapes(spec, 5)
     pairs = {(tuple(t.shape.values()), t.distribution) for t in trials}
-    assert len(pairs) == len(trials) == len(BUILTIN["softmax"].test_shapes) * len(DISTRIBUTIONS)
+    assert len(pairs) == len(trials) == len(shapes) * len(spec.distributions)
     assert len({t.seed for t in trials}) == len(trials)
-    again = plan_trials(BUILTIN["softmax"], seed=6)
-    assert not np.array_equal(trials[-1].inputs["x"], again[-1].inputs["x"])
+    again = plan_trials(spec, seed=6)
+    assert trial_shapes(spec, 6) != shapes
+    assert not np.array_equal(trials[0].inputs["x"], again[0].inputs["x"])
+    # the largest shape is the race-stress shape, stressed on its first distribution
+    stressed = [t for t in trials if t.runs > 2]
+    assert len(stressed) == 1
+    assert spec.nbytes(stressed[0].shape) == max(spec.nbytes(s) for s in shapes)
 
 
 PLANTED = [
@@ -79,6 +91,13 @@ PLANTED = [
 ]
 
 
+ALSO = {
+    # a read one past the end faults where the buffer ends at its guard page, and reads
+    # a canary (a huge finite float) where it does not: both are refusals
+    "reads_out_of_bounds": {("compare", "non_finite"), ("compare", "wrong_value")},
+}
+
+
 @pytest.mark.parametrize(("name", "problem", "stage", "reasons"), PLANTED)
 def test_planted_kernel_is_rejected(
     name: str, problem: str, stage: str, reasons: set[str], cpu_backend: CpuBackend
@@ -93,7 +112,8 @@ def test_planted_kernel_is_rejected(
     assert not verdict.verified
     rejection = verdict.rejection
     assert rejection is not None
-    assert (rejection.stage, rejection.reason) in {(stage, r) for r in reasons}, rejection
+    allowed = {(stage, r) for r in reasons} | ALSO.get(name, set())
+    assert (rejection.stage, rejection.reason) in allowed, rejection
     assert rejection.message
     assert rejection.evidence
 
@@ -102,7 +122,8 @@ def test_rejections_carry_specific_evidence(cpu_backend: CpuBackend) -> None:
     soft = BUILTIN["softmax"]
     crashed = verify(soft, cpu_backend, planted("segfaults"), FLAGS).rejection
     assert crashed is not None and crashed.evidence["signal"] == "SIGSEGV"
-    assert "trial 0 run 0" in crashed.evidence["progress"]
+    during = crashed.evidence.get("during", crashed.evidence.get("progress", ""))
+    assert "trial 0 run 0" in during, crashed.evidence
     wrong = verify(soft, cpu_backend, planted("tail_off_by_one"), FLAGS).rejection
     assert wrong is not None
     assert {"first_index", "expected", "got", "distribution", "shape"} <= set(wrong.evidence)

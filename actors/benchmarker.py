@@ -61,11 +61,12 @@ class Benchmarker(Actor):
     role = "benchmarker"
     reacts_to = (KernelVerified,)
 
+    target: str
+
     def __init__(self, target: str = "cpu") -> None:
         self.target = target
         self._nc: Client | None = None
         self._reader: HistoryReader | None = None
-        self._calibrated = False
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
         self._nc = nc
@@ -132,13 +133,13 @@ class Benchmarker(Actor):
                 speedup=result.speedup,
                 roofline_fraction=result.roofline_fraction,
                 device=calibration.host,
+                seed=result.seed,
                 evidence={
                     "shape": result.shape,
                     "runs": result.kernel.runs,
                     "roofline_ns": result.roofline_ns,
                     "incumbent": incumbent.candidate_id if incumbent and incumbent_build else None,
                     "speedup_vs_incumbent": result.speedup_vs_incumbent,
-                    "seed": result.seed,
                     "judged_calls": list(result.judged_calls),
                     "rechecked": list(result.rechecked),
                     "handshake_ns": result.handshake_ns,

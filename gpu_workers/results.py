@@ -19,14 +19,18 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     """A stable code. compile: bad_flags, compile_error, compile_timeout, link_error,
     unsupported_dtype, no_compiler, bad_launch. static: forbidden_include,
-    forbidden_construct, forbidden_symbol, missing_entry_point; for cuda also
+    forbidden_construct, forbidden_symbol, forbidden_instruction, kernel_state,
+    load_time_code, executable_data, missing_entry_point; for cuda also
     signature_mismatch, bad_launch, launch_bounds, too_many_registers,
     shared_memory_exceeded, register_spill. run: crashed, timeout, memory_limit, exited,
-    out_of_bounds_write, missing_result, launch_failed, bad_launch. compare: unwritten,
-    non_finite, lost_non_finite (the reference's NaN or infinity not given), wrong_value,
-    wrong_shape, input_modified, nondeterministic. benchmark:
-    crashed, timeout, memory_limit, exited, timing_stall, timing_inconsistent. recheck:
-    unwritten, non_finite, wrong_value. roofline: beyond_roofline."""
+    load_failed, forbidden_syscall (the kernel's process made a call a kernel may not),
+    fp_state (it changed the floating-point control state), out_of_bounds_write,
+    missing_result, launch_failed, bad_launch. compare: unwritten, non_finite,
+    lost_non_finite (the reference's NaN or infinity not given), wrong_value, wrong_shape,
+    input_modified, nondeterministic. benchmark: the run stage's endings, plus
+    out_of_bounds_write, timing_stall, timing_inconsistent. recheck (timed calls chosen at
+    random, and every distribution after timing): unwritten, non_finite, lost_non_finite,
+    wrong_value, input_modified. roofline: beyond_roofline."""
     message: str
     """One line for a human."""
     evidence: dict[str, str] = msgspec.field(default_factory=dict)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from gpu_workers.quick_compare import all_pass
 from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict
 from kernels.spec import Array, Arrays, Problem, Tolerance
 
@@ -51,9 +52,13 @@ class RunOutput:
     damaged_slack: tuple[str, ...] = ()
 
 
+BuildT = TypeVar("BuildT")
+"""A back end's build type (what its compile makes and its other stages take)."""
+
+
 @dataclass(frozen=True)
-class CompileOutcome:
-    build: object | None
+class CompileOutcome(Generic[BuildT]):
+    build: BuildT | None
     rejection: Rejection | None
     cache_hit: bool = False
 
@@ -65,41 +70,23 @@ class RunOutcome:
     sandbox: SandboxReport | None = None
 
 
-class DeviceBackend(Protocol):
+class DeviceBackend(Protocol[BuildT]):
     """What a target must provide to be verified."""
 
     target: str
 
     def compile(
         self, problem: Problem, source: str, flags: tuple[str, ...], dtype: str
-    ) -> CompileOutcome: ...
+    ) -> CompileOutcome[BuildT]: ...
 
-    def static_check(self, problem: Problem, build: object) -> Rejection | None: ...
+    def static_check(self, problem: Problem, build: BuildT) -> Rejection | None: ...
 
-    def run_trials(self, problem: Problem, build: object, trials: list[Trial]) -> RunOutcome: ...
+    def run_trials(self, problem: Problem, build: BuildT, trials: list[Trial]) -> RunOutcome: ...
 
 
 def trial_seed(base_seed: int, index: int, salt: str = "trial") -> int:
     digest = hashlib.sha256(f"{salt}:{base_seed}:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little")
-
-
-FINITE_MATH_FLAGS = frozenset({"-ffast-math", "-Ofast", "-ffinite-math-only"})
-NAN_SAFE_FLAG = "-fno-finite-math-only"
-
-
-def build_flags(target: str, flags: tuple[str, ...]) -> tuple[str, ...]:
-    """The flags a kernel is built with, for verification and for timing alike: its own,
-    and on the cpu target `-fno-finite-math-only` last where one of them lets the compiler
-    assume there is no NaN or infinity (-ffast-math, -Ofast, -ffinite-math-only). What a
-    kernel does with non-finite input is judged (`Problem.nonfinite`); a flag must not
-    license ignoring it. Reassociation, reciprocals and contraction stay allowed."""
-    flags = tuple(flags)
-    if target != "cpu" or not FINITE_MATH_FLAGS.intersection(flags):
-        return flags
-    if flags and flags[-1] == NAN_SAFE_FLAG:
-        return flags
-    return (*flags, NAN_SAFE_FLAG)
 
 
 def new_seed() -> int:
@@ -196,6 +183,9 @@ def compare_outputs(
     the exact result rounds to in the output type."""
     expected = problem.expected(inputs) if expected is None else expected
     scales = problem.scales(inputs, expected) if scales is None else scales
+    passed = _all_pass(problem, tolerance, got, poison_bits, expected, scales)
+    if passed is not None:
+        return None, passed
     return compare_whole(problem, tolerance, got, poison_bits, stage, context, expected, scales)
 
 
@@ -320,6 +310,36 @@ def compare_whole(
                 },
             ), worst
     return None, worst
+
+
+def _all_pass(
+    problem: Problem,
+    tolerance: Tolerance,
+    got: Arrays,
+    poison_bits: int,
+    expected: Arrays,
+    scales: Arrays,
+) -> WorstError | None:
+    """The worst element when every element of every output passes (checked in cached
+    chunks, `quick_compare`); None when any fails, and the whole-array rules say why."""
+    worst = WorstError()
+    for arg in problem.outputs:
+        g, e = got[arg.name], np.asarray(expected[arg.name])
+        if g.shape != e.shape:
+            return None
+        found = all_pass(g, e, scales[arg.name], poison_bits, tolerance)
+        if found is None:
+            return None
+        if found.rel >= worst.rel:
+            worst = WorstError(
+                rel=found.rel,
+                output=arg.name,
+                index=tuple(int(i) for i in np.unravel_index(found.flat_index, g.shape)),
+                got=found.got,
+                expected=found.expected,
+                scale=found.scale,
+            )
+    return worst
 
 
 def _reject(stage: str, reason: str, message: str, evidence: dict[str, str]) -> Rejection:
@@ -455,14 +475,17 @@ def judge_runs(
 
 
 def precheck(
-    problem: Problem, backend: DeviceBackend, source: str, flags: tuple[str, ...], dtype: str
-) -> CompileOutcome:
-    """The stages that need no device, compile and static: a build, or why there is none.
-    The kernel is built with `build_flags` (the benchmark must build it the same way)."""
+    problem: Problem,
+    backend: DeviceBackend[BuildT],
+    source: str,
+    flags: tuple[str, ...],
+    dtype: str,
+) -> CompileOutcome[BuildT]:
+    """The stages that need no device, compile and static: a build, or why there is none."""
     if dtype not in problem.tolerances:
         reason = f"{problem.name} has no tolerance for {dtype}; it takes {problem.dtypes}"
         return CompileOutcome(None, _reject("compile", "unsupported_dtype", reason, {}))
-    compiled = backend.compile(problem, source, build_flags(backend.target, flags), dtype)
+    compiled = backend.compile(problem, source, flags, dtype)
     if compiled.rejection is not None:
         return compiled
     if compiled.build is None:
@@ -476,7 +499,7 @@ def precheck(
 
 def verify(
     problem: Problem,
-    backend: DeviceBackend,
+    backend: DeviceBackend[BuildT],
     source: str,
     flags: tuple[str, ...],
     *,

@@ -21,7 +21,7 @@ from gpu_workers.cuda.calibrate import CalibrationError as GpuCalibrationError
 from gpu_workers.cuda.compiler import CudaBuild
 from gpu_workers.cuda.compiler import default_cache_dir as cuda_cache_dir
 from gpu_workers.results import BenchmarkResult, Rejection, Verdict
-from gpu_workers.verifier import build_flags, new_seed, precheck, verify
+from gpu_workers.verifier import new_seed, precheck, verify
 from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import Problem
@@ -219,11 +219,11 @@ def check(
             calibration = calibration_for(target) if not recalibrate else recalibrate_device(target)
         except (CalibrationError, GpuCalibrationError) as exc:
             raise UserError(f"cannot calibrate this host: {exc}") from None
-        build = backend.compile(spec, text, build_flags(target, kernel_flags), dtype).build
+        build = backend.compile(spec, text, kernel_flags, dtype).build
         incumbent_build = None
         if incumbent is not None:
             inc_text = incumbent.read_text()
-            inc_flags = build_flags(target, _flags(inc_text, None, target))
+            inc_flags = _flags(inc_text, None, target)
             inc = backend.compile(spec, inc_text, inc_flags, dtype)
             if inc.build is None:
                 raise UserError(f"the incumbent {incumbent} does not compile")

@@ -12,7 +12,7 @@ from gpu_workers import runner_files as files
 from gpu_workers.benchmarker import TimingRun
 from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel
+from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel, nan_safe
 from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.cpu.trusted_build import fresh_inputs_library, kernel_host
 from gpu_workers.results import Mechanism, Rejection, SandboxReport
@@ -79,6 +79,7 @@ class CpuBackend:
                 build=None,
                 rejection=Rejection(stage="compile", reason="unsupported_dtype", message=message),
             )
+        flags = nan_safe(flags)
         unsafe = source_check(source, flags, prototype=problem.c_signature(self.dtype))
         if unsafe is not None:
             return CompileOutcome(build=None, rejection=unsafe)

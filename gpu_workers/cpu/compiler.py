@@ -110,6 +110,22 @@ class CompiledKernel(msgspec.Struct, frozen=True, kw_only=True):
     cache_hit: bool
 
 
+FINITE_MATH_FLAGS = frozenset({"-ffast-math", "-Ofast", "-ffinite-math-only"})
+NAN_SAFE_FLAG = "-fno-finite-math-only"
+
+
+def nan_safe(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags a kernel is built with, verified and timed alike: its own, and
+    `-fno-finite-math-only` last where one of them lets the compiler assume there is no
+    NaN or infinity (-ffast-math, -Ofast, -ffinite-math-only). What a kernel does with
+    non-finite input is judged (`Problem.nonfinite`); a flag must not license ignoring it.
+    Reassociation, reciprocals and contraction stay allowed."""
+    flags = tuple(flags)
+    if not FINITE_MATH_FLAGS.intersection(flags) or (flags and flags[-1] == NAN_SAFE_FLAG):
+        return flags
+    return (*flags, NAN_SAFE_FLAG)
+
+
 def source_sha256(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 

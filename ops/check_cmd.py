@@ -140,7 +140,13 @@ def _print_human(report: dict[str, Any]) -> None:
         if busy is not None and busy > 0.2:
             print(f"note: other work used {busy:.2f} cores during timing; figures are skewed")
     sandbox = report["sandbox"]
-    if sandbox and not sandbox["network_isolated"]:
+    if sandbox and sandbox["mechanisms"]:
+        applied = [m["name"] for m in sandbox["mechanisms"] if m["applied"]]
+        print(f"contained by: {', '.join(applied) or 'nothing'}")
+        for m in sandbox["mechanisms"]:
+            if not m["applied"]:
+                print(f"  not applied: {m['name']}: {m['note']}")
+    elif sandbox and not sandbox["network_isolated"]:
         print(f"note: network not isolated: {sandbox['network_note']}")
 
 
@@ -173,7 +179,9 @@ def check(
         "every check). Default: a fresh secret seed.",
     ),
     timeout: float = typer.Option(
-        60.0, "--timeout", help="Wall-clock limit in seconds for the sandboxed verification run."
+        60.0,
+        "--timeout",
+        help="Wall-clock seconds the kernel's calls may take in all during verification.",
     ),
     recalibrate: bool = typer.Option(
         False, "--recalibrate", help="Measure this host's bandwidth and peak again (with --bench)."

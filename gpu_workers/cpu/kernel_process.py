@@ -30,6 +30,8 @@ OP_CALL, OP_GUARD, OP_NOP, OP_EXIT, OP_UNGUARD = 1, 2, 3, 4, 5
 ST_OK, ST_FORBIDDEN_SYSCALL, ST_FP_STATE, ST_BAD_COMMAND = 0, 1, 2, 3
 EXIT_LOAD_FAILED, EXIT_FORBIDDEN, EXIT_SETUP_FAILED = 90, 91, 92
 MAGIC = 0x6B66686F
+NOT_NEEDED = -1
+"""A mechanism the host did not need (a user namespace, when started as root)."""
 MECHANISMS = (
     ("user_namespace", "a user namespace (needed only when not started as root)"),
     ("pid_namespace", "its own PID namespace: every process in it dies with the kernel"),
@@ -160,6 +162,7 @@ class KernelProcess:
         self.mechanisms = [
             Mechanism(name=name, applied=code == 0, note=_note(what, code))
             for (name, what), code in zip(MECHANISMS, hello[1:], strict=True)
+            if code != NOT_NEEDED
         ]
         self._stop()
 
@@ -393,8 +396,6 @@ def _padded(values: Sequence[int], size: int) -> list[int]:
 def _note(what: str, code: int) -> str:
     if code == 0:
         return what
-    if code < 0:
-        return f"not needed here: {what}"
     return f"refused by this host ({errno.errorcode.get(code, code)}: {os.strerror(code)}): {what}"
 
 

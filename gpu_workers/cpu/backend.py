@@ -155,7 +155,7 @@ class CpuBackend:
         *,
         seed: int,
         seeds: list[int],
-        recheck_seed: int,
+        recheck_seed: int | None,
         rotate_bytes: int,
         min_runs: int,
         min_seconds: float,

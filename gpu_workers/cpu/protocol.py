@@ -60,7 +60,9 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     """The check's secret: fresh inputs, which calls are judged, buffer placement."""
     seeds: list[int]
     """The baseline's input sets."""
-    recheck_seed: int
+    recheck_seed: int | None
+    """Re-check every distribution at this shape after timing, from this seed (None: not
+    in this run)."""
     rotate_bytes: int
     judged_calls: int = 3
     """How many kernel calls (warm-up included), chosen at random, have their outputs

@@ -14,6 +14,7 @@ import ctypes
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -209,6 +210,38 @@ class OutOfBounds(Exception):
         )
 
 
+JUDGES = 2
+"""Threads judging kept calls while the kernel runs the next re-check: timing is over, and
+numpy's float64 reference and comparison release the GIL."""
+
+
+def _judge_and_recheck(
+    problem: Problem, job: p.BenchJob, kernel: Contender, rechecked: list[str]
+) -> Rejection | None:
+    """Judge the kept timed calls, then re-check every distribution at the timed shape on
+    the same loaded kernel (when the job asks for it); the first failure, in that order."""
+    with ThreadPoolExecutor(max_workers=JUDGES) as judges:
+        files.write_progress("judging the timed calls")
+        pending = [judges.submit(judge_calls, problem, job.dtype, kernel.judged())]
+        kernel.kept.clear()
+        distributions = problem.distributions if job.recheck_seed is not None else ()
+        for index, distribution in enumerate(distributions):
+            assert job.recheck_seed is not None
+            running = [f for f in pending if not f.done()]
+            if len(running) >= JUDGES:  # hold no more calls in memory than are judged
+                wait(running, return_when=FIRST_COMPLETED)
+            if any(f.done() and f.result() is not None for f in pending):
+                break
+            seed = trial_seed(job.recheck_seed, index, distribution)
+            what = f"re-check after timing: {distribution} inputs at {job.shape}, seed {seed}"
+            files.write_progress(what)
+            inputs = problem.generate(job.shape, distribution, seed, job.dtype)
+            call = kernel.run_once(inputs, what, seed)
+            pending.append(judges.submit(judge_calls, problem, job.dtype, [call]))
+            rechecked.append(distribution)
+        return next((r for f in pending if (r := f.result()) is not None), None)
+
+
 def bench(job: p.BenchJob) -> p.BenchReply:
     problem = load_problem(job.problem)
     secret = np.random.default_rng(job.seed)
@@ -265,19 +298,8 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             incumbent.close()
             contenders.remove(incumbent)
         baseline_sets.clear()
-        files.write_progress("judging the timed calls")
         judged_calls = [k.call for k in kernel.kept]
-        rejection = judge_calls(problem, job.dtype, kernel.judged())
-        kernel.kept.clear()
-        for index, distribution in enumerate(problem.distributions):
-            if rejection is not None:
-                break
-            seed = trial_seed(job.recheck_seed, index, distribution)
-            what = f"re-check after timing: {distribution} inputs at {job.shape}, seed {seed}"
-            files.write_progress(what)
-            inputs = problem.generate(job.shape, distribution, seed, job.dtype)
-            rejection = judge_calls(problem, job.dtype, [kernel.run_once(inputs, what, seed)])
-            rechecked.append(distribution)
+        rejection = _judge_and_recheck(problem, job, kernel, rechecked)
     except KernelEnded as ended:
         rejection = ended_rejection("benchmark", ended)
     except OutOfBounds as oob:

@@ -24,6 +24,9 @@ COMMAND_MODULES = (
     "ops.problems_cmd",
     "ops.check_cmd",
     "ops.gpu_check_cmd",
+    "ops.replay_cmd",
+    "ops.audit_cmd",
+    "ops.best_cmd",
 )
 
 app = typer.Typer(

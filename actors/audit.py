@@ -86,7 +86,7 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
                 isinstance(event, LessonLearned | GenerationClosed)
                 and event.generation not in drawn
             ):
-                drawn[event.generation] = (position, _fresh_lessons(history, campaign_id))
+                drawn[event.generation] = (position, lessons_due(history, campaign_id))
             if isinstance(event, LessonLearned):
                 told[event.generation].append(event)
             elif isinstance(event, GenerationClosed):
@@ -146,7 +146,7 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
     ]
 
 
-def _fresh_lessons(history: History, campaign_id: str) -> list[Lesson]:
+def lessons_due(history: History, campaign_id: str) -> list[Lesson]:
     """What the librarian draws at this point (minus what the campaign already said)."""
     known = {lesson.statement for lesson in history.campaigns[campaign_id].lessons}
     return [x for x in draw_lessons(history, campaign_id) if x.statement not in known]

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "ops.replay_cmd",
     "ops.audit_cmd",
     "ops.best_cmd",
+    "ops.campaigns_cmd",
 )
 
 app = typer.Typer(

@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from actors.story import story
 from ops.errors import UserError
 from ops.options import HOME, JSON
-from ops.output import to_json
+from ops.output import console, to_json
 from ops.store_access import open_home, rebuild_campaign
 
 REPLAY_HELP = """Rebuild a campaign's state from its events alone and tell its story.
@@ -74,13 +73,13 @@ def _speed(best: dict[str, Any] | None) -> str:
 
 
 def _print(told: dict[str, Any], lessons: int) -> None:
-    console = Console()
+    out = console()
     state = told["state"] + (f": {told['finish_reason']}" if told["finish_reason"] else "")
-    console.print(
+    out.print(
         f"[bold]{told['campaign_id']}[/]: {told['problem']} ({told['dtype']}) on "
         f"{told['target']}, shapes {told['shapes']}; {state}"
     )
-    console.print(
+    out.print(
         f"as of position {told['position']} ({told['as_of']}): {told['events']} events over "
         f"{told['wall_seconds']:.0f} s; {told['proposed']} proposed, {told['evaluated']} "
         f"evaluated, {told['duplicates_avoided']} duplicates avoided"
@@ -98,13 +97,13 @@ def _print(told: dict[str, Any], lessons: int) -> None:
             _speed(g["best_in_generation"]),
             _speed(g["best_so_far"]),
         )
-    console.print(table)
+    out.print(table)
     shown = told["lessons"][-lessons:] if lessons else []
     if shown:
-        console.print(f"[bold]lessons[/] ({len(shown)} of {len(told['lessons'])})")
+        out.print(f"[bold]lessons[/] ({len(shown)} of {len(told['lessons'])})")
         for lesson in shown:
-            console.print(f"  g{lesson['generation']} {lesson['kind']}: {lesson['statement']}")
-            console.print(f"      [dim]{lesson['changed']}[/]")
+            out.print(f"  g{lesson['generation']} {lesson['kind']}: {lesson['statement']}")
+            out.print(f"      [dim]{lesson['changed']}[/]")
     if told["rejections"]:
         table = Table(title="rejections by stage and reason")
         for column in ("stage", "reason", "count", "by generation"):
@@ -112,15 +111,15 @@ def _print(told: dict[str, Any], lessons: int) -> None:
         for r in told["rejections"]:
             per = ", ".join(f"g{g}: {n}" for g, n in r["by_generation"].items())
             table.add_row(r["stage"], r["reason"], str(r["count"]), per)
-        console.print(table)
+        out.print(table)
     else:
-        console.print("rejections: none")
+        out.print("rejections: none")
     table = Table(title="time per role (cause to event)")
     for column in ("role", "seconds", "events"):
         table.add_column(column)
     for a in told["actors"]:
         table.add_row(a["role"], f"{a['seconds']:.1f}", str(a["events"]))
-    console.print(table)
+    out.print(table)
 
 
 def register(app: typer.Typer) -> None:

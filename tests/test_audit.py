@@ -29,8 +29,8 @@ from tests.recorded_campaign import (
     copy_home,
     kfactory,
     read_rows,
-    recorded,
     rechain,
+    recorded,
     set_payload,
     write_rows,
 )

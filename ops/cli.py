@@ -28,6 +28,8 @@ COMMAND_MODULES = (
     "ops.audit_cmd",
     "ops.best_cmd",
     "ops.campaigns_cmd",
+    "ops.export_cmd",
+    "ops.report_cmd",
 )
 
 app = typer.Typer(

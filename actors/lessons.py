@@ -51,16 +51,24 @@ def _by_value(candidates: list[Candidate]) -> dict[tuple[str, str, Any], list[Ca
     return groups
 
 
+def _group_order(item: tuple[tuple[str, str, Any], list[Candidate]]) -> str:
+    """Groups in the order of their keys' text: the order `key=str` gave, without
+    printing every candidate of every group."""
+    return str(item[0])
+
+
 def parameter_effects(scope: list[Candidate]) -> list[Lesson]:
     timed = [c for c in scope if c.benchmark and c.benchmark.speedup > 0]
     lessons = []
-    for (template, name, value), group in sorted(_by_value(timed).items(), key=str):
+    for (template, name, value), group in sorted(_by_value(timed).items(), key=_group_order):
+        if len(group) < MIN_SAMPLES:
+            continue
         others = [
             c
             for c in timed
             if c.proposal.template == template and c.proposal.params.get(name) != value
         ]
-        if len(group) < MIN_SAMPLES or len(others) < MIN_SAMPLES:
+        if len(others) < MIN_SAMPLES:
             continue
         with_value = [math.log(c.speedup or 1.0) for c in group]
         without = [math.log(c.speedup or 1.0) for c in others]
@@ -119,7 +127,7 @@ def avoided_regions(scope: list[Candidate]) -> list[Lesson]:
     """Parameter values whose every evaluated candidate failed to compile or verify."""
     evaluated = [c for c in scope if c.evaluated]
     lessons = []
-    for (template, name, value), group in sorted(_by_value(evaluated).items(), key=str):
+    for (template, name, value), group in sorted(_by_value(evaluated).items(), key=_group_order):
         failed = [
             c
             for c in group

@@ -38,4 +38,4 @@ def print_rows(
             table.add_column(column, overflow="fold")
         for row in rows:
             table.add_row(*("" if v is None else str(v) for v in row))
-        Console().print(table)
+        console().print(table)

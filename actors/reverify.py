@@ -20,6 +20,8 @@ from gpu_workers.results import BenchmarkResult
 from gpu_workers.verifier import precheck, verify
 from kernels.loading import load_problem
 
+NO_COMPILER = "no_compiler"
+
 
 def top_candidates(history: History, campaign_id: str, k: int) -> list[Candidate]:
     timed = [c for c in history.campaign_candidates(campaign_id) if c.benchmark and c.written]
@@ -50,6 +52,8 @@ def _one(spec: CampaignSpec, candidate: Candidate, rank: int, seed: int) -> list
         outcome = precheck(problem, backend, written.source, flags, written.dtype)
         if outcome.rejection is not None:
             r = outcome.rejection
+            if r.reason == NO_COMPILER:  # this host's toolchain, not the kernel
+                return [skipped("reverify", name, f"not compiled here: {r.message}; {missing}")]
             return [differs("reverify", name, f"compile/static: {r.reason}: {r.message}")]
         return [
             agrees("reverify", name, "compiles and passes the static checks here"),

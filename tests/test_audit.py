@@ -11,18 +11,31 @@ import msgspec
 import pytest
 
 from actors.audit import lessons_due
+from actors.campaign import Budget, CampaignSpec
+from actors.devices import device_missing, source_hash
 from actors.history import History
 from actors.planner import summary
-from eventstore.codec import decode
+from eventstore.codec import decode, encode
+from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
+    ActorRef,
     BenchmarkCompleted,
     CampaignFinished,
+    CampaignStarted,
+    CandidateProposed,
     Event,
     GenerationClosed,
+    GenerationOpened,
+    KernelCompiled,
+    KernelVerified,
     KernelWritten,
     LessonLearned,
+    new_event,
 )
 from eventstore.ids import derived_event_id
+from eventstore.store import Recorded
+from gpu_workers.cuda.compiler import nvcc_path
+from kernels.templates import example_kernel
 from tests.recorded_campaign import (
     CAMPAIGN_ID,
     Row,
@@ -81,6 +94,9 @@ def test_replay_reproduces_the_live_projections_exactly(
     assert done.returncode == 0, done.stderr
     told = json.loads(done.stdout)
     assert told["state"] == "finished" and told["finish_reason"] == live["finished"]
+    # `run --json` names the winner's parameters and the file it was written to.
+    assert live["best"]["params"] and live["best"]["template"]
+    assert Path(live["best"]["path"]).read_text().startswith("// kfactory-flags: ")
     assert told["evaluated"] == live["evaluated"]
     assert told["duplicates_avoided"] == live["duplicates_avoided"]
     assert len(told["generations"]) == live["generations"]
@@ -310,3 +326,162 @@ def test_a_planted_speedup_is_reported_as_differs_by_re_measurement(home: Path) 
     found = differing(report)
     assert len(found) == 1 and found[0]["area"] == "reverify", found
     assert planted in found[0]["name"] and "does not reproduce" in found[0]["evidence"]
+
+
+# --- a campaign recorded on a GPU host, audited here --------------------------------------
+
+
+def record_gpu_campaign(home: Path) -> None:
+    """A one-kernel cuda campaign as a GPU host records it (the derived facts drawn by the
+    actors' own code), stored here where there is no GPU."""
+    rendered = example_kernel("softmax", "cuda", "fp32")
+    assert rendered is not None
+    gpu = ActorRef(role="benchmarker", instance="benchmarker-0", host="gpu-host")
+    store = DuckDBEventStore(home / "events.duckdb")
+    history = History()
+    emitted: list[Event] = []
+
+    def emit(event: Event) -> Event:
+        history.apply(len(emitted) + 1, event)
+        emitted.append(event)
+        return event
+
+    spec = CampaignSpec(problem="softmax", target="cuda", budget=Budget(candidates=1))
+    start = emit(
+        new_event(
+            CampaignStarted,
+            campaign_id="gpu",
+            actor=gpu,
+            name="gpu",
+            problem="softmax",
+            target="cuda",
+            config=spec.to_config(),
+        )
+    )
+    opened = emit(
+        new_event(
+            GenerationOpened, campaign_id="gpu", actor=gpu, cause=start, generation=0, planned=1
+        )
+    )
+    work = {"problem": "softmax", "target": "cuda", "candidate_id": "gpu:g0:c0", "generation": 0}
+    identity = source_hash(rendered.source, list(rendered.flags))
+    proposed = emit(
+        new_event(
+            CandidateProposed,
+            campaign_id="gpu",
+            actor=gpu,
+            cause=opened,
+            template="softmax_cuda_rows",
+            **work,
+        )
+    )
+    written = emit(
+        new_event(
+            KernelWritten,
+            campaign_id="gpu",
+            actor=gpu,
+            cause=proposed,
+            source_hash=identity,
+            source=rendered.source,
+            flags=list(rendered.flags),
+            writer="template",
+            **work,
+        )
+    )
+    compiled = emit(
+        new_event(
+            KernelCompiled,
+            campaign_id="gpu",
+            actor=gpu,
+            cause=written,
+            source_hash=identity,
+            arch="sm_90",
+            resources=[],
+            **work,
+        )
+    )
+    verified = emit(
+        new_event(
+            KernelVerified,
+            campaign_id="gpu",
+            actor=gpu,
+            cause=compiled,
+            source_hash=identity,
+            max_rel_err=1e-7,
+            trials=20,
+            **work,
+        )
+    )
+    emit(
+        new_event(
+            BenchmarkCompleted,
+            campaign_id="gpu",
+            actor=gpu,
+            cause=verified,
+            source_hash=identity,
+            median_ns=1e5,
+            iqr_ns=1e3,
+            baseline="torch eager",
+            baseline_ns=2e5,
+            speedup=2.0,
+            roofline_fraction=0.5,
+            device="H200",
+            **work,
+        )
+    )
+    for index, lesson in enumerate(lessons_due(history, "gpu")):
+        emit(
+            new_event(
+                LessonLearned,
+                campaign_id="gpu",
+                actor=gpu,
+                cause=opened,
+                event_id=derived_event_id(opened.event_id, "lesson", index),
+                generation=0,
+                kind=lesson.kind,
+                statement=lesson.statement,
+                evidence_ids=lesson.evidence_ids,
+                data=lesson.data,
+            )
+        )
+    emit(
+        new_event(
+            GenerationClosed,
+            campaign_id="gpu",
+            actor=gpu,
+            cause=opened,
+            generation=0,
+            settled=1,
+            evaluated=1,
+            best_candidate="gpu:g0:c0",
+            best_speedup=2.0,
+        )
+    )
+    emit(
+        new_event(
+            CampaignFinished,
+            campaign_id="gpu",
+            actor=gpu,
+            cause=start,
+            reason="budget reached: 1 candidates",
+            summary=summary(history, history.campaigns["gpu"]),
+        )
+    )
+    store.append([Recorded(e, encode(e)) for e in emitted])
+    store.close()
+
+
+def test_a_gpu_campaign_is_audited_on_a_cpu_host_as_far_as_it_can_go(tmp_path: Path) -> None:
+    if device_missing("cuda") is None:
+        pytest.skip("this host has a GPU: the cuda kernels would run here")
+    record_gpu_campaign(tmp_path)
+    done = kfactory("audit", "gpu", "--home", str(tmp_path), "--reverify", "1", "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, differing(report)
+    kernel = [c for c in report["claims"] if c["area"] == "reverify"]
+    assert [c["status"] for c in kernel][-1] == "skipped", kernel
+    assert "not run" in kernel[-1]["evidence"] or "not compiled here" in kernel[-1]["evidence"]
+    if nvcc_path() is not None:  # compile and static checks happen on any host with nvcc
+        assert kernel[0]["status"] == "agrees" and "static" in kernel[0]["evidence"]
+    projections = {c["name"]: c["status"] for c in report["claims"] if c["area"] == "projection"}
+    assert projections["leaderboard"] == projections["lessons"] == "agrees", projections

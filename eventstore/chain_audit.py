@@ -63,9 +63,10 @@ def check_chain(
             continue
         claim, skip = _diagnose(rows, index, previous, before_previous, missing)
         breaks.append(claim)
-        # Carry on from the stored hashes, so later breaks are found too.
-        last = rows[min(index + skip, len(rows)) - 1]
-        before_previous, previous = previous, last.chain_hash
+        # Carry on from the stored hashes, so later breaks are found too; after a swap
+        # the chain goes on from the pair's later event in the original order.
+        resume = rows[index] if skip == 2 else rows[min(index + skip, len(rows)) - 1]
+        before_previous, previous = previous, resume.chain_hash
         index += skip
     if breaks:
         return breaks

@@ -59,20 +59,30 @@ def _group_order(item: tuple[tuple[str, str, Any], list[Candidate]]) -> str:
 
 def parameter_effects(scope: list[Candidate]) -> list[Lesson]:
     timed = [c for c in scope if c.benchmark and c.benchmark.speedup > 0]
+    logs = {id(c): math.log(c.speedup or 1.0) for c in timed}
+    by_template: dict[str, list[Candidate]] = defaultdict(list)
+    for c in timed:
+        by_template[c.proposal.template].append(c)
+    columns: dict[tuple[str, str], list[Any]] = {}
+    # A group and its others are all of the template's timed candidates, and pstdev is
+    # exact (order-free), so each template's spread is computed once.
+    spreads: dict[str, float] = {}
     lessons = []
     for (template, name, value), group in sorted(_by_value(timed).items(), key=_group_order):
         if len(group) < MIN_SAMPLES:
             continue
-        others = [
-            c
-            for c in timed
-            if c.proposal.template == template and c.proposal.params.get(name) != value
-        ]
+        members = by_template[template]
+        column = columns.get((template, name))
+        if column is None:
+            column = columns[(template, name)] = [c.proposal.params.get(name) for c in members]
+        others = [c for c, v in zip(members, column, strict=True) if v != value]
         if len(others) < MIN_SAMPLES:
             continue
-        with_value = [math.log(c.speedup or 1.0) for c in group]
-        without = [math.log(c.speedup or 1.0) for c in others]
-        spread = statistics.pstdev(with_value + without) or 1e-9
+        with_value = [logs[id(c)] for c in group]
+        without = [logs[id(c)] for c in others]
+        if template not in spreads:
+            spreads[template] = statistics.pstdev([logs[id(c)] for c in members])
+        spread = spreads[template] or 1e-9
         effect = (statistics.fmean(with_value) - statistics.fmean(without)) / spread
         if abs(effect) < MIN_EFFECT:
             continue

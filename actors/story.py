@@ -6,6 +6,7 @@ any point of the campaign.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -131,7 +132,7 @@ def _brief(candidate: Candidate | None) -> dict[str, Any] | None:
 def lessons(history: History, campaign_id: str) -> list[dict[str, Any]]:
     """Each lesson, and what the proposals made after it did with what it said."""
     campaign = history.campaigns[campaign_id]
-    proposals = [c.proposal for c in history.campaign_candidates(campaign_id)]
+    uses = _Uses([c.proposal for c in history.campaign_candidates(campaign_id)])
     return [
         {
             "generation": lesson.generation,
@@ -139,33 +140,43 @@ def lessons(history: History, campaign_id: str) -> list[dict[str, Any]]:
             "statement": lesson.statement,
             "event_id": lesson.event_id,
             "evidence_ids": lesson.evidence_ids,
-            "changed": _what_changed(lesson, proposals),
+            "changed": uses.changed(lesson),
         }
         for lesson in campaign.lessons
     ]
 
 
-def _what_changed(lesson: LessonLearned, proposals: list[CandidateProposed]) -> str:
-    data = lesson.data
-    if lesson.kind == "lineage":
-        return f"best so far: {data.get('best')}"
-    if "param" not in data or "template" not in data:
-        return "no parameter to follow"
-    template, name, value = data["template"], str(data["param"]), data.get("value")
-    before = [p for p in proposals if p.generation <= lesson.generation and p.template == template]
-    after = [p for p in proposals if p.generation > lesson.generation and p.template == template]
-    if not after:
-        return f"no later proposal of {template} yet"
+class _Uses:
+    """The generations of the proposals per template and per parameter value, in order,
+    so "how many before and after generation g" is a bisection."""
 
-    def share(group: list[CandidateProposed]) -> str:
-        hits = sum(1 for p in group if p.params.get(name) == value)
-        return f"{hits} of {len(group)}"
+    def __init__(self, proposals: list[CandidateProposed]) -> None:
+        self.template: dict[str, list[int]] = defaultdict(list)
+        self.value: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+        for p in sorted(proposals, key=lambda p: p.generation):
+            self.template[p.template].append(p.generation)
+            for name, value in p.params.items():
+                self.value[(p.template, name, repr(value))].append(p.generation)
 
-    said = "avoid" if data.get("avoid") else "effect"
-    return (
-        f"{said}: later proposals of {template} with {name}={value!r}: {share(after)} "
-        f"(up to then: {share(before)})"
-    )
+    def changed(self, lesson: LessonLearned) -> str:
+        data = lesson.data
+        if lesson.kind == "lineage":
+            return f"best so far: {data.get('best')}"
+        if "param" not in data or "template" not in data:
+            return "no parameter to follow"
+        template, name, value = str(data["template"]), str(data["param"]), data.get("value")
+        total = self.template.get(template, [])
+        hits = self.value.get((template, name, repr(value)), [])
+        g = lesson.generation
+        before_total, before_hits = bisect_right(total, g), bisect_right(hits, g)
+        after_total, after_hits = len(total) - before_total, len(hits) - before_hits
+        if not after_total:
+            return f"no later proposal of {template} yet"
+        said = "avoid" if data.get("avoid") else "effect"
+        return (
+            f"{said}: later proposals of {template} with {name}={value!r}: "
+            f"{after_hits} of {after_total} (up to then: {before_hits} of {before_total})"
+        )
 
 
 def rejections(candidates: list[Candidate]) -> list[dict[str, Any]]:

@@ -59,7 +59,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 KFACTORY = [sys.executable, "-m", "ops.cli"]
 CAMPAIGN = "bench-audit"
-SPACE = {"tile": [16, 32, 64, 128], "unroll": [1, 2, 4, 8], "threads": [1, 2]}
+SPACE: dict[str, list[Any]] = {  # the size of a real template's space (softmax: 7 params)
+    "tile": [16, 32, 64, 128],
+    "unroll": [1, 2, 4, 8],
+    "threads": [0, 1, 2, 4],
+    "simdlen": [4, 8, 16],
+    "schedule": ["static", "dynamic"],
+    "prefetch": [0, 256, 1024],
+    "streaming": [False, True],
+}
 TEMPLATES = ("rows_a", "rows_b", "rows_c")
 
 
@@ -188,7 +196,6 @@ def _candidate(
 ) -> None:
     template = rng.choice(TEMPLATES)
     params: dict[str, Any] = {name: rng.choice(values) for name, values in SPACE.items()}
-    params["variant"] = f"{generation}.{index}"  # every proposal is a new point
     work: dict[str, Any] = {
         "problem": "softmax",
         "target": "cpu",
@@ -222,7 +229,7 @@ def _candidate(
             )
         )
         return
-    source = f"// {template} {params}\nvoid kernel(void) {{}}\n"
+    source = f"// {work['candidate_id']}: {template} {params}\nvoid kernel(void) {{}}\n"
     identity = source_hash(source, ["-O3"])
     written = out.emit(
         new_event(
@@ -271,7 +278,7 @@ def _candidate(
         speed = math.exp(
             0.3 * math.log2(params["tile"] / 16)
             - 0.1 * params["unroll"]
-            + 0.4 * params["threads"]
+            + 0.2 * params["threads"]
             + rng.gauss(0, 0.2)
         )
         median = 4e6 / speed

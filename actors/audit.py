@@ -61,12 +61,13 @@ class _Area:
         if not ok and len(self.differences) < MAX_DIFFERENCES:
             self.differences.append(differs(self.area, self.name, evidence, position))
 
-    def claims(self, what: str) -> list[Claim]:
+    def claims(self, what: str, note: str = "") -> list[Claim]:
         if self.differences:
             return self.differences
         if self.checked == 0:
             return [skipped(self.area, self.name, f"no {what} recorded")]
-        return [agrees(self.area, self.name, f"{self.checked} {what} re-derived, all equal")]
+        said = f"{self.checked} {what} re-derived, all equal" + (f"; {note}" if note else "")
+        return [agrees(self.area, self.name, said)]
 
 
 def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> list[Claim]:
@@ -138,7 +139,7 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
         else "no timed kernel"
     )
     return [
-        *board.claims(f"generation bests and benchmark figures ({top});"),
+        *board.claims("generation bests and benchmark figures", top),
         *dedupe.claims("duplicate answers and kernel identities"),
         *lessons.claims("generations' lessons"),
         *sources.claims("kernel identities"),

@@ -51,20 +51,38 @@ def _by_value(candidates: list[Candidate]) -> dict[tuple[str, str, Any], list[Ca
     return groups
 
 
+def _group_order(item: tuple[tuple[str, str, Any], list[Candidate]]) -> str:
+    """Groups in the order of their keys' text: the order `key=str` gave, without
+    printing every candidate of every group."""
+    return str(item[0])
+
+
 def parameter_effects(scope: list[Candidate]) -> list[Lesson]:
     timed = [c for c in scope if c.benchmark and c.benchmark.speedup > 0]
+    logs = {id(c): math.log(c.speedup or 1.0) for c in timed}
+    by_template: dict[str, list[Candidate]] = defaultdict(list)
+    for c in timed:
+        by_template[c.proposal.template].append(c)
+    columns: dict[tuple[str, str], list[Any]] = {}
+    # A group and its others are all of the template's timed candidates, and pstdev is
+    # exact (order-free), so each template's spread is computed once.
+    spreads: dict[str, float] = {}
     lessons = []
-    for (template, name, value), group in sorted(_by_value(timed).items(), key=str):
-        others = [
-            c
-            for c in timed
-            if c.proposal.template == template and c.proposal.params.get(name) != value
-        ]
-        if len(group) < MIN_SAMPLES or len(others) < MIN_SAMPLES:
+    for (template, name, value), group in sorted(_by_value(timed).items(), key=_group_order):
+        if len(group) < MIN_SAMPLES:
             continue
-        with_value = [math.log(c.speedup or 1.0) for c in group]
-        without = [math.log(c.speedup or 1.0) for c in others]
-        spread = statistics.pstdev(with_value + without) or 1e-9
+        members = by_template[template]
+        column = columns.get((template, name))
+        if column is None:
+            column = columns[(template, name)] = [c.proposal.params.get(name) for c in members]
+        others = [c for c, v in zip(members, column, strict=True) if v != value]
+        if len(others) < MIN_SAMPLES:
+            continue
+        with_value = [logs[id(c)] for c in group]
+        without = [logs[id(c)] for c in others]
+        if template not in spreads:
+            spreads[template] = statistics.pstdev([logs[id(c)] for c in members])
+        spread = spreads[template] or 1e-9
         effect = (statistics.fmean(with_value) - statistics.fmean(without)) / spread
         if abs(effect) < MIN_EFFECT:
             continue
@@ -119,7 +137,7 @@ def avoided_regions(scope: list[Candidate]) -> list[Lesson]:
     """Parameter values whose every evaluated candidate failed to compile or verify."""
     evaluated = [c for c in scope if c.evaluated]
     lessons = []
-    for (template, name, value), group in sorted(_by_value(evaluated).items(), key=str):
+    for (template, name, value), group in sorted(_by_value(evaluated).items(), key=_group_order):
         failed = [
             c
             for c in group

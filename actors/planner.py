@@ -72,7 +72,7 @@ class Planner(Actor):
     ) -> None:
         assert self._nc is not None
         spec = campaign.spec
-        remaining = spec.budget.candidates - _spent(history, campaign)
+        remaining = spec.budget.candidates - spent_candidates(history, campaign)
         count = min(spec.search.per_generation, remaining)
         campaign_id = campaign.started.campaign_id
         if spec.writer.kind == "llm" and generation > 0:
@@ -180,7 +180,7 @@ def _avoided(proposal: Proposal, regions: list[dict[str, Any]]) -> bool:
     )
 
 
-def _spent(history: History, campaign: Campaign) -> int:
+def spent_candidates(history: History, campaign: Campaign) -> int:
     """Candidates that count against the budget: all proposed but the deduplicated."""
     return sum(
         1 for c in history.campaign_candidates(campaign.started.campaign_id) if c.duplicate is None
@@ -189,7 +189,7 @@ def _spent(history: History, campaign: Campaign) -> int:
 
 def _finish_reason(history: History, campaign: Campaign) -> str | None:
     spec = campaign.spec
-    spent = _spent(history, campaign)
+    spent = spent_candidates(history, campaign)
     if spent >= spec.budget.candidates:
         return f"budget reached: {spent} candidates"
     elapsed = time.time() - campaign.started.ts.timestamp()

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from eventstore.sql_guard import check_read_only
 from eventstore.store import EventStore, RawRow, Row
+from eventstore.views import create_views
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -101,6 +102,7 @@ class DuckDBEventStore(EventStore):
         self._lock = threading.Lock()
         if not read_only:
             self._conn.execute(SCHEMA_SQL)
+            create_views(self._conn)  # candidates, leaderboard, lessons, ...
             # Small frequent commits: checkpoint the WAL rarely (it doubles append speed;
             # the cost is a longer WAL replay after a crash).
             self._conn.execute("SET checkpoint_threshold = '512MB'")

@@ -24,6 +24,12 @@ COMMAND_MODULES = (
     "ops.problems_cmd",
     "ops.check_cmd",
     "ops.gpu_check_cmd",
+    "ops.replay_cmd",
+    "ops.audit_cmd",
+    "ops.best_cmd",
+    "ops.campaigns_cmd",
+    "ops.export_cmd",
+    "ops.report_cmd",
 )
 
 app = typer.Typer(

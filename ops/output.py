@@ -18,6 +18,11 @@ def to_json(value: Any) -> str:
     return _json.encode(value).decode()
 
 
+def console() -> Console:
+    """Rich output; wide when it goes to a file or a pipe (no terminal to fit)."""
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
 def print_rows(
     columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, title: str | None = None
 ) -> None:
@@ -33,4 +38,4 @@ def print_rows(
             table.add_column(column, overflow="fold")
         for row in rows:
             table.add_row(*("" if v is None else str(v) for v in row))
-        Console().print(table)
+        console().print(table)

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from actors.best_kernels import describe, file_name, write_kernel
 from actors.campaign import Budget, CampaignError, CampaignSpec, Search, load_campaign, validate
 from actors.history import History
 from actors.planner import summary
@@ -148,7 +149,7 @@ async def _main(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if url is not None:
-        return await follow(spec, url, None, stop, console)
+        return await follow(spec, url, None, stop, console, best_dir=home / "best")
     async with running_hub(home) as hub:
         console.print(f"hub {hub.url}; events in {hub.store.path}")
         async with running_swarm(
@@ -163,7 +164,9 @@ async def _main(
                     f"host:\n  kfactory actor verifier --target {spec.target} --nats URL\n"
                     f"  kfactory actor benchmarker --target {spec.target} --nats URL"
                 )
-            return await follow(spec, hub.url, swarm, stop, console, hub.check)
+            return await follow(
+                spec, hub.url, swarm, stop, console, hub.check, best_dir=home / "best"
+            )
 
 
 async def follow(
@@ -173,6 +176,7 @@ async def follow(
     stop: asyncio.Event,
     console: Console,
     hub_check: Callable[[], None] | None = None,
+    best_dir: Path | None = None,
 ) -> dict[str, Any] | None:
     nc = await connect(url, "kfactory-run")
     try:
@@ -183,7 +187,7 @@ async def follow(
         known = history.campaigns.get(campaign_id)
         if known is not None and known.finished is not None:
             console.print(f"campaign {campaign_id} already finished: {known.finished.reason}")
-            return _result(history, campaign_id, console)
+            return _result(history, campaign_id, console, best_dir)
         progress = Progress(history, campaign_id)
         subscription = await jetstream(nc).subscribe(
             campaign_filter(campaign_id),
@@ -220,7 +224,7 @@ async def follow(
         await subscription.unsubscribe()
         if not progress.finished:
             return None
-        return _result(progress.history, campaign_id, console)
+        return _result(progress.history, campaign_id, console, best_dir)
     finally:
         await nc.close()
 
@@ -274,9 +278,17 @@ class Progress:
         return table
 
 
-def _result(history: History, campaign_id: str, console: Console) -> dict[str, Any]:
+def _result(
+    history: History, campaign_id: str, console: Console, best_dir: Path | None = None
+) -> dict[str, Any]:
     campaign = history.campaigns[campaign_id]
     result = {"campaign_id": campaign_id, **summary(history, campaign)}
+    winner = history.best(campaign_id)
+    if best_dir is not None and winner is not None and winner.written and result["best"]:
+        # The winning kernel as a file `kfactory check` and a compiler take as it is.
+        path = write_kernel(winner, best_dir / file_name(winner))
+        result["best"] = {**result["best"], **describe(winner, path)}
+        console.print(f"best kernel written to {path}")
     if campaign.finished is not None:
         result["finished"] = campaign.finished.reason
     timed = sorted(

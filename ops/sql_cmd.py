@@ -35,10 +35,14 @@ def register(app: typer.Typer) -> None:
             "Columns: position, event_id, campaign_id, type, schema, ts, actor_role, "
             "actor_instance, actor_host, causation_id, correlation_id, stream_seq, "
             "payload (JSON), chain_hash.\n\n"
+            "Views that need no knowledge of the payload: candidates (one row per candidate "
+            "through every stage), leaderboard, lessons, rejections, steps (seconds from "
+            "each event's cause, per role).\n\n"
             "Examples:\n\n"
             '  kfactory sql "SELECT type, count(*) FROM events GROUP BY type"\n\n'
             "  kfactory sql \"SELECT payload->>'reason' AS reason FROM events "
-            "WHERE type = 'EventRejected'\" --format csv"
+            "WHERE type = 'EventRejected'\" --format csv\n\n"
+            '  kfactory sql "SELECT * FROM leaderboard WHERE rank <= 3"'
         ),
     )(sql)
 

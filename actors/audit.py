@@ -1,0 +1,346 @@
+"""Re-deriving what a campaign reported, from its events alone, and comparing.
+
+Replays the history of the campaign's problem (every campaign of it: lessons draw on
+them all) and, at the moment each claim was made, rebuilds what the claim should have
+been: each generation's lessons and close (best candidate, counts), the dedupe answers,
+the finish reason and summary. Every kernel's source must hash to the identity that
+later events name, and every benchmark's speedup must be its own baseline over median.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from actors.devices import source_hash
+from actors.history import History
+from actors.lessons import Lesson, draw_lessons
+from actors.planner import spent_candidates, summary
+from eventstore.claims import Claim, agrees, differs, skipped
+from eventstore.events import (
+    BenchmarkCompleted,
+    CampaignFinished,
+    CandidateDeduplicated,
+    Event,
+    GenerationClosed,
+    KernelCompiled,
+    KernelRejected,
+    KernelVerified,
+    KernelWritten,
+    LessonLearned,
+)
+
+MAX_DIFFERENCES = 10
+REL_TOLERANCE = 1e-9
+
+
+def _plain(value: Any) -> Any:
+    """Data as it reads back from JSON (tuples become lists, and so on)."""
+    return msgspec.json.decode(msgspec.json.encode(value))
+
+
+def _lesson_key(kind: str, statement: str, evidence: list[str], data: Any) -> str:
+    return msgspec.json.encode([kind, statement, evidence, _plain(data)]).decode()
+
+
+class _Area:
+    """The findings of one kind of claim: how many were checked, and which differ."""
+
+    def __init__(self, area: str, name: str) -> None:
+        self.area, self.name = area, name
+        self.checked = 0
+        self.differences: list[Claim] = []
+
+    def check(self, ok: bool, evidence: str, position: int) -> None:
+        self.checked += 1
+        if not ok and len(self.differences) < MAX_DIFFERENCES:
+            self.differences.append(differs(self.area, self.name, evidence, position))
+
+    def claims(self, what: str, note: str = "") -> list[Claim]:
+        if self.differences:
+            return self.differences
+        if self.checked == 0:
+            return [skipped(self.area, self.name, f"no {what} recorded")]
+        said = f"{self.checked} {what} re-derived, all equal" + (f"; {note}" if note else "")
+        return [agrees(self.area, self.name, said)]
+
+
+def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> list[Claim]:
+    """Rebuild every projection of `campaign_id` from `events` (the whole store, or at
+    least every campaign of its problem, in position order) and compare with its claims."""
+    history = History()
+    board = _Area("projection", "leaderboard")
+    dedupe = _Area("projection", "dedupe index")
+    lessons = _Area("projection", "lessons")
+    sources = _Area("kernel", "sources match their hashes")
+    drawn: dict[int, tuple[int, list[Lesson]]] = {}
+    told: dict[int, list[LessonLearned]] = defaultdict(list)
+    finish: list[Claim] = []
+    for position, event in events:
+        if event.campaign_id == campaign_id and campaign_id in history.campaigns:
+            if (
+                isinstance(event, LessonLearned | GenerationClosed)
+                and event.generation not in drawn
+            ):
+                drawn[event.generation] = (position, lessons_due(history, campaign_id))
+            if isinstance(event, LessonLearned):
+                told[event.generation].append(event)
+            elif isinstance(event, GenerationClosed):
+                _check_close(history, campaign_id, event, position, board)
+            elif isinstance(event, CandidateDeduplicated):
+                _check_duplicate(history, campaign_id, event, position, dedupe)
+            elif isinstance(event, KernelWritten):
+                _check_written(history, campaign_id, event, position, sources, dedupe)
+            elif isinstance(event, KernelCompiled | KernelVerified | KernelRejected):
+                _check_same_kernel(history, event, position, sources)
+            elif isinstance(event, BenchmarkCompleted):
+                _check_same_kernel(history, event, position, sources)
+                _check_benchmark(event, position, board)
+            elif isinstance(event, CampaignFinished):
+                finish = _check_finish(history, campaign_id, event, position, board, dedupe)
+        history.apply(position, event)
+    if campaign_id not in history.campaigns:
+        raise KeyError(f"no campaign {campaign_id!r} in the store")
+    for generation, (position, expected) in sorted(drawn.items()):
+        want = [_lesson_key(x.kind, x.statement, x.evidence_ids, x.data) for x in expected]
+        got = [_lesson_key(x.kind, x.statement, x.evidence_ids, x.data) for x in told[generation]]
+        missing = [
+            x.statement
+            for x in expected
+            if _lesson_key(x.kind, x.statement, x.evidence_ids, x.data) not in got
+        ]
+        extra = [
+            x.statement
+            for x in told[generation]
+            if _lesson_key(x.kind, x.statement, x.evidence_ids, x.data) not in want
+        ]
+        lessons.check(
+            want == got,
+            f"generation {generation}: "
+            + (f"not re-derived: {extra[:2]}" if extra else "")
+            + ("; " if extra and missing else "")
+            + (f"re-derived but not recorded: {missing[:2]}" if missing else "")
+            + ("" if missing or extra else "same lessons in another order"),
+            position,
+        )
+    campaign = history.campaigns[campaign_id]
+    best = history.best(campaign_id)
+    if not finish:
+        state = "running" if campaign.finished is None else "finished"
+        finish = [skipped("projection", "finish reason", f"the campaign is {state}, not finished")]
+    top = (
+        f"best {best.candidate_id} at {best.speedup:.3f}x"
+        if best is not None and best.speedup
+        else "no timed kernel"
+    )
+    return [
+        *board.claims("generation bests and benchmark figures", top),
+        *dedupe.claims("duplicate answers and kernel identities"),
+        *lessons.claims("generations' lessons"),
+        *sources.claims("kernel identities"),
+        *finish,
+    ]
+
+
+def lessons_due(history: History, campaign_id: str) -> list[Lesson]:
+    """What the librarian draws at this point (minus what the campaign already said)."""
+    known = {lesson.statement for lesson in history.campaigns[campaign_id].lessons}
+    return [x for x in draw_lessons(history, campaign_id) if x.statement not in known]
+
+
+def _check_close(
+    history: History, campaign_id: str, event: GenerationClosed, position: int, board: _Area
+) -> None:
+    state = history.campaigns[campaign_id].generations.get(event.generation)
+    members = [history.candidates[c] for c in state.candidates] if state else []
+    timed = [c for c in members if c.benchmark]
+    best = max(timed, key=lambda c: c.speedup or 0.0, default=None)
+    expected = (
+        len(members),
+        sum(1 for c in members if c.evaluated),
+        best.candidate_id if best else None,
+        best.speedup if best else None,
+    )
+    told = (event.settled, event.evaluated, event.best_candidate, event.best_speedup)
+    board.check(
+        expected == told,
+        f"generation {event.generation} closed with (settled, evaluated, best, speedup) "
+        f"{told}; its events give {expected}",
+        position,
+    )
+
+
+def _check_duplicate(
+    history: History,
+    campaign_id: str,
+    event: CandidateDeduplicated,
+    position: int,
+    dedupe: _Area,
+) -> None:
+    earlier = history.seen_source(campaign_id, event.source_hash, event.candidate_id)
+    outcome = earlier.outcome_event if earlier else None
+    dedupe.check(
+        outcome is not None and outcome.event_id == event.duplicate_of,
+        f"{event.candidate_id} was deduplicated as a copy of {event.duplicate_of}, but the "
+        + (
+            f"earlier kernel with that source was settled by {outcome.event_id}"
+            if outcome
+            else "history holds no earlier settled kernel with that source"
+        ),
+        position,
+    )
+
+
+def _check_written(
+    history: History,
+    campaign_id: str,
+    event: KernelWritten,
+    position: int,
+    sources: _Area,
+    dedupe: _Area,
+) -> None:
+    actual = source_hash(event.source, event.flags)
+    sources.check(
+        actual == event.source_hash,
+        f"{event.candidate_id}: its source and flags hash to {actual[:16]}..., "
+        f"the event names {event.source_hash[:16]}...: the source was altered",
+        position,
+    )
+    earlier = history.seen_source(campaign_id, event.source_hash, event.candidate_id)
+    dedupe.check(
+        earlier is None or earlier.outcome_event is None,
+        f"{event.candidate_id} was evaluated although {earlier.candidate_id if earlier else ''} "
+        "had already settled the same kernel",
+        position,
+    )
+
+
+def _check_same_kernel(
+    history: History,
+    event: KernelCompiled | KernelVerified | KernelRejected | BenchmarkCompleted,
+    position: int,
+    sources: _Area,
+) -> None:
+    candidate = history.candidates.get(event.candidate_id)
+    written = candidate.written if candidate else None
+    if written is None:
+        return  # a rejection before any kernel was written (the writer's own)
+    sources.check(
+        written.source_hash == event.source_hash,
+        f"{event.type} of {event.candidate_id} names kernel {event.source_hash[:16]}..., "
+        f"but the kernel written for it is {written.source_hash[:16]}...",
+        position,
+    )
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=REL_TOLERANCE)
+
+
+def _check_benchmark(event: BenchmarkCompleted, position: int, board: _Area) -> None:
+    ratio = event.baseline_ns / event.median_ns if event.median_ns > 0 else math.inf
+    board.check(
+        _close(ratio, event.speedup),
+        f"{event.candidate_id}: speedup {event.speedup:.4g} is not baseline/median "
+        f"{event.baseline_ns:.6g}/{event.median_ns:.6g} = {ratio:.4g}",
+        position,
+    )
+    floor = event.evidence.get("roofline_ns")
+    if isinstance(floor, int | float) and event.median_ns > 0:
+        board.check(
+            _close(floor / event.median_ns, event.roofline_fraction),
+            f"{event.candidate_id}: roofline fraction {event.roofline_fraction:.4g} is not "
+            f"roofline/median {floor:.6g}/{event.median_ns:.6g}",
+            position,
+        )
+
+
+_WALL = re.compile(r"wall time reached: ([\d.]+) s")
+
+
+def _check_finish(
+    history: History,
+    campaign_id: str,
+    event: CampaignFinished,
+    position: int,
+    board: _Area,
+    dedupe: _Area,
+) -> list[Claim]:
+    campaign = history.campaigns[campaign_id]
+    expected = _plain(summary(history, campaign))
+    told = _plain(event.summary)
+    claims: list[Claim] = []
+    if expected.get("best") != told.get("best"):
+        board.check(
+            False,
+            f"the campaign reported best {told.get('best')}; its events give "
+            f"{expected.get('best')}",
+            position,
+        )
+    if expected.get("duplicates_avoided") != told.get("duplicates_avoided"):
+        dedupe.check(
+            False,
+            f"reported {told.get('duplicates_avoided')} duplicates avoided; the events hold "
+            f"{expected.get('duplicates_avoided')}",
+            position,
+        )
+    others = {k: v for k, v in expected.items() if k not in ("best", "duplicates_avoided")}
+    told_others = {k: told.get(k) for k in others}
+    claims.append(
+        agrees("projection", "summary", f"{others}", position)
+        if others == told_others
+        else differs(
+            "projection", "summary", f"reported {told_others}; the events give {others}", position
+        )
+    )
+    claims.append(_finish_reason(history, campaign_id, event, position))
+    return claims
+
+
+def _finish_reason(
+    history: History, campaign_id: str, event: CampaignFinished, position: int
+) -> Claim:
+    campaign = history.campaigns[campaign_id]
+    spec = campaign.spec
+    spent = spent_candidates(history, campaign)
+    reason = event.reason
+    name = "finish reason"
+    if spent >= spec.budget.candidates:
+        expected = f"budget reached: {spent} candidates"
+        if reason == expected:
+            return agrees("projection", name, f"{reason!r}: {spent} candidates spent", position)
+        return differs("projection", name, f"reported {reason!r}; the events give {expected!r}")
+    wall = _WALL.fullmatch(reason)
+    if wall:
+        elapsed = (event.ts - campaign.started.ts).total_seconds()
+        limit = spec.budget.wall_seconds()
+        ok = limit <= float(wall.group(1)) <= elapsed + 1.0
+        return (agrees if ok else differs)(
+            "projection",
+            name,
+            f"{reason!r}; limit {limit:.0f} s, {elapsed:.0f} s between start and finish",
+            position,
+        )
+    best = history.best(campaign_id)
+    if reason.startswith("roofline target reached"):
+        fraction = best.benchmark.roofline_fraction if best and best.benchmark else 0.0
+        ok = fraction >= spec.budget.stop_at_roofline
+        return (agrees if ok else differs)(
+            "projection",
+            name,
+            f"{reason!r}; the best kernel's roofline fraction is {fraction:.0%} against "
+            f"{spec.budget.stop_at_roofline:.0%}",
+            position,
+        )
+    return skipped(
+        "projection",
+        name,
+        f"{reason!r}: depends on the search's proposals, which only a rerun can re-derive; "
+        f"{spent} of {spec.budget.candidates} candidates were spent",
+        position,
+    )

@@ -1,0 +1,61 @@
+"""A campaign's best kernels as files that `kfactory check` and a plain compiler take as
+they are: a `// kfactory-flags:` line, a provenance line, then the recorded source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from actors.history import Candidate, History
+from gpu_workers.atomic_file import write_atomically
+
+EXTENSIONS = {"cpu": ".c", "cuda": ".cu"}
+
+
+def ranked(history: History, campaign_id: str) -> list[Candidate]:
+    """Timed candidates with a kernel, fastest first (by recorded speedup)."""
+    timed = [c for c in history.campaign_candidates(campaign_id) if c.benchmark and c.written]
+    return sorted(timed, key=lambda c: c.speedup or 0.0, reverse=True)
+
+
+def kernel_text(candidate: Candidate) -> str:
+    written, timed = candidate.written, candidate.benchmark
+    assert written is not None and timed is not None
+    return (
+        f"// kfactory-flags: {' '.join(written.flags)}\n"
+        f"// {candidate.candidate_id}: {written.problem} ({written.dtype}) on {written.target}, "
+        f"{timed.speedup:.3f}x over {timed.baseline}, {timed.median_ns / 1e6:.4f} ms median; "
+        f"template {written.template or written.writer}\n" + written.source
+    )
+
+
+def file_name(candidate: Candidate, rank: int | None = None) -> str:
+    assert candidate.written is not None
+    stem = candidate.candidate_id.replace(":", "-")
+    prefix = f"{rank:02d}-" if rank is not None else ""
+    return prefix + stem + EXTENSIONS.get(candidate.written.target, ".c")
+
+
+def write_kernel(candidate: Candidate, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, kernel_text(candidate).encode())
+    return path
+
+
+def describe(candidate: Candidate, path: Path | None) -> dict[str, Any]:
+    written, timed = candidate.written, candidate.benchmark
+    assert written is not None and timed is not None
+    return {
+        "candidate_id": candidate.candidate_id,
+        "template": candidate.proposal.template,
+        "params": candidate.proposal.params,
+        "flags": written.flags,
+        "source_hash": written.source_hash,
+        "speedup": timed.speedup,
+        "median_ns": timed.median_ns,
+        "iqr_ns": timed.iqr_ns,
+        "baseline": timed.baseline,
+        "baseline_ns": timed.baseline_ns,
+        "roofline_fraction": timed.roofline_fraction,
+        "path": str(path) if path else None,
+    }

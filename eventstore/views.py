@@ -1,0 +1,153 @@
+"""SQL views over the `events` table, for people who do not know the payload layout.
+
+- `candidates`: one row per candidate, through all its stages (proposal, kernel,
+  compile, verdict, benchmark or rejection, duplicate);
+- `leaderboard`: timed candidates ranked by speedup within their campaign;
+- `lessons`: every lesson with the ids of the events it cites;
+- `rejections`: one row per rejected candidate (stage, reason, first message line);
+- `steps`: one row per event that has a cause, with the seconds from cause to effect
+  and the role that produced it (time spent per actor).
+
+The same SQL serves the store's own file (`create_views`) and any other table holding
+the `events` columns, such as an attached copy (`view_statements`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import duckdb
+
+VIEW_NAMES = ("candidates", "leaderboard", "lessons", "rejections", "steps")
+
+_CANDIDATES = """
+SELECT
+    e.campaign_id,
+    e.payload->>'candidate_id' AS candidate_id,
+    max(CAST(e.payload->>'generation' AS INTEGER)) AS generation,
+    any_value(e.payload->>'problem') AS problem,
+    any_value(e.payload->>'target') AS target,
+    any_value(e.payload->>'dtype') AS dtype,
+    {first}('template', 'CandidateProposed') AS template,
+    arg_min(e.payload->'params', e.position)
+        FILTER (WHERE e.type = 'CandidateProposed') AS params,
+    {first}('operator', 'CandidateProposed') AS operator,
+    min(e.ts) FILTER (WHERE e.type = 'CandidateProposed') AS proposed_at,
+    {first}('source_hash', 'KernelWritten') AS source_hash,
+    {first}('writer', 'KernelWritten') AS writer,
+    {first}('source', 'KernelWritten') AS source,
+    arg_min(e.payload->'flags', e.position) FILTER (WHERE e.type = 'KernelWritten') AS flags,
+    min(e.ts) FILTER (WHERE e.type = 'KernelWritten') AS written_at,
+    min(e.ts) FILTER (WHERE e.type = 'KernelCompiled') AS compiled_at,
+    min(e.ts) FILTER (WHERE e.type = 'KernelVerified') AS verified_at,
+    CAST({first}('max_rel_err', 'KernelVerified') AS DOUBLE) AS max_rel_err,
+    min(e.ts) FILTER (WHERE e.type = 'KernelRejected') AS rejected_at,
+    {first}('stage', 'KernelRejected') AS rejected_stage,
+    {first}('reason', 'KernelRejected') AS rejected_reason,
+    min(e.ts) FILTER (WHERE e.type = 'BenchmarkCompleted') AS benchmarked_at,
+    CAST({first}('median_ns', 'BenchmarkCompleted') AS DOUBLE) AS median_ns,
+    CAST({first}('iqr_ns', 'BenchmarkCompleted') AS DOUBLE) AS iqr_ns,
+    {first}('baseline', 'BenchmarkCompleted') AS baseline,
+    CAST({first}('baseline_ns', 'BenchmarkCompleted') AS DOUBLE) AS baseline_ns,
+    CAST({first}('speedup', 'BenchmarkCompleted') AS DOUBLE) AS speedup,
+    CAST({first}('roofline_fraction', 'BenchmarkCompleted') AS DOUBLE) AS roofline_fraction,
+    {first}('device', 'BenchmarkCompleted') AS device,
+    {first}('duplicate_of', 'CandidateDeduplicated') AS duplicate_of,
+    CASE
+        WHEN count(*) FILTER (WHERE e.type = 'BenchmarkCompleted') > 0 THEN 'benchmarked'
+        WHEN count(*) FILTER (WHERE e.type = 'KernelRejected') > 0 THEN 'rejected'
+        WHEN count(*) FILTER (WHERE e.type = 'CandidateDeduplicated') > 0 THEN 'duplicate'
+        WHEN count(*) FILTER (WHERE e.type = 'KernelVerified') > 0 THEN 'verified'
+        WHEN count(*) FILTER (WHERE e.type = 'KernelCompiled') > 0 THEN 'compiled'
+        WHEN count(*) FILTER (WHERE e.type = 'KernelWritten') > 0 THEN 'written'
+        ELSE 'proposed'
+    END AS status
+FROM {events} AS e
+WHERE e.type IN ('CandidateProposed', 'KernelWritten', 'KernelCompiled', 'KernelVerified',
+                 'KernelRejected', 'BenchmarkCompleted', 'CandidateDeduplicated')
+GROUP BY e.campaign_id, e.payload->>'candidate_id'
+"""
+
+_LEADERBOARD = """
+SELECT
+    rank() OVER (PARTITION BY campaign_id ORDER BY speedup DESC) AS rank,
+    campaign_id, problem, target, dtype, candidate_id, generation, template, params,
+    median_ns, iqr_ns, baseline, baseline_ns, speedup, roofline_fraction, device,
+    source_hash, flags, source
+FROM {candidates}
+WHERE speedup IS NOT NULL
+"""
+
+_LESSONS = """
+SELECT
+    e.campaign_id,
+    e.position,
+    e.event_id,
+    e.ts,
+    CAST(e.payload->>'generation' AS INTEGER) AS generation,
+    e.payload->>'kind' AS kind,
+    e.payload->>'statement' AS statement,
+    CAST(e.payload->'evidence_ids' AS VARCHAR[]) AS evidence_ids,
+    e.payload->'data' AS data
+FROM {events} AS e
+WHERE e.type = 'LessonLearned'
+"""
+
+_REJECTIONS = """
+SELECT
+    e.campaign_id,
+    e.payload->>'candidate_id' AS candidate_id,
+    CAST(e.payload->>'generation' AS INTEGER) AS generation,
+    e.payload->>'problem' AS problem,
+    e.payload->>'target' AS target,
+    e.payload->>'stage' AS stage,
+    e.payload->>'reason' AS reason,
+    split_part(coalesce(e.payload->'evidence'->>'message', ''), chr(10), 1) AS message,
+    e.event_id,
+    e.position,
+    e.ts
+FROM {events} AS e
+WHERE e.type = 'KernelRejected'
+"""
+
+_STEPS = """
+SELECT
+    e.campaign_id,
+    e.position,
+    e.event_id,
+    e.type,
+    e.actor_role,
+    e.actor_instance,
+    c.type AS cause_type,
+    epoch(e.ts) - epoch(c.ts) AS seconds
+FROM {events} AS e
+JOIN {events} AS c ON c.event_id = e.causation_id
+"""
+
+
+_FIRST = re.compile(r"\{first\}\('(\w+)', '(\w+)'\)")
+
+
+def _first_of(match: re.Match[str]) -> str:
+    """A payload field of a candidate's first event of one type."""
+    field, event_type = match.groups()
+    return f"arg_min(e.payload->>'{field}', e.position) FILTER (WHERE e.type = '{event_type}')"
+
+
+def view_statements(events: str = "events", temporary: bool = False) -> list[str]:
+    """CREATE VIEW statements over a table (or qualified name) with the `events` columns."""
+    kind = "TEMP VIEW" if temporary else "VIEW"
+    bodies = {
+        "candidates": _FIRST.sub(_first_of, _CANDIDATES).replace("{events}", events),
+        "leaderboard": _LEADERBOARD.replace("{candidates}", "candidates"),
+        "lessons": _LESSONS.replace("{events}", events),
+        "rejections": _REJECTIONS.replace("{events}", events),
+        "steps": _STEPS.replace("{events}", events),
+    }
+    return [f"CREATE OR REPLACE {kind} {name} AS {body}" for name, body in bodies.items()]
+
+
+def create_views(conn: duckdb.DuckDBPyConnection, events: str = "events") -> None:
+    """Create (or refresh) every view on this connection's database."""
+    for statement in view_statements(events):
+        conn.execute(statement)

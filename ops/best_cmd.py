@@ -1,0 +1,69 @@
+"""`kfactory best CAMPAIGN`: write the winning kernel (or the top N) as checkable files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from actors.best_kernels import describe, file_name, kernel_text, ranked, write_kernel
+from ops.errors import UserError
+from ops.options import HOME, JSON
+from ops.output import to_json
+from ops.store_access import open_home, rebuild_campaign
+
+BEST_HELP = """Write a campaign's fastest verified kernel: its source after a `// kfactory-flags:` line and a provenance comment, so that `kfactory check` and a plain compiler take the file as it is.
+
+Without -o the source goes to standard output. With --top N the N fastest are written into the folder -o names (default ./best-CAMPAIGN), as 01-<candidate>.c, 02-..., fastest first.
+
+Examples:
+
+  kfactory best demo-softmax -o softmax.c && kfactory check softmax --source softmax.c
+
+  kfactory best demo-softmax --top 3 -o winners/
+
+  kfactory best demo-softmax -o softmax.c --json
+"""  # noqa: E501
+
+
+def best(
+    campaign: str = typer.Argument(..., help="The campaign id (its name)."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="File to write (a folder with --top)."
+    ),
+    top: int = typer.Option(1, "--top", min=1, help="Write the N fastest kernels."),
+    home: Path | None = HOME,
+    as_json: bool = JSON,
+) -> None:
+    with open_home(home) as snapshot:
+        rebuilt = rebuild_campaign(snapshot, campaign)
+    winners = ranked(rebuilt.history, campaign)[:top]
+    if not winners:
+        raise UserError(f"campaign {campaign!r} has no timed kernel yet")
+    if top == 1 and output is None:
+        if as_json:
+            print(to_json({**describe(winners[0], None), "source": kernel_text(winners[0])}))
+        else:
+            sys.stdout.write(kernel_text(winners[0]))
+        return
+    written = []
+    if top == 1:
+        assert output is not None
+        written.append(describe(winners[0], write_kernel(winners[0], output)))
+    else:
+        folder = output or Path(f"best-{campaign}")
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"--top {top} writes several files: -o must be a folder, not {folder}")
+        for rank, candidate in enumerate(winners, 1):
+            path = write_kernel(candidate, folder / file_name(candidate, rank))
+            written.append(describe(candidate, path))
+    if as_json:
+        print(to_json(written if top > 1 else written[0]))
+        return
+    for item in written:
+        print(f"{item['path']}: {item['candidate_id']}, {item['speedup']:.3f}x")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("best", help=BEST_HELP)(best)

@@ -1,0 +1,213 @@
+"""One self-contained HTML report of a campaign: plotly charts with their JavaScript
+inlined (nothing is fetched when the file is opened), tables, and the winning kernel's
+source highlighted by pygments."""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+import jinja2
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import CLexer, CudaLexer
+
+from actors.best_kernels import kernel_text, ranked
+from actors.campaign_overview import evaluation_order
+from actors.history import Candidate, History
+from actors.story import Rebuilt
+from eventstore.events import Event, HostCalibrated
+from kernels.loading import load_problem
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("ops", "templates"),
+    autoescape=jinja2.select_autoescape(["html", "j2"]),
+    undefined=jinja2.StrictUndefined,
+)
+
+
+def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
+    history, campaign_id = rebuilt.history, rebuilt.campaign_id
+    campaign = history.campaigns[campaign_id]
+    board = ranked(history, campaign_id)
+    cited = _cited_events(rebuilt, history, campaign_id)
+    curve = _curve_figure(history, campaign_id)
+    roofline, roofline_note = _roofline_figure(board, calibrations)
+    winner = board[0] if board else None
+    return _TEMPLATES.get_template("report.html.j2").render(
+        campaign_id=campaign_id,
+        spec=campaign.spec,
+        finished=campaign.finished.reason if campaign.finished else None,
+        generated=datetime.now(UTC).isoformat(timespec="seconds"),
+        events=len(rebuilt.events),
+        position=rebuilt.position,
+        curve_html=curve.to_html(full_html=False, include_plotlyjs=True, div_id="curve"),
+        roofline_html=roofline.to_html(full_html=False, include_plotlyjs=False, div_id="roofline"),
+        roofline_note=roofline_note,
+        board=[_board_row(rank, c) for rank, c in enumerate(board, 1)],
+        lessons=campaign.lessons,
+        cited=cited,
+        rejections=_rejection_table(history.campaign_candidates(campaign_id)),
+        winner=winner.candidate_id if winner else None,
+        winner_html=_highlight(winner) if winner else "",
+        pygments_css=HtmlFormatter(style="friendly").get_style_defs(".code"),
+    )
+
+
+def _curve_figure(history: History, campaign_id: str) -> go.Figure:
+    order = evaluation_order(history, campaign_id)
+    start = history.campaigns[campaign_id].started.ts
+    best, xs, seconds, ys = 0.0, [], [], []
+    for count, c in enumerate(order, 1):
+        best = max(best, c.speedup or 0.0)
+        verdict = c.benchmark or c.rejected or c.verified
+        assert verdict is not None
+        xs.append(count)
+        seconds.append((verdict.ts - start).total_seconds())
+        ys.append(best)
+    figure = make_subplots(
+        rows=1, cols=2, subplot_titles=("over evaluations", "over time (s since start)")
+    )
+    line = {"shape": "hv", "width": 2}
+    figure.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line=line, name="evals"), 1, 1)
+    figure.add_trace(
+        go.Scatter(x=seconds, y=ys, mode="lines+markers", line=line, name="time"), 1, 2
+    )
+    figure.update_yaxes(title_text="best speedup so far (x baseline)", row=1, col=1)
+    figure.update_xaxes(title_text="evaluations", row=1, col=1)
+    figure.update_xaxes(title_text="seconds", row=1, col=2)
+    figure.update_layout(height=380, showlegend=False, margin={"t": 40, "b": 40})
+    return figure
+
+
+def _roofline_figure(
+    board: list[Candidate], calibrations: list[HostCalibrated]
+) -> tuple[go.Figure, str]:
+    """Achieved GFLOP/s against operational intensity, under the host's two ceilings."""
+    figure = go.Figure()
+    points: dict[str, tuple[list[float], list[float], list[str]]] = {}
+    devices: set[str] = set()
+    for c in board:
+        assert c.benchmark is not None
+        timed = c.benchmark
+        problem = load_problem(timed.problem)
+        shape = timed.evidence.get("shape") or problem.default_shape
+        cost = problem.cost_for(dict(shape), timed.dtype)
+        if cost.bytes_moved <= 0 or cost.flops <= 0 or timed.median_ns <= 0:
+            continue
+        xs, ys, labels = points.setdefault(c.proposal.template, ([], [], []))
+        xs.append(cost.flops / cost.bytes_moved)
+        ys.append(cost.flops / timed.median_ns)  # flops per ns = GFLOP/s
+        labels.append(f"{c.candidate_id}<br>{timed.speedup:.2f}x, {timed.median_ns / 1e6:.3f} ms")
+        devices.add(timed.device)
+    for template, (xs, ys, labels) in points.items():
+        figure.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="markers",
+                name=template,
+                text=labels,
+                hovertemplate="%{text}<extra></extra>",
+                marker={"size": 9},
+            )
+        )
+    ceilings = [h for h in calibrations if h.device in devices]
+    note = ""
+    if ceilings:
+        host = ceilings[-1]
+        xs = [x for group in points.values() for x in group[0]]
+        ridge = host.peak_gflops / host.bandwidth_gbs
+        low, high = min([*xs, ridge]) / 10, max([*xs, ridge]) * 10
+        grid = [low * (high / low) ** (i / 60) for i in range(61)]
+        figure.add_trace(
+            go.Scatter(
+                x=grid,
+                y=[min(host.peak_gflops, host.bandwidth_gbs * x) for x in grid],
+                mode="lines",
+                name=f"{host.device}: {host.bandwidth_gbs:.0f} GB/s, "
+                f"{host.peak_gflops:.0f} GFLOP/s",
+                line={"color": "black", "width": 2},
+            )
+        )
+        note = f"ceilings measured on {host.device} ({host.method.get('how', 'calibration')})"
+    else:
+        note = "no calibration of the device these kernels were timed on is recorded"
+    figure.update_xaxes(type="log", title_text="operational intensity (flop / byte moved)")
+    figure.update_yaxes(type="log", title_text="GFLOP/s achieved")
+    figure.update_layout(height=420, margin={"t": 20, "b": 40})
+    return figure, note
+
+
+def _board_row(rank: int, c: Candidate) -> dict[str, Any]:
+    assert c.benchmark is not None and c.written is not None
+    b = c.benchmark
+    return {
+        "rank": rank,
+        "candidate": c.candidate_id,
+        "template": c.proposal.template,
+        "params": ", ".join(f"{k}={v}" for k, v in c.proposal.params.items()),
+        "median_ms": b.median_ns / 1e6,
+        "iqr_ms": b.iqr_ns / 1e6,
+        "speedup": b.speedup,
+        "roofline": b.roofline_fraction,
+        "source": kernel_text(c),
+        "event_id": b.event_id,
+    }
+
+
+def _rejection_table(candidates: list[Candidate]) -> dict[str, Any]:
+    counts: Counter[tuple[str, int]] = Counter()
+    for c in candidates:
+        if c.rejected:
+            counts[(f"{c.rejected.stage}: {c.rejected.reason}", c.proposal.generation)] += 1
+    generations = sorted({c.proposal.generation for c in candidates})
+    kinds = sorted({kind for kind, _ in counts})
+    return {
+        "generations": generations,
+        "rows": [(kind, [counts[(kind, g)] for g in generations]) for kind in kinds],
+    }
+
+
+def _cited_events(rebuilt: Rebuilt, history: History, campaign_id: str) -> list[dict[str, Any]]:
+    """Every event a lesson cites, with an anchor the lesson links to."""
+    wanted = {i for lesson in history.campaigns[campaign_id].lessons for i in lesson.evidence_ids}
+    found: dict[str, tuple[int, Event]] = {
+        e.event_id: (p, e) for p, e in rebuilt.events if e.event_id in wanted
+    }
+    rows: list[dict[str, Any]] = []
+    for event_id in sorted(wanted, key=lambda i: found[i][0] if i in found else 0):
+        position, event = found.get(event_id, (0, None))
+        if event is None:
+            rows.append(
+                {
+                    "id": event_id,
+                    "position": None,
+                    "type": "not in this campaign",
+                    "what": "recorded by another campaign of the same problem",
+                }
+            )
+            continue
+        rows.append(
+            {"id": event_id, "position": position, "type": event.type, "what": _what(event)}
+        )
+    return rows
+
+
+def _what(event: Event) -> str:
+    fields = ("candidate_id", "speedup", "median_ns", "stage", "reason")
+    parts = [f"{f}={getattr(event, f)}" for f in fields if hasattr(event, f)]
+    message = getattr(event, "evidence", {}).get("message")
+    if message:
+        parts.append(html.unescape(str(message).splitlines()[0])[:160])
+    return ", ".join(parts)
+
+
+def _highlight(candidate: Candidate) -> str:
+    assert candidate.written is not None
+    lexer = CudaLexer() if candidate.written.target == "cuda" else CLexer()
+    return highlight(kernel_text(candidate), lexer, HtmlFormatter(cssclass="code"))

@@ -1,0 +1,51 @@
+"""Opening the run folder's store for the commands that read history (replay, audit,
+best, campaigns, report, export), with one-line errors."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from actors.history import HISTORY_TYPES
+from actors.story import Rebuilt, UnknownCampaign, rebuild
+from eventstore.duckdb_store import StoreLocked
+from eventstore.snapshot import Snapshot, open_snapshot
+from ops.errors import UserError
+from ops.home import resolve_home, running_server, store_path
+
+
+def open_home(home: Path | None) -> Snapshot:
+    """The store of --home, read-only. DuckDB lets no reader beside its writer, so a
+    running server must be stopped first (its events are all on disk)."""
+    folder = resolve_home(home)
+    path = store_path(folder)
+    if not path.exists():
+        raise UserError(f"no event store at {path}; run a campaign first or pass --home")
+    try:
+        return open_snapshot(path)
+    except StoreLocked as exc:
+        owner = running_server(folder)
+        who = f" (pid {owner.pid})" if owner else ""
+        raise UserError(
+            f"{path} is held by a running server{who}; stop it, or read a copy of the file "
+            "with --home pointing at the copy's folder"
+        ) from exc
+    except OSError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def rebuild_campaign(
+    snapshot: Snapshot,
+    campaign_id: str,
+    at_position: int | None = None,
+    at_time: datetime | None = None,
+    *,
+    scope: bool = False,
+) -> Rebuilt:
+    """The campaign rebuilt from its events (with `scope`, every campaign's history too)."""
+    events = snapshot.events(types=HISTORY_TYPES) if scope else snapshot.events(campaign_id)
+    try:
+        return rebuild(events, campaign_id, at_position, at_time)
+    except UnknownCampaign as exc:
+        known = ", ".join(snapshot.campaign_ids()[:10]) or "none"
+        raise UserError(f"{exc.args[0]} (campaigns: {known})") from None

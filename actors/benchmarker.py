@@ -14,7 +14,7 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from actors.campaign import CampaignSpec
-from actors.devices import backend_for, calibration_for, recalibrate
+from actors.devices import calibration_for, compile_and_time, recalibrate
 from actors.librarian import ask_kernel
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
@@ -30,7 +30,6 @@ from eventstore.events import (
     KernelVerified,
     new_event,
 )
-from gpu_workers.benchmarker import benchmark
 from gpu_workers.calibration_cache import is_quiet
 from gpu_workers.results import BenchmarkResult, Rejection
 from kernels.loading import load_problem
@@ -99,25 +98,22 @@ class Benchmarker(Actor):
             raise RuntimeError(f"the librarian has no source for {event.candidate_id} yet")
         incumbent = await ask_kernel(self._nc, event.campaign_id, None)
         problem = load_problem(event.problem)
-        backend = backend_for(event.target)
         calibration = calibration_for(event.target)
-        build = backend.compile(problem, kernel.source, tuple(kernel.flags), event.dtype).build
-        incumbent_build = None
+        previous = None
         if incumbent is not None and incumbent.candidate_id != event.candidate_id:
-            incumbent_build = backend.compile(
-                problem, incumbent.source, tuple(incumbent.flags), event.dtype
-            ).build
+            previous = (incumbent.source, tuple(incumbent.flags))
 
         def timed() -> BenchmarkResult | Rejection:
             with HostTurn():
-                return benchmark(
+                return compile_and_time(
+                    event.target,
                     problem,
-                    backend,
-                    build,
-                    calibration,
-                    incumbent=incumbent_build,
+                    kernel.source,
+                    tuple(kernel.flags),
+                    event.dtype,
+                    incumbent=previous,
+                    calibration=calibration,
                     shape=_shape(spec, problem.dims),
-                    dtype=event.dtype,
                     recalibrate=lambda: recalibrate(event.target),
                 )
 
@@ -138,7 +134,7 @@ class Benchmarker(Actor):
                     "shape": result.shape,
                     "runs": result.kernel.runs,
                     "roofline_ns": result.roofline_ns,
-                    "incumbent": incumbent.candidate_id if incumbent and incumbent_build else None,
+                    "incumbent": incumbent.candidate_id if incumbent and previous else None,
                     "speedup_vs_incumbent": result.speedup_vs_incumbent,
                     "judged_calls": list(result.judged_calls),
                     "rechecked": list(result.rechecked),

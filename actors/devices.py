@@ -7,7 +7,9 @@ import hashlib
 import math
 import time
 from functools import cache
+from typing import Any
 
+from gpu_workers.benchmarker import Backend, BuildT, benchmark
 from gpu_workers.calibration_cache import is_quiet
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate as calibrate_cpu
@@ -16,8 +18,9 @@ from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import load_or_calibrate as calibrate_gpu
 from gpu_workers.cuda.compiler import default_cache_dir as cuda_cache_dir
 from gpu_workers.cuda.device import benchmark_unavailable_reason, gpu_unavailable_reason
-from gpu_workers.results import HostCalibration
+from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from kernels.design_space import TARGET_DTYPES
+from kernels.spec import Problem
 
 TARGETS = tuple(TARGET_DTYPES)
 
@@ -43,8 +46,11 @@ def check_target(target: str) -> None:
 @cache
 def backend_for(target: str) -> CpuBackend | CudaBackend:
     check_target(target)
-    if target == "cuda":
-        return cuda_backend()
+    return cuda_backend() if target == "cuda" else cpu_backend()
+
+
+@cache
+def cpu_backend() -> CpuBackend:
     return CpuBackend(cache_dir=default_cache_dir())
 
 
@@ -87,6 +93,51 @@ def _calibrate(target: str, *, force: bool) -> HostCalibration:
     if target == "cuda":
         return calibrate_gpu(force=force)
     return calibrate_cpu(force=force)
+
+
+def compile_and_time(
+    target: str,
+    problem: Problem,
+    source: str,
+    flags: tuple[str, ...],
+    dtype: str,
+    *,
+    incumbent: tuple[str, tuple[str, ...]] | None = None,
+    **options: Any,
+) -> BenchmarkResult | Rejection:
+    """Build the kernel (and the incumbent, a (source, flags) pair) with the target's back
+    end and time it there (`gpu_workers.benchmarker.benchmark`, with `options`)."""
+    if target == "cuda":
+        return _compile_and_time(cuda_backend(), problem, source, flags, dtype, incumbent, options)
+    check_target(target)
+    return _compile_and_time(cpu_backend(), problem, source, flags, dtype, incumbent, options)
+
+
+def _compile_and_time(
+    backend: Backend[BuildT],
+    problem: Problem,
+    source: str,
+    flags: tuple[str, ...],
+    dtype: str,
+    incumbent: tuple[str, tuple[str, ...]] | None,
+    options: dict[str, Any],
+) -> BenchmarkResult | Rejection:
+    compiled = backend.compile(problem, source, flags, dtype)
+    if compiled.build is None:
+        assert compiled.rejection is not None
+        return compiled.rejection
+    incumbent_build = None
+    if incumbent is not None:
+        incumbent_build = backend.compile(problem, incumbent[0], incumbent[1], dtype).build
+    return benchmark(
+        problem,
+        backend,
+        compiled.build,
+        options.pop("calibration"),
+        incumbent=incumbent_build,
+        dtype=dtype,
+        **options,
+    )
 
 
 def source_hash(source: str, flags: list[str] | tuple[str, ...]) -> str:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import secrets
 
 from actors.campaign import CampaignSpec
-from actors.devices import backend_for, calibration_for, device_missing
+from actors.devices import backend_for, calibration_for, compile_and_time, device_missing
 from actors.history import Candidate, History
 from eventstore.claims import Claim, agrees, differs, skipped
-from gpu_workers.benchmarker import benchmark
 from gpu_workers.results import BenchmarkResult
 from gpu_workers.verifier import precheck, verify
 from kernels.loading import load_problem
@@ -77,15 +76,15 @@ def _one(spec: CampaignSpec, candidate: Candidate, rank: int, seed: int) -> list
             f"seed {seed}, max relative error {verdict.max_rel_err:.3g}",
         )
     ]
-    build = backend.compile(problem, written.source, flags, written.dtype).build
     shape = dict(zip(problem.dims, spec.shapes[0], strict=True)) if spec.shapes else None
-    result = benchmark(
+    result = compile_and_time(
+        written.target,
         problem,
-        backend,
-        build,
-        calibration_for(written.target),
+        written.source,
+        flags,
+        written.dtype,
+        calibration=calibration_for(written.target),
         shape=shape,
-        dtype=written.dtype,
         seed=seed,
     )
     if not isinstance(result, BenchmarkResult):

@@ -24,7 +24,7 @@ from gpu_workers.results import (
     SandboxReport,
     TimingStats,
 )
-from gpu_workers.verifier import bits, check_outputs, new_seed, trial_seed
+from gpu_workers.verifier import DeviceBackend, bits, check_outputs, new_seed, trial_seed
 from kernels.spec import Arrays, Cost, Problem
 
 MIN_RUNS = 30
@@ -138,6 +138,10 @@ class TimingBackend(Protocol[BuildT_contra]):
         min_runs: int,
         min_seconds: float,
     ) -> TimingRun: ...
+
+
+class Backend(DeviceBackend[BuildT], TimingBackend[BuildT], Protocol[BuildT]):
+    """A back end that builds, verifies and times kernels of one build type."""
 
 
 def timing_stats(samples: list[int]) -> TimingStats:

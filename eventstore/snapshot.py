@@ -31,7 +31,11 @@ class StoredRow(NamedTuple):
     chain_hash: bytes
 
 
-_COLUMNS = "position, event_id, campaign_id, type, actor_role, ts, payload::BLOB, chain_hash"
+_COLUMNS = (
+    "position, event_id, campaign_id, type, actor_role, ts, encode(payload::VARCHAR), chain_hash"
+)
+"""`encode` gives the stored text's UTF-8 bytes; a JSON-to-BLOB cast would re-serialise the
+JSON (1e-6 becomes 0.000001) and no longer be what was hashed."""
 
 
 class Snapshot:

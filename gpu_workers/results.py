@@ -94,8 +94,8 @@ class HostCalibration(msgspec.Struct, frozen=True, kw_only=True):
     sgemm_gflops: float
     """A tuned BLAS sgemm on all cores (numpy float32 matmul)."""
     fma_peak_gflops: float
-    """Independent FMA chains in the widest vectors on all cores; above sgemm when BLAS runs an older
-    kernel than the CPU supports (e.g. OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU)."""
+    """Independent FMA chains in the widest vectors on all cores; above sgemm when BLAS runs an
+    older kernel than the CPU supports (e.g. OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU)."""
     streaming_stores: bool
     measured_at: str
     method: str

@@ -146,6 +146,7 @@ def _measure_once(cache_dir: Path | None) -> HostCalibration:
         method=(
             f"best of 15 after 1 s warm-up: all-core copy of {COPY_BYTES >> 20} MiB, "
             "non-temporal stores "
-            f"(bytes read + written); numpy float32 {SGEMM_N}^3 matmul; all-core FMA chains in the widest vectors the CPU has"
+            f"(bytes read + written); numpy float32 {SGEMM_N}^3 matmul; "
+            "all-core FMA chains in the widest vectors the CPU has"
         ),
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -48,6 +51,18 @@ async def ensure_events_stream(js: JetStreamContext) -> StreamInfo:
         except BadRequestError:  # created concurrently by another process
             pass
     return await js.update_stream(config)
+
+
+async def wait_for_stream(js: JetStreamContext, timeout: float | None = None) -> StreamInfo:
+    """Wait until KF_EVENTS exists (only an admin creates it: actors and the recorder wait)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return await js.stream_info(STREAM)
+        except (NotFoundError, TimeoutError) as exc:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"stream {STREAM} does not exist (is the hub up?)") from exc
+            await asyncio.sleep(0.25)
 
 
 def work_consumer_config(

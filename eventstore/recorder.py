@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from bus.connection import jetstream
 from bus.consumer import ExhaustedMessage, watch_exhausted
+from bus.follow import follow
 from bus.publisher import MSG_ID_HEADER
-from bus.streams import ensure_events_stream
+from bus.streams import wait_for_stream
 from bus.subjects import ALL_EVENTS, STREAM
 from eventstore.admission import admit
 from eventstore.authority import RECORDER
@@ -71,18 +71,15 @@ class Recorder:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Record until `stop` is set, then commit what has arrived and return."""
-        await ensure_events_stream(self._js)
+        await wait_for_stream(self._js)
         start = await self._resume_sequence()
-        subscription = await self._js.subscribe(
+        subscription = await follow(
+            self._nc,
             ALL_EVENTS,
-            stream=STREAM,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            config=ConsumerConfig(opt_start_seq=start),
-            idle_heartbeat=2.0,
-            cb=self._on_message,
-            pending_msgs_limit=4 * self._high_water,
-            pending_bytes_limit=1024 * 1024 * 1024,
+            self._on_message,
+            start_sequence=start,
+            pending_msgs=4 * self._high_water,
+            pending_bytes=1024 * 1024 * 1024,
         )
         await watch_exhausted(self._nc, self._js, self._on_exhausted)
         log.info("recording", from_sequence=start, position=self._store.last_position)
@@ -104,7 +101,7 @@ class Recorder:
                     self._room.set()
                 await self._record(batch)
         finally:
-            await subscription.unsubscribe()
+            await subscription.stop()
 
     async def _resume_sequence(self) -> int:
         info = await self._js.stream_info(STREAM)

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import typer
 
+from bus.auth import ClientAuth
 from bus.connection import connect
 from eventstore.duckdb_store import DuckDBEventStore, QueryResult, StoreLocked
 from eventstore.queries import StoreUnavailable, query
 from eventstore.sql_guard import SqlRefused
 from ops.errors import UserError
-from ops.home import nats_url, resolve_home, store_path
-from ops.options import HOME, NATS
+from ops.home import client_auth_for, nats_url, resolve_home, store_path
+from ops.options import CREDS, HOME, NATS, TLS_CA
 from ops.output import print_rows
 
 
@@ -49,12 +50,15 @@ def sql(
     max_rows: int = typer.Option(10_000, help="Return at most this many rows."),
     home: Path | None = HOME,
     nats: str | None = NATS,
+    creds: Path | None = CREDS,
+    tls_ca: Path | None = TLS_CA,
 ) -> None:
     folder = resolve_home(home)
     url = nats_url(nats, folder)
     try:
         if url is not None:
-            result = asyncio.run(_over_bus(url, statement, max_rows))
+            auth = client_auth_for(folder, "cli", creds, tls_ca)
+            result = asyncio.run(_over_bus(url, statement, max_rows, auth))
         else:
             result = _on_file(store_path(folder), statement, max_rows)
     except SqlRefused as exc:
@@ -66,8 +70,8 @@ def sql(
         print(f"kfactory sql: output cut at {max_rows} rows (--max-rows)", file=sys.stderr)
 
 
-async def _over_bus(url: str, statement: str, max_rows: int) -> QueryResult:
-    nc = await connect(url, "kfactory-sql", wait_for_server=5)
+async def _over_bus(url: str, statement: str, max_rows: int, auth: ClientAuth) -> QueryResult:
+    nc = await connect(url, "kfactory-sql", wait_for_server=5, auth=auth)
     try:
         return await query(nc, statement, max_rows)
     finally:

@@ -1,7 +1,11 @@
-"""Request/reply over the NATS micro services API (discoverable with `nats micro ls`)."""
+"""Request/reply over the NATS micro services API (discoverable with `nats micro ls`).
+
+Each request is answered in a task of its own, so a slow request never holds the others.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -29,7 +33,12 @@ class ServiceError(RuntimeError):
 
 
 class RequestRefused(Exception):
-    """Raised by an endpoint to answer with a 400 and a clear description."""
+    """Raised by an endpoint to answer with an error code (400 unless said) and a clear
+    description."""
+
+    def __init__(self, description: str, code: int = 400) -> None:
+        super().__init__(description)
+        self.code = code
 
 
 async def serve(
@@ -49,11 +58,24 @@ async def serve(
 
 
 def _responder(handler: Endpoint) -> Callable[[Request], Awaitable[None]]:
+    running: set[asyncio.Task[None]] = set()
+
+    async def dispatch(request: Request) -> None:
+        task = asyncio.create_task(answer(request))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    async def answer(request: Request) -> None:
+        try:
+            await respond(request)
+        except Exception as exc:  # the requester left, or the connection closed
+            log.warning("could not answer a request", error=str(exc))
+
     async def respond(request: Request) -> None:
         try:
             reply = await handler(request.data)
         except RequestRefused as exc:
-            await request.respond_error("400", str(exc))
+            await request.respond_error(str(exc.code), str(exc))
             return
         except Exception as exc:
             log.exception("service endpoint failed")
@@ -61,7 +83,7 @@ def _responder(handler: Endpoint) -> Callable[[Request], Awaitable[None]]:
             return
         await request.respond(reply)
 
-    return respond
+    return dispatch
 
 
 async def request(

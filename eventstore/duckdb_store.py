@@ -9,6 +9,7 @@ re-sequenced without it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -67,6 +68,14 @@ _ARROW_SCHEMA = pa.schema(
 
 class StoreLocked(RuntimeError):
     """Another process owns the DuckDB file."""
+
+
+#: Seconds a user query may run before it is interrupted.
+DEFAULT_QUERY_TIMEOUT = 30.0
+
+
+class QueryTimeout(RuntimeError):
+    """A query ran past its time limit and was interrupted."""
 
 
 class QueryResult(msgspec.Struct, frozen=True):
@@ -235,19 +244,28 @@ class DuckDBEventStore(EventStore):
             cursor.close()
         return [(int(position), bytes(payload)) for position, payload in rows]
 
-    def query(self, sql: str, max_rows: int = 10_000) -> QueryResult:
-        """Run one read-only query (refused otherwise); the transaction is always rolled back."""
+    def query(
+        self, sql: str, max_rows: int = 10_000, timeout: float = DEFAULT_QUERY_TIMEOUT
+    ) -> QueryResult:
+        """Run one read-only query (refused otherwise) on a cursor of its own, interrupted
+        after `timeout` seconds; the transaction is always rolled back."""
         check_read_only(sql)
         cursor = self._conn.cursor()
+        timer = threading.Timer(timeout, cursor.interrupt)
         try:
             cursor.execute("BEGIN TRANSACTION")
+            timer.start()
             try:
                 result = cursor.execute(sql)
                 columns = [d[0] for d in result.description or []]
                 types = [str(d[1]) for d in result.description or []]
                 rows = result.fetchmany(max_rows + 1)
+            except duckdb.InterruptException as exc:
+                raise QueryTimeout(f"query timed out after {timeout:g} s") from exc
             finally:
-                cursor.execute("ROLLBACK")
+                timer.cancel()
+                with contextlib.suppress(duckdb.Error):  # closing the cursor discards it too
+                    cursor.execute("ROLLBACK")
         finally:
             cursor.close()
         return QueryResult(

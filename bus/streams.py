@@ -40,11 +40,17 @@ def events_stream_config(max_age_days: float = 30.0) -> StreamConfig:
     )
 
 
+_KEPT = ("subjects", "max_age", "max_msg_size", "duplicate_window", "allow_direct", "storage")
+
+
 async def ensure_events_stream(js: JetStreamContext) -> StreamInfo:
-    """Create KF_EVENTS, or bring an existing one to the current configuration."""
+    """Create KF_EVENTS, or bring an existing one to the current configuration (an
+    unchanged stream is left alone, so a user without stream rights may call this)."""
     config = events_stream_config()
     try:
-        await js.stream_info(STREAM)
+        info = await js.stream_info(STREAM)
+        if all(getattr(info.config, f) == getattr(config, f) for f in _KEPT):
+            return info
     except NotFoundError:
         try:
             return await js.add_stream(config)

@@ -19,8 +19,8 @@ from eventstore.emitter import Emitter
 from eventstore.events import ActorRef, CampaignFinished, KernelWritten, new_event
 from ops.accounts import USERS, creds_dir, export_seed, seed_path
 from ops.hub import Hub, running_hub
+from ops.selfsigned import make_tls
 from tests.conftest import calibrated
-from tests.tls_support import make_tls
 
 BENCHMARKER = ActorRef(role="benchmarker", instance="benchmarker-1", host="h")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ops.selfsigned import make_tls
 from tests.test_swarm import campaign_file, sql
-from tests.tls_support import make_tls
 
 ROLES = ["planner", "kernel-writer", "fuser", "librarian", "verifier", "benchmarker"]
 

@@ -1,4 +1,6 @@
-"""A throwaway CA and a server certificate for 127.0.0.1, made by the test itself."""
+"""A throwaway CA and a server certificate for 127.0.0.1 and localhost: for tests and
+`kfactory bench store --secure`, never for a real hub (needs the `cryptography` package,
+installed with the test extra)."""
 
 from __future__ import annotations
 

@@ -11,14 +11,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from nats.aio.client import Client
-
 from actors.campaign import CampaignSpec
 from actors.devices import backend_for, calibration_for, recalibrate
 from actors.librarian import ask_kernel
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
-from bus.connection import jetstream
+from bus.connection import Client, jetstream
 from eventstore.emitter import Emitter
 from eventstore.events import (
     SYSTEM_CAMPAIGN,

@@ -21,11 +21,9 @@ import signal
 from typing import Any, ClassVar, TypeVar
 
 import structlog
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from bus.auth import ClientAuth
-from bus.connection import connect, jetstream
+from bus.connection import Client, Msg, connect, jetstream
 from bus.consumer import PoisonMessage, WorkConsumer
 from bus.streams import wait_for_stream
 from bus.subjects import check_token, type_filters

@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 import time
 
-import nats
 import structlog
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import NoServersError
 from nats.js import JetStreamContext
 
@@ -125,4 +125,4 @@ def jetstream(nc: Client, timeout: float = 5.0) -> JetStreamContext:
     return nc.jetstream(timeout=timeout, publish_async_max_pending=20_000)
 
 
-__all__ = ["Client", "connect", "jetstream", "nats"]
+__all__ = ["Client", "JetStreamContext", "Msg", "connect", "jetstream"]

@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service
@@ -17,6 +19,16 @@ from nats.micro.service import EndpointConfig, Service
 from bus.subjects import service_subject
 
 log = structlog.get_logger("bus.service")
+
+__all__ = [
+    "NoAnswer",
+    "NoResponder",
+    "RequestRefused",
+    "Service",
+    "ServiceError",
+    "request",
+    "serve",
+]
 
 Endpoint = Callable[[bytes], Awaitable[bytes]]
 
@@ -30,6 +42,14 @@ class ServiceError(RuntimeError):
     def __init__(self, code: int, description: str) -> None:
         super().__init__(description)
         self.code = code
+
+
+class NoResponder(ConnectionError):
+    """Nobody serves this endpoint on the bus."""
+
+
+class NoAnswer(TimeoutError):
+    """The service did not answer in time."""
 
 
 class RequestRefused(Exception):
@@ -90,7 +110,12 @@ async def request(
     nc: Client, service: str, endpoint: str, data: bytes, timeout: float = 10.0
 ) -> bytes:
     """Ask a service; raises ServiceError when it answers with an error."""
-    reply = await nc.request(service_subject(service, endpoint), data, timeout=timeout)
+    try:
+        reply = await nc.request(service_subject(service, endpoint), data, timeout=timeout)
+    except NoRespondersError as exc:
+        raise NoResponder(f"nobody serves {service}.{endpoint}") from exc
+    except NatsTimeout as exc:
+        raise NoAnswer(f"{service}.{endpoint} did not answer within {timeout:g} s") from exc
     headers = reply.headers or {}
     if ERROR_HEADER in headers:
         raise ServiceError(int(headers.get(ERROR_CODE_HEADER, "500")), headers[ERROR_HEADER])

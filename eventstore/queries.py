@@ -14,12 +14,9 @@ from typing import Any
 
 import duckdb
 import msgspec
-from nats.aio.client import Client
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
-from nats.micro.service import Service
 
-from bus.service import RequestRefused, ServiceError, request, serve
+from bus.connection import Client
+from bus.service import NoAnswer, NoResponder, RequestRefused, Service, ServiceError, request, serve
 from eventstore.codec import decode
 from eventstore.duckdb_store import (
     DEFAULT_QUERY_TIMEOUT,
@@ -204,11 +201,11 @@ async def _ask(nc: Client, endpoint: str, data: bytes, timeout: float) -> SqlPag
         if exc.code == 400:
             raise SqlRefused(str(exc)) from exc
         raise QueryFailed(str(exc)) from exc
-    except NoRespondersError as exc:
+    except NoResponder as exc:
         raise StoreUnavailable(
             "no event store answered on the bus (is `kfactory server` running?)"
         ) from exc
-    except NatsTimeout as exc:
+    except NoAnswer as exc:
         raise StoreUnavailable(f"the event store did not answer within {timeout:g} s") from exc
     return msgspec.json.decode(reply, type=SqlPage)
 
@@ -229,7 +226,7 @@ async def replay(
         ask = ReplayRequest(campaign_id, types or [], problem, target, after_position)
         try:
             reply = await request(nc, SERVICE, "replay", msgspec.json.encode(ask), timeout)
-        except (NoRespondersError, NatsTimeout) as exc:
+        except (NoResponder, NoAnswer) as exc:
             raise StoreUnavailable("no event store answered on the bus") from exc
         page = msgspec.json.decode(reply, type=ReplayPage)
         found += [
@@ -243,6 +240,6 @@ async def replay(
 async def status(nc: Client, timeout: float = 5.0) -> StoreStatus:
     try:
         reply = await request(nc, SERVICE, "status", b"", timeout)
-    except (NoRespondersError, NatsTimeout) as exc:
+    except (NoResponder, NoAnswer) as exc:
         raise StoreUnavailable("no event store answered on the bus") from exc
     return msgspec.json.decode(reply, type=StoreStatus)

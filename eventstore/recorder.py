@@ -14,10 +14,8 @@ import asyncio
 from dataclasses import dataclass
 
 import structlog
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
-from bus.connection import jetstream
+from bus.connection import Client, Msg, jetstream
 from bus.consumer import ExhaustedMessage, watch_exhausted
 from bus.follow import follow
 from bus.publisher import MSG_ID_HEADER

@@ -17,10 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nats.aio.client import Client
-
 from bus.auth import AuthError, ClientAuth, TlsFiles, is_loopback, server_config, write_private
-from bus.connection import connect, jetstream
+from bus.connection import Client, connect, jetstream
 from bus.server import EmbeddedNatsServer
 from bus.streams import ensure_events_stream
 from eventstore.duckdb_store import DuckDBEventStore

@@ -21,8 +21,8 @@ def register(app: typer.Typer) -> None:
     help=(
         "Measure the event store on this machine: ingest through NATS into DuckDB, "
         "replay of 1,000,000 events, and SQL latency over request/reply.\n\n"
-        "With --secure, ingest is measured a second time, in the same run, against a "
-        "server that requires credentials and TLS.\n\n"
+        "With --secure, ingest is measured again, in the same run, against a server that "
+        "requires credentials, then one that requires credentials and TLS.\n\n"
         "Example:\n\n  kfactory bench store --events 200000 --secure --json"
     ),
 )
@@ -33,7 +33,7 @@ def store(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     workdir: Path | None = typer.Option(None, help="Where to put the temporary store."),
     secure: bool = typer.Option(
-        False, "--secure", help="Also measure ingest with auth and TLS on (same run)."
+        False, "--secure", help="Also measure ingest with auth, and with auth and TLS (same run)."
     ),
 ) -> None:
     from ops.bench_store import run_store_benchmark

@@ -11,14 +11,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from nats.aio.client import Client
-
 from actors.campaign import CampaignSpec
 from actors.devices import calibration_for, compile_and_time, recalibrate
 from actors.librarian import ask_kernel
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
-from bus.connection import jetstream
+from bus.connection import Client, jetstream
 from eventstore.emitter import Emitter
 from eventstore.events import (
     SYSTEM_CAMPAIGN,

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from nats.aio.client import Client
-
 from actors.campaign import Writer, decode_config
 from actors.devices import source_hash
 from actors.librarian import SeenRequest, ask_kernel, ask_lessons, ask_seen
@@ -22,6 +20,7 @@ from actors.llm.extract import NoCodeFound, extract_kernel
 from actors.llm.prompts import DEFAULT_FLAGS, RejectionEvidence
 from actors.runtime import Actor, PoisonMessage, Reactions
 from actors.variation import LLM_TEMPLATE
+from bus.connection import Client
 from eventstore.events import (
     ActorRef,
     CampaignStarted,

@@ -12,14 +12,13 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import msgspec
-from nats.aio.client import Client
-from nats.micro.service import Service
 
 from actors.history import Candidate, History
 from actors.lessons import draw_lessons
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
-from bus.service import RequestRefused, request, serve
+from bus.connection import Client
+from bus.service import RequestRefused, Service, request, serve
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,

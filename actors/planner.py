@@ -14,8 +14,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nats.aio.client import Client
-
 from actors.history import Campaign, History
 from actors.librarian import SeenRequest, ask_lessons, ask_seen
 from actors.replayer import HistoryReader
@@ -23,6 +21,7 @@ from actors.runtime import Actor, Reactions
 from actors.search import Proposal, TemplateSearch
 from actors.spaces import design_spaces
 from actors.variation import LLM_TEMPLATE, seeds, variations
+from bus.connection import Client
 from eventstore.events import (
     ActorRef,
     CampaignFinished,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from nats.aio.client import Client
-
 from actors.history import HISTORY_TYPES, History
+from bus.connection import Client
 from eventstore.queries import replay
 
 

@@ -21,12 +21,11 @@ import signal
 from typing import Any, ClassVar, TypeVar
 
 import structlog
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
-from bus.connection import connect, jetstream
+from bus.auth import ClientAuth
+from bus.connection import Client, Msg, connect, jetstream
 from bus.consumer import PoisonMessage, WorkConsumer
-from bus.streams import ensure_events_stream
+from bus.streams import wait_for_stream
 from bus.subjects import check_token, type_filters
 from eventstore.codec import InvalidEvent, decode
 from eventstore.emitter import Emitter
@@ -103,8 +102,13 @@ class Actor(abc.ABC):
 
     @property
     def durable_name(self) -> str:
-        name = f"kf-{self.role}" + (f"-{self.target}" if self.target else "")
-        return check_token(name.replace(":", "-"), "consumer name")
+        return durable_name(self.role, self.target)
+
+
+def durable_name(role: str, target: str | None) -> str:
+    """The durable consumer a role's instances share (per target when it serves one)."""
+    name = f"kf-{role}" + (f"-{target}" if target else "")
+    return check_token(name.replace(":", "-"), "consumer name")
 
 
 class ActorRuntime:
@@ -117,7 +121,7 @@ class ActorRuntime:
         self.handled = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        await ensure_events_stream(self._js)
+        await wait_for_stream(self._js)
         types = [cls.__name__ for cls in self.actor.reacts_to]
         consumer = WorkConsumer(
             self._js,
@@ -185,7 +189,11 @@ class ActorRuntime:
 
 
 async def run_actor(
-    actor: Actor, nats_url: str, instance: str | None = None, handle_signals: bool = True
+    actor: Actor,
+    nats_url: str,
+    instance: str | None = None,
+    handle_signals: bool = True,
+    auth: ClientAuth | None = None,
 ) -> None:
     """Run one actor until SIGTERM or SIGINT (the `kfactory actor` process body)."""
     stop = asyncio.Event()
@@ -193,7 +201,7 @@ async def run_actor(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    nc = await connect(nats_url, f"kf-{actor.role}")
+    nc = await connect(nats_url, f"kf-{actor.role}", auth=auth)
     try:
         await ActorRuntime(actor, nc, instance).run(stop)
     finally:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
-from nats.aio.client import Client
-
 from actors.compiler import PRECHECKED_TARGETS
 from actors.devices import backend_for
 from actors.librarian import ask_kernel
 from actors.runtime import Actor, Reactions
+from bus.connection import Client
 from eventstore.events import (
     ActorRef,
     Event,

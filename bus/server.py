@@ -2,7 +2,8 @@
 
 It listens on 127.0.0.1 with a random port (learnt from its ports file), keeps its
 JetStream store under the run folder, is ready before `start()` returns, and dies with
-its parent (PR_SET_PDEATHSIG), so it is never orphaned.
+its parent (PR_SET_PDEATHSIG), so it is never orphaned. A configuration file, when
+given, holds its users, their permissions and its TLS settings (`bus/auth.py`).
 """
 
 from __future__ import annotations
@@ -53,8 +54,15 @@ class EmbeddedNatsServer:
     clients reconnect to the same URL and find their streams and consumers again.
     """
 
-    def __init__(self, store_dir: Path, host: str = "127.0.0.1", port: int = -1) -> None:
+    def __init__(
+        self,
+        store_dir: Path,
+        host: str = "127.0.0.1",
+        port: int = -1,
+        config_file: Path | None = None,
+    ) -> None:
         self.store_dir = Path(store_dir)
+        self.config_file = config_file
         self.host = host
         self.port = port
         self._process: subprocess.Popen[bytes] | None = None
@@ -64,7 +72,8 @@ class EmbeddedNatsServer:
     def url(self) -> str:
         if self.port <= 0:
             raise NatsServerError("the server has not started yet")
-        return f"nats://{self.host}:{self.port}"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"nats://{host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -89,6 +98,8 @@ class EmbeddedNatsServer:
             "-l", str(self._log_path),
             "-m", "0",
         ]  # fmt: skip
+        if self.config_file is not None:
+            args += ["-c", str(self.config_file)]
         self._process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

@@ -1,11 +1,17 @@
-"""Request/reply over the NATS micro services API (discoverable with `nats micro ls`)."""
+"""Request/reply over the NATS micro services API (discoverable with `nats micro ls`).
+
+Each request is answered in a task of its own, so a slow request never holds the others.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import structlog
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import EndpointConfig, Service
@@ -13,6 +19,16 @@ from nats.micro.service import EndpointConfig, Service
 from bus.subjects import service_subject
 
 log = structlog.get_logger("bus.service")
+
+__all__ = [
+    "NoAnswer",
+    "NoResponder",
+    "RequestRefused",
+    "Service",
+    "ServiceError",
+    "request",
+    "serve",
+]
 
 Endpoint = Callable[[bytes], Awaitable[bytes]]
 
@@ -28,8 +44,21 @@ class ServiceError(RuntimeError):
         self.code = code
 
 
+class NoResponder(ConnectionError):
+    """Nobody serves this endpoint on the bus."""
+
+
+class NoAnswer(TimeoutError):
+    """The service did not answer in time."""
+
+
 class RequestRefused(Exception):
-    """Raised by an endpoint to answer with a 400 and a clear description."""
+    """Raised by an endpoint to answer with an error code (400 unless said) and a clear
+    description."""
+
+    def __init__(self, description: str, code: int = 400) -> None:
+        super().__init__(description)
+        self.code = code
 
 
 async def serve(
@@ -49,11 +78,24 @@ async def serve(
 
 
 def _responder(handler: Endpoint) -> Callable[[Request], Awaitable[None]]:
+    running: set[asyncio.Task[None]] = set()
+
+    async def dispatch(request: Request) -> None:
+        task = asyncio.create_task(answer(request))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    async def answer(request: Request) -> None:
+        try:
+            await respond(request)
+        except Exception as exc:  # the requester left, or the connection closed
+            log.warning("could not answer a request", error=str(exc))
+
     async def respond(request: Request) -> None:
         try:
             reply = await handler(request.data)
         except RequestRefused as exc:
-            await request.respond_error("400", str(exc))
+            await request.respond_error(str(exc.code), str(exc))
             return
         except Exception as exc:
             log.exception("service endpoint failed")
@@ -61,14 +103,19 @@ def _responder(handler: Endpoint) -> Callable[[Request], Awaitable[None]]:
             return
         await request.respond(reply)
 
-    return respond
+    return dispatch
 
 
 async def request(
     nc: Client, service: str, endpoint: str, data: bytes, timeout: float = 10.0
 ) -> bytes:
     """Ask a service; raises ServiceError when it answers with an error."""
-    reply = await nc.request(service_subject(service, endpoint), data, timeout=timeout)
+    try:
+        reply = await nc.request(service_subject(service, endpoint), data, timeout=timeout)
+    except NoRespondersError as exc:
+        raise NoResponder(f"nobody serves {service}.{endpoint}") from exc
+    except NatsTimeout as exc:
+        raise NoAnswer(f"{service}.{endpoint} did not answer within {timeout:g} s") from exc
     headers = reply.headers or {}
     if ERROR_HEADER in headers:
         raise ServiceError(int(headers.get(ERROR_CODE_HEADER, "500")), headers[ERROR_HEADER])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -37,17 +40,35 @@ def events_stream_config(max_age_days: float = 30.0) -> StreamConfig:
     )
 
 
+_KEPT = ("subjects", "max_age", "max_msg_size", "duplicate_window", "allow_direct", "storage")
+
+
 async def ensure_events_stream(js: JetStreamContext) -> StreamInfo:
-    """Create KF_EVENTS, or bring an existing one to the current configuration."""
+    """Create KF_EVENTS, or bring an existing one to the current configuration (an
+    unchanged stream is left alone, so a user without stream rights may call this)."""
     config = events_stream_config()
     try:
-        await js.stream_info(STREAM)
+        info = await js.stream_info(STREAM)
+        if all(getattr(info.config, f) == getattr(config, f) for f in _KEPT):
+            return info
     except NotFoundError:
         try:
             return await js.add_stream(config)
         except BadRequestError:  # created concurrently by another process
             pass
     return await js.update_stream(config)
+
+
+async def wait_for_stream(js: JetStreamContext, timeout: float | None = None) -> StreamInfo:
+    """Wait until KF_EVENTS exists (only an admin creates it: actors and the recorder wait)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return await js.stream_info(STREAM)
+        except (NotFoundError, TimeoutError) as exc:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"stream {STREAM} does not exist (is the hub up?)") from exc
+            await asyncio.sleep(0.25)
 
 
 def work_consumer_config(

@@ -1,12 +1,17 @@
-"""Bytes <-> events. The JSON bytes an event is published with are its canonical form:
-the store keeps them verbatim and hashes them into the chain.
+"""Bytes <-> events. `encode` gives an event's canonical form (msgspec's compact JSON):
+the recorder re-encodes every event it accepts, and the store keeps exactly those bytes
+and hashes them into the chain.
 
-Old schemas are upgraded on read by upcasters registered per (type, schema).
+`decode` raises only `InvalidEvent`, whatever the bytes: size and nesting depth are
+checked before parsing. Old schemas are upgraded on read by upcasters registered per
+(type, schema).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 import msgspec
@@ -17,6 +22,13 @@ Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(AnyEvent)
+
+#: No event nests deeper than this; deeper JSON is refused before it is parsed.
+MAX_DEPTH = 32
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 class InvalidEvent(ValueError):
@@ -63,15 +75,33 @@ def encode(event: Event) -> bytes:
     return data
 
 
+def check_limits(data: bytes) -> None:
+    """Refuse bytes too big or nested too deep to parse safely (before any parsing)."""
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidEvent(f"{len(data)} bytes, over the {MAX_EVENT_BYTES}-byte cap")
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return  # cannot be deeper than its number of brackets
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    depth = max(accumulate(_STEP[b] for b in brackets), default=0)
+    if depth > MAX_DEPTH:
+        raise InvalidEvent(f"JSON nested {depth} deep, over the limit of {MAX_DEPTH}")
+
+
 def decode(data: bytes, upcasters: Upcasters = UPCASTERS) -> Event:
-    """Decode one event, upgrading an old schema; raises InvalidEvent with the reason."""
+    """Decode one event, upgrading an old schema; raises InvalidEvent (only) with the reason."""
+    check_limits(data)
     try:
-        event: Event = _decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        return _decode_slow(data, exc, upcasters)
-    if event.schema != type(event).SCHEMA:
-        return _decode_slow(data, None, upcasters)
-    return event
+        try:
+            event: Event = _decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            return _decode_slow(data, exc, upcasters)
+        if event.schema != type(event).SCHEMA:
+            return _decode_slow(data, None, upcasters)
+        return event
+    except InvalidEvent:
+        raise
+    except Exception as exc:  # anything else hostile bytes can provoke is a rejection too
+        raise InvalidEvent(f"undecodable: {type(exc).__name__}: {exc}") from exc
 
 
 def _decode_slow(data: bytes, error: msgspec.DecodeError | None, upcasters: Upcasters) -> Event:
@@ -81,8 +111,9 @@ def _decode_slow(data: bytes, error: msgspec.DecodeError | None, upcasters: Upca
         raise InvalidEvent(f"not JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise InvalidEvent(f"expected a JSON object, got {type(raw).__name__}")
-    if raw.get("type") not in EVENT_TYPES:
-        raise InvalidEvent(f"unknown event type {raw.get('type')!r}")
+    event_type = raw.get("type")
+    if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
+        raise InvalidEvent(f"unknown event type {str(event_type)[:100]!r}")
     upgraded = upcasters.upcast(raw)
     if upgraded is raw and error is not None:
         raise InvalidEvent(str(error))

@@ -9,6 +9,7 @@ re-sequenced without it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -36,7 +37,7 @@ CREATE TABLE IF NOT EXISTS events (
     causation_id   VARCHAR,
     correlation_id VARCHAR,
     stream_seq     BIGINT,                -- KF_EVENTS sequence it arrived with
-    payload        JSON        NOT NULL,  -- the canonical event bytes, hashed in the chain
+    payload        VARCHAR     NOT NULL,  -- the canonical event JSON, verbatim, hashed in the chain
     chain_hash     BLOB        NOT NULL   -- sha256(payload || previous hash in the campaign)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS events_event_id ON events (event_id);
@@ -68,6 +69,14 @@ _ARROW_SCHEMA = pa.schema(
 
 class StoreLocked(RuntimeError):
     """Another process owns the DuckDB file."""
+
+
+#: Seconds a user query may run before it is interrupted.
+DEFAULT_QUERY_TIMEOUT = 30.0
+
+
+class QueryTimeout(RuntimeError):
+    """A query ran past its time limit and was interrupted."""
 
 
 class QueryResult(msgspec.Struct, frozen=True):
@@ -102,6 +111,7 @@ class DuckDBEventStore(EventStore):
         self._lock = threading.Lock()
         if not read_only:
             self._conn.execute(SCHEMA_SQL)
+            self._keep_payload_verbatim()
             create_views(self._conn)  # candidates, leaderboard, lessons, ...
             # Small frequent commits: checkpoint the WAL rarely (it doubles append speed;
             # the cost is a longer WAL replay after a crash).
@@ -110,6 +120,18 @@ class DuckDBEventStore(EventStore):
         self._conn.execute("SET enable_external_access = false")
         self._conn.execute("SET lock_configuration = true")
         self._load_heads()
+
+    def _keep_payload_verbatim(self) -> None:
+        """Stores made before payload was VARCHAR: a JSON column re-formats numbers (1e16
+        becomes 10000000000000000.0), so the stored bytes would differ from the hashed ones."""
+        kind = self._conn.execute(
+            "SELECT data_type FROM information_schema.columns "
+            "WHERE table_name = 'events' AND column_name = 'payload'"
+        ).fetchone()
+        if kind is not None and kind[0] == "JSON":
+            self._conn.execute("DROP INDEX events_event_id")
+            self._conn.execute("ALTER TABLE events ALTER payload TYPE VARCHAR")
+            self._conn.execute("CREATE UNIQUE INDEX events_event_id ON events (event_id)")
 
     def _load_heads(self) -> None:
         position = self._conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()
@@ -159,7 +181,7 @@ class DuckDBEventStore(EventStore):
         return {row[0] for row in found}
 
     def read_raw(self, campaign_id: str | None = None, after_position: int = 0) -> Iterator[RawRow]:
-        columns = "position, campaign_id, payload::BLOB, chain_hash"
+        columns = "position, campaign_id, encode(payload), chain_hash"
         for batch in self._scan(columns, campaign_id, after_position):
             yield from map(RawRow._make, zip(*batch, strict=True))
 
@@ -167,7 +189,7 @@ class DuckDBEventStore(EventStore):
         self, campaign_id: str | None = None, after_position: int = 0
     ) -> Iterator[tuple[int, bytes]]:
         for positions, payloads in self._scan(
-            "position, payload::BLOB", campaign_id, after_position
+            "position, encode(payload)", campaign_id, after_position
         ):
             yield from zip(positions, payloads, strict=True)
 
@@ -214,7 +236,7 @@ class DuckDBEventStore(EventStore):
             where.append("payload->>'target' = $target")
             params["target"] = target
         sql = (
-            f"SELECT position, payload::BLOB FROM events WHERE {' AND '.join(where)} "
+            f"SELECT position, encode(payload) FROM events WHERE {' AND '.join(where)} "
             "ORDER BY position LIMIT $limit"
         )
         cursor = self._conn.cursor()
@@ -224,19 +246,28 @@ class DuckDBEventStore(EventStore):
             cursor.close()
         return [(int(position), bytes(payload)) for position, payload in rows]
 
-    def query(self, sql: str, max_rows: int = 10_000) -> QueryResult:
-        """Run one read-only query (refused otherwise); the transaction is always rolled back."""
+    def query(
+        self, sql: str, max_rows: int = 10_000, timeout: float = DEFAULT_QUERY_TIMEOUT
+    ) -> QueryResult:
+        """Run one read-only query (refused otherwise) on a cursor of its own, interrupted
+        after `timeout` seconds; the transaction is always rolled back."""
         check_read_only(sql)
         cursor = self._conn.cursor()
+        timer = threading.Timer(timeout, cursor.interrupt)
         try:
             cursor.execute("BEGIN TRANSACTION")
+            timer.start()
             try:
                 result = cursor.execute(sql)
                 columns = [d[0] for d in result.description or []]
                 types = [str(d[1]) for d in result.description or []]
                 rows = result.fetchmany(max_rows + 1)
+            except duckdb.InterruptException as exc:
+                raise QueryTimeout(f"query timed out after {timeout:g} s") from exc
             finally:
-                cursor.execute("ROLLBACK")
+                timer.cancel()
+                with contextlib.suppress(duckdb.Error):  # closing the cursor discards it too
+                    cursor.execute("ROLLBACK")
         finally:
             cursor.close()
         return QueryResult(

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nats.js import JetStreamContext
-
+from bus.connection import JetStreamContext
 from bus.publisher import OutgoingMessage, Publisher
 from bus.subjects import event_subject
 from eventstore.codec import encode

@@ -1,29 +1,63 @@
-"""Read-only SQL over the store through its owner, on request/reply (`kf.svc.kf-store.*`)."""
+"""Read-only SQL over the store through its owner, on request/reply (`kf.svc.kf-store.*`).
+
+Queries run concurrently, each on a cursor of its own with a time limit. A result too big
+for one message (NATS caps them at 1 MiB) is cut into pages the caller fetches in turn
+(`sql-page`), so only the row cap, which the caller sets, limits it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from typing import Any
 
 import duckdb
 import msgspec
-from nats.aio.client import Client
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
-from nats.micro.service import Service
 
-from bus.service import RequestRefused, ServiceError, request, serve
+from bus.connection import Client
+from bus.service import NoAnswer, NoResponder, RequestRefused, Service, ServiceError, request, serve
 from eventstore.codec import decode
-from eventstore.duckdb_store import DuckDBEventStore, QueryResult
+from eventstore.duckdb_store import (
+    DEFAULT_QUERY_TIMEOUT,
+    DuckDBEventStore,
+    QueryResult,
+    QueryTimeout,
+)
 from eventstore.events import Event
 from eventstore.sql_guard import SqlRefused
 
 SERVICE = "kf-store"
 
 
+#: Bytes of result per reply: under NATS's 1 MiB message cap once base64-encoded.
+PAGE_BYTES = 640 * 1024
+#: Seconds a paged result waits for its caller to fetch the rest.
+PAGES_KEPT_FOR = 120.0
+
+
 class SqlRequest(msgspec.Struct, frozen=True):
     sql: str
     max_rows: int = 10_000
+    timeout: float = DEFAULT_QUERY_TIMEOUT
+
+
+class SqlPage(msgspec.Struct, frozen=True):
+    """One page of an encoded QueryResult; `result_id` names the rest."""
+
+    result_id: str
+    index: int
+    count: int
+    chunk: bytes
+
+
+class PageRequest(msgspec.Struct, frozen=True):
+    result_id: str
+    index: int
+
+
+class QueryFailed(RuntimeError):
+    """The store ran the query and it failed (a timeout, a bad column, ...)."""
 
 
 class ReplayRequest(msgspec.Struct, frozen=True):
@@ -58,19 +92,56 @@ def _encode_value(value: Any) -> Any:
 _encoder = msgspec.json.Encoder(enc_hook=_encode_value)
 
 
+class _Pages:
+    """Encoded results waiting to be fetched page by page."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[float, list[bytes]]] = {}
+
+    def first(self, encoded: bytes) -> SqlPage:
+        now = time.monotonic()
+        for key in [k for k, (until, _) in self._kept.items() if until < now]:
+            del self._kept[key]
+        chunks = [encoded[i : i + PAGE_BYTES] for i in range(0, len(encoded), PAGE_BYTES)]
+        result_id = uuid.uuid4().hex
+        if len(chunks) > 1:
+            self._kept[result_id] = (now + PAGES_KEPT_FOR, chunks)
+        return SqlPage(result_id, 0, len(chunks), chunks[0] if chunks else b"")
+
+    def page(self, ask: PageRequest) -> SqlPage:
+        kept = self._kept.get(ask.result_id)
+        if kept is None or not 0 < ask.index < len(kept[1]):
+            raise RequestRefused(f"no page {ask.index} of result {ask.result_id} (expired?)")
+        chunks = kept[1]
+        if ask.index == len(chunks) - 1:
+            del self._kept[ask.result_id]
+        return SqlPage(ask.result_id, ask.index, len(chunks), chunks[ask.index])
+
+
 async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
+    pages = _Pages()
+
     async def sql(data: bytes) -> bytes:
         try:
             ask = msgspec.json.decode(data, type=SqlRequest)
         except msgspec.DecodeError as exc:
             raise RequestRefused(f"bad request: {exc}") from exc
         try:
-            result = await asyncio.to_thread(store.query, ask.sql, ask.max_rows)
+            result = await asyncio.to_thread(store.query, ask.sql, ask.max_rows, ask.timeout)
         except SqlRefused as exc:
             raise RequestRefused(str(exc)) from exc
+        except QueryTimeout as exc:
+            raise RequestRefused(str(exc), code=408) from exc
         except duckdb.Error as exc:
-            raise RequestRefused(f"query failed: {exc}") from exc
-        return _encoder.encode(result)
+            raise RequestRefused(f"query failed: {exc}", code=422) from exc
+        return _encoder.encode(pages.first(_encoder.encode(result)))
+
+    async def sql_page(data: bytes) -> bytes:
+        try:
+            ask = msgspec.json.decode(data, type=PageRequest)
+        except msgspec.DecodeError as exc:
+            raise RequestRefused(f"bad request: {exc}") from exc
+        return _encoder.encode(pages.page(ask))
 
     async def replay_page(data: bytes) -> bytes:
         try:
@@ -104,26 +175,39 @@ async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
         nc,
         SERVICE,
         "1.0.0",
-        {"sql": sql, "status": status, "replay": replay_page},
+        {"sql": sql, "sql-page": sql_page, "status": status, "replay": replay_page},
         description="read-only SQL over the Kernel Factory event store",
     )
 
 
-async def query(nc: Client, sql: str, max_rows: int = 10_000, timeout: float = 30.0) -> QueryResult:
-    """Ask the store owner; SqlRefused for anything but one read-only query."""
+async def query(
+    nc: Client, sql: str, max_rows: int = 10_000, timeout: float = DEFAULT_QUERY_TIMEOUT
+) -> QueryResult:
+    """Ask the store owner; SqlRefused for anything but one read-only query, QueryFailed
+    when it ran and failed (a timeout says so)."""
+    wait = timeout + 10.0  # the store interrupts the query first and says so
+    first = await _ask(nc, "sql", msgspec.json.encode(SqlRequest(sql, max_rows, timeout)), wait)
+    chunks = [first.chunk]
+    for index in range(1, first.count):
+        ask = msgspec.json.encode(PageRequest(first.result_id, index))
+        chunks.append((await _ask(nc, "sql-page", ask, wait)).chunk)
+    return msgspec.json.decode(b"".join(chunks), type=QueryResult)
+
+
+async def _ask(nc: Client, endpoint: str, data: bytes, timeout: float) -> SqlPage:
     try:
-        reply = await request(
-            nc, SERVICE, "sql", msgspec.json.encode(SqlRequest(sql, max_rows)), timeout
-        )
+        reply = await request(nc, SERVICE, endpoint, data, timeout)
     except ServiceError as exc:
         if exc.code == 400:
             raise SqlRefused(str(exc)) from exc
-        raise
-    except (NoRespondersError, NatsTimeout) as exc:
+        raise QueryFailed(str(exc)) from exc
+    except NoResponder as exc:
         raise StoreUnavailable(
             "no event store answered on the bus (is `kfactory server` running?)"
         ) from exc
-    return msgspec.json.decode(reply, type=QueryResult)
+    except NoAnswer as exc:
+        raise StoreUnavailable(f"the event store did not answer within {timeout:g} s") from exc
+    return msgspec.json.decode(reply, type=SqlPage)
 
 
 async def replay(
@@ -142,7 +226,7 @@ async def replay(
         ask = ReplayRequest(campaign_id, types or [], problem, target, after_position)
         try:
             reply = await request(nc, SERVICE, "replay", msgspec.json.encode(ask), timeout)
-        except (NoRespondersError, NatsTimeout) as exc:
+        except (NoResponder, NoAnswer) as exc:
             raise StoreUnavailable("no event store answered on the bus") from exc
         page = msgspec.json.decode(reply, type=ReplayPage)
         found += [
@@ -156,6 +240,6 @@ async def replay(
 async def status(nc: Client, timeout: float = 5.0) -> StoreStatus:
     try:
         reply = await request(nc, SERVICE, "status", b"", timeout)
-    except (NoRespondersError, NatsTimeout) as exc:
+    except (NoResponder, NoAnswer) as exc:
         raise StoreUnavailable("no event store answered on the bus") from exc
     return msgspec.json.decode(reply, type=StoreStatus)

@@ -3,8 +3,9 @@
 It reads `kf.ev.>` through an ordered push consumer (the fast path), appends in
 micro-batches and commits the stream cursor in the same transaction as the events, so
 a recorder killed at any instant resumes exactly after its last commit: nothing lost,
-nothing stored twice. Messages that are not valid events are answered with an
-EventRejected event; messages a consumer gave up on become DeadLettered events.
+nothing stored twice. Messages that are not valid events (see `admission.py`) are
+answered with an EventRejected event, whatever they hold; messages a consumer gave up
+on become DeadLettered events.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ import asyncio
 from dataclasses import dataclass
 
 import structlog
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from bus.connection import jetstream
+from bus.connection import Client, Msg, jetstream
 from bus.consumer import ExhaustedMessage, watch_exhausted
+from bus.follow import follow
 from bus.publisher import MSG_ID_HEADER
-from bus.streams import ensure_events_stream
-from bus.subjects import ALL_EVENTS, EVENTS_PREFIX, STREAM
-from eventstore.codec import InvalidEvent, decode
+from bus.streams import wait_for_stream
+from bus.subjects import ALL_EVENTS, STREAM
+from eventstore.admission import admit
+from eventstore.authority import RECORDER
+from eventstore.codec import InvalidEvent
 from eventstore.emitter import Emitter
-from eventstore.events import MAX_EVENT_BYTES, ActorRef, Event
+from eventstore.events import ActorRef, Event
 from eventstore.failures import dead_letter_event, rejection_event
 from eventstore.store import EventStore, Recorded
 
@@ -36,6 +37,7 @@ class RecorderStats:
     recorded: int = 0
     duplicates: int = 0
     rejected: int = 0
+    reencoded: int = 0
     dead_lettered: int = 0
     batches: int = 0
 
@@ -61,24 +63,21 @@ class Recorder:
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
-        self.actor = ActorRef.here("recorder")
+        self.actor = ActorRef.here(RECORDER)
         self.stats = RecorderStats()
         self.committed = asyncio.Condition()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Record until `stop` is set, then commit what has arrived and return."""
-        await ensure_events_stream(self._js)
+        await wait_for_stream(self._js)
         start = await self._resume_sequence()
-        subscription = await self._js.subscribe(
+        subscription = await follow(
+            self._nc,
             ALL_EVENTS,
-            stream=STREAM,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            config=ConsumerConfig(opt_start_seq=start),
-            idle_heartbeat=2.0,
-            cb=self._on_message,
-            pending_msgs_limit=4 * self._high_water,
-            pending_bytes_limit=1024 * 1024 * 1024,
+            self._on_message,
+            start_sequence=start,
+            pending_msgs=4 * self._high_water,
+            pending_bytes=1024 * 1024 * 1024,
         )
         await watch_exhausted(self._nc, self._js, self._on_exhausted)
         log.info("recording", from_sequence=start, position=self._store.last_position)
@@ -100,7 +99,7 @@ class Recorder:
                     self._room.set()
                 await self._record(batch)
         finally:
-            await subscription.unsubscribe()
+            await subscription.stop()
 
     async def _resume_sequence(self) -> int:
         info = await self._js.stream_info(STREAM)
@@ -123,15 +122,21 @@ class Recorder:
 
     async def _record(self, batch: list[Msg]) -> None:
         recorded: list[Recorded] = []
+        rejections: list[Event] = []
         sequence = 0
         for message in batch:
             sequence = _stream_sequence(message)
             try:
-                event = _validate(message)
+                headers = message.headers or {}
+                admitted = admit(message.subject, message.data, headers.get(MSG_ID_HEADER))
             except InvalidEvent as exc:
-                await self._reject(message, sequence, str(exc))
+                rejections.append(self._rejection(message, sequence, str(exc)))
                 continue
-            recorded.append(Recorded(event, message.data, sequence))
+            if admitted.payload != message.data:
+                self.stats.reencoded += 1
+            recorded.append(Recorded(admitted.event, admitted.payload, sequence))
+        if rejections:  # stored when they come back through the bus, like every event
+            await self._emitter.emit_many(rejections)
         cursor = sequence
         delay = 0.1
         while True:
@@ -148,15 +153,16 @@ class Recorder:
         async with self.committed:
             self.committed.notify_all()
 
-    async def _reject(self, message: Msg, sequence: int, reason: str) -> None:
+    def _rejection(self, message: Msg, sequence: int, reason: str) -> Event:
         log.warning("rejected a message", subject=message.subject, seq=sequence, reason=reason)
-        published_ms = int(message.metadata.timestamp.timestamp() * 1000)
-        await self._emitter.emit(
-            rejection_event(
-                self.actor, message.subject, message.data, sequence, published_ms, reason
-            )
-        )
         self.stats.rejected += 1
+        try:
+            published_ms = int(message.metadata.timestamp.timestamp() * 1000)
+        except Exception:  # the server's metadata is not the sender's, but stay safe
+            published_ms = 0
+        return rejection_event(
+            self.actor, message.subject, message.data, sequence, published_ms, reason
+        )
 
     async def _on_exhausted(self, exhausted: ExhaustedMessage) -> None:
         reason = (
@@ -183,24 +189,3 @@ def _stream_sequence(message: Msg) -> int:
     if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<...>: fast path
         return int(tokens[5])
     return message.metadata.sequence.stream
-
-
-def _expected_subject(event: Event) -> str:
-    target = event.subject_target
-    subject = f"{EVENTS_PREFIX}.{event.campaign_id}.{event.type}"
-    return f"{subject}.{target}" if target else subject
-
-
-def _validate(message: Msg) -> Event:
-    if len(message.data) > MAX_EVENT_BYTES:
-        raise InvalidEvent(f"{len(message.data)} bytes, over the {MAX_EVENT_BYTES}-byte cap")
-    event = decode(message.data)
-    if message.subject != _expected_subject(event):
-        raise InvalidEvent(
-            f"subject {message.subject!r} does not match the event "
-            f"(campaign {event.campaign_id!r}, type {event.type!r})"
-        )
-    msg_id = (message.headers or {}).get(MSG_ID_HEADER)
-    if msg_id is not None and msg_id != event.event_id:
-        raise InvalidEvent(f"Nats-Msg-Id {msg_id!r} differs from event_id {event.event_id!r}")
-    return event

@@ -2,9 +2,10 @@
 
 A store assigns each new event a gap-free global `position` and extends its
 campaign's hash chain: `hash_n = sha256(payload_n || hash_{n-1})`, starting from 32
-zero bytes, where `payload` is the event's canonical bytes as published. Appends are
-idempotent on `event_id`. Back ends (`memory_store`, `duckdb_store`) only persist and
-read rows; they pass the same contract tests (`tests/test_store_contract.py`).
+zero bytes, where `payload` is the event's canonical bytes (`codec.encode`), stored and
+returned verbatim. Appends are idempotent on `event_id`. Back ends (`memory_store`,
+`duckdb_store`) only persist and read rows; they pass the same contract tests
+(`tests/test_store_contract.py`).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from actors.devices import device_missing
 from actors.roles import ROLES
 from actors.runtime import run_actor
 from ops.errors import UserError
-from ops.home import nats_url, resolve_home
-from ops.options import HOME, NATS
+from ops.home import client_auth_for, nats_url, resolve_home
+from ops.options import CREDS, HOME, NATS, TLS_CA
 from ops.swarm import RUN_ON_THE_DEVICE
 
 
@@ -27,7 +27,9 @@ def register(app: typer.Typer) -> None:
             "Run one actor process that joins a hub over NATS. Instances of a role "
             "share the role's work; run as many as you like, on any host.\n\n"
             "Roles:\n\n" + _roles_help() + "\n\n"
-            "Examples:\n\n  kfactory actor verifier --nats nats://hub:4222\n\n"
+            "On another host, give it the role's credentials (`kfactory creds ROLE -o FILE` "
+            "on the hub) with --creds, and the hub's CA with --tls-ca when it uses TLS.\n\n"
+            "Examples:\n\n  kfactory actor verifier --nats nats://hub:4222 --creds verifier.nk\n\n"
             "  kfactory actor compiler --target cuda --nats nats://hub:4222   (any host)\n\n"
             "  kfactory actor verifier --target cuda --nats nats://hub:4222   (a GPU host)"
         ),
@@ -42,6 +44,8 @@ def actor(
     instance: str | None = typer.Option(None, help="Instance name (default: ROLE-PID)."),
     home: Path | None = HOME,
     nats: str | None = NATS,
+    creds: Path | None = CREDS,
+    tls_ca: Path | None = TLS_CA,
 ) -> None:
     spec = ROLES.get(role)
     if spec is None:
@@ -52,7 +56,9 @@ def actor(
     if missing is not None:
         raise UserError(f"a {role} for {target} needs the device here: {missing}")
     implementation = spec.create(target)
-    url = nats_url(nats, resolve_home(home))
+    folder = resolve_home(home)
+    url = nats_url(nats, folder)
     if url is None:
         raise UserError("no NATS URL: pass --nats nats://HOST:PORT (see `kfactory server`)")
-    asyncio.run(run_actor(implementation, url, instance))
+    auth = client_auth_for(folder, role, creds, tls_ca)
+    asyncio.run(run_actor(implementation, url, instance, auth=auth))

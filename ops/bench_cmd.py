@@ -21,7 +21,9 @@ def register(app: typer.Typer) -> None:
     help=(
         "Measure the event store on this machine: ingest through NATS into DuckDB, "
         "replay of 1,000,000 events, and SQL latency over request/reply.\n\n"
-        "Example:\n\n  kfactory bench store --events 200000 --json"
+        "With --secure, ingest is measured again, in the same run, against a server that "
+        "requires credentials, then one that requires credentials and TLS.\n\n"
+        "Example:\n\n  kfactory bench store --events 200000 --secure --json"
     ),
 )
 def store(
@@ -30,12 +32,15 @@ def store(
     sql_repeats: int = typer.Option(40, min=1, help="Rounds of the SQL query mix."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     workdir: Path | None = typer.Option(None, help="Where to put the temporary store."),
+    secure: bool = typer.Option(
+        False, "--secure", help="Also measure ingest with auth, and with auth and TLS (same run)."
+    ),
 ) -> None:
     from ops.bench_store import run_store_benchmark
 
     progress = (lambda line: print(line, file=sys.stderr)) if as_json else print
     results = run_store_benchmark(
-        events, replay_events, sql_repeats, workdir=workdir, report=progress
+        events, replay_events, sql_repeats, workdir=workdir, report=progress, secure=secure
     )
     if as_json:
         print(to_json(results))

@@ -5,6 +5,10 @@ Three figures, each measured in this run on this machine:
   by a recorder in its own process, from the first publish to the last commit;
 - replay: reading and decoding 1,000,000 stored events;
 - SQL: latency of typical read-only queries over request/reply on that store.
+
+With `secure`, ingest is measured again in the same run against a server that requires
+nkey credentials, then one that also requires TLS (the publisher as the benchmarker, the
+recorder as the hub), so the figures can be compared.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bus.auth import ClientAuth, TlsFiles, server_config, write_private
 from bus.connection import connect, jetstream
 from bus.publisher import OutgoingMessage, Publisher
 from bus.server import EmbeddedNatsServer
@@ -78,17 +83,21 @@ def sample_events(count: int, start: int = 0) -> list[Event]:
     ]
 
 
-def _recorder_process(home: Path, url: str) -> subprocess.Popen[bytes]:
+def _recorder_process(home: Path, url: str, auth: ClientAuth) -> subprocess.Popen[bytes]:
+    secure = ["--creds", str(auth.seed_file)] if auth.seed_file else []
+    secure += ["--tls-ca", str(auth.ca_file)] if auth.ca_file else []
     return subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "server", "--home", str(home), "--nats", url],
+        [sys.executable, "-m", "ops.cli", "server", "--home", str(home), "--nats", url, *secure],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
 
 
-async def _wait_position(url: str, position: int, timeout: float) -> tuple[float, int]:
+async def _wait_position(
+    url: str, position: int, timeout: float, auth: ClientAuth
+) -> tuple[float, int]:
     """Poll the store owner until it holds `position` events: (when, position then)."""
-    nc = await connect(url, "bench-poll")
+    nc = await connect(url, "bench-poll", auth=auth)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -109,11 +118,22 @@ async def _publish(publisher: Publisher, messages: list[OutgoingMessage]) -> Non
         await publisher.publish_many(messages[chunk : chunk + 10_000])
 
 
-async def _ingest(url: str, messages: list[OutgoingMessage], home: Path) -> dict[str, float]:
+class _Users:
+    """Who each side of the benchmark connects as (nobody in particular without auth)."""
+
+    def __init__(self, admin: ClientAuth, publisher: ClientAuth, hub: ClientAuth) -> None:
+        self.admin, self.publisher, self.hub = admin, publisher, hub
+
+
+async def _ingest(
+    url: str, messages: list[OutgoingMessage], home: Path, users: _Users
+) -> dict[str, float]:
     """Three phases: publish alone; the recorder catches up alone; both at once."""
-    nc = await connect(url, "bench-publisher")
+    admin = await connect(url, "bench-admin", auth=users.admin)
+    await ensure_events_stream(jetstream(admin))
+    await admin.close()
+    nc = await connect(url, "bench-publisher", auth=users.publisher)
     js = jetstream(nc)
-    await ensure_events_stream(js)
     publisher = Publisher(js)
     half = len(messages) // 2
     backlog, live = messages[:half], messages[half:]
@@ -121,13 +141,13 @@ async def _ingest(url: str, messages: list[OutgoingMessage], home: Path) -> dict
     await _publish(publisher, backlog)
     published = time.perf_counter() - t0
 
-    recorder = _recorder_process(home, url)
+    recorder = _recorder_process(home, url, users.hub)
     try:
-        t_up, at_up = await _wait_position(url, 0, 60)
-        t_done, _ = await _wait_position(url, half, 600)
+        t_up, at_up = await _wait_position(url, 0, 60, users.hub)
+        t_done, _ = await _wait_position(url, half, 600, users.hub)
         recorded = (half - at_up) / (t_done - t_up)
 
-        waiting = asyncio.create_task(_wait_position(url, len(messages), 600))
+        waiting = asyncio.create_task(_wait_position(url, len(messages), 600, users.hub))
         t1 = time.perf_counter()
         await _publish(publisher, live)
         t_both, _ = await waiting
@@ -175,11 +195,11 @@ async def _sql(home: Path, url: str, repeats: int) -> dict[str, Any]:
     store = DuckDBEventStore(store_path(home), read_only=True)
     event_id = store.query("SELECT event_id FROM events WHERE position = 500000").rows
     store.close()
-    recorder = _recorder_process(home, url)
+    recorder = _recorder_process(home, url, ClientAuth())
     nc = await connect(url, "bench-sql")
     per_query: dict[str, list[float]] = {name: [] for name in SQL_MIX}
     try:
-        await _wait_position(url, 0, 120)
+        await _wait_position(url, 0, 120, ClientAuth())
         for _ in range(repeats):
             for name, sql in SQL_MIX.items():
                 text = sql.format(event_id=event_id[0][0] if event_id else "")
@@ -198,6 +218,34 @@ async def _sql(home: Path, url: str, repeats: int) -> dict[str, Any]:
     }
 
 
+def _secure_ingest(
+    messages: list[OutgoingMessage], workdir: Path, report: Callable[[str], None], tls: bool
+) -> dict[str, float]:
+    """Ingest again, against a server that requires nkeys (and TLS), as the roles would."""
+    from ops.accounts import ADMIN, HUB, client_auth, ensure_credentials, permissions
+    from ops.selfsigned import make_tls
+
+    home = workdir / ("secure-tls" if tls else "secure")
+    certs = make_tls(home / "tls") if tls else None
+    ca = certs.ca if certs else None
+    ensure_credentials(home)
+    config = home / "nats-server.conf"
+    files = TlsFiles(certs.cert, certs.key) if certs else None
+    write_private(config, server_config(permissions(home), files).encode())
+    server = EmbeddedNatsServer(home / "nats", config_file=config)
+    url = server.start()
+    try:
+        report(f"ingesting {len(messages):,} events again with auth{' and TLS' if tls else ''}")
+        users = _Users(
+            client_auth(home, ADMIN, ca),
+            client_auth(home, "benchmarker", ca),
+            client_auth(home, HUB, ca),
+        )
+        return asyncio.run(_ingest(url, messages, home, users))
+    finally:
+        server.stop()
+
+
 def run_store_benchmark(
     events: int,
     replay_events: int = REPLAY_EVENTS,
@@ -205,6 +253,7 @@ def run_store_benchmark(
     replay_repeats: int = 3,
     workdir: Path | None = None,
     report: Callable[[str], None] = print,
+    secure: bool = False,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=workdir, prefix="kf-bench-") as tmp:
         home = Path(tmp)
@@ -214,9 +263,26 @@ def run_store_benchmark(
             report(f"encoding {events:,} events")
             messages = [outgoing(e) for e in sample_events(events)]
             report(f"ingesting {events:,} events through NATS into DuckDB")
-            results: dict[str, Any] = asyncio.run(_ingest(url, messages, home))
-            del messages
+            nobody = ClientAuth()
+            users = _Users(nobody, nobody, nobody)
+            results: dict[str, Any] = asyncio.run(_ingest(url, messages, home, users))
             report(f"ingest: {results['ingest_events_per_s']:,.0f} events/s")
+            if secure:
+                server.stop()  # one server at a time: the runs get the same machine
+                for tls, suffix in ((False, "auth"), (True, "auth_tls")):
+                    guarded = _secure_ingest(messages, home, report, tls)
+                    results |= {
+                        f"{k}_{suffix}": v for k, v in guarded.items() if k != "ingest_events"
+                    }
+                    ratio = guarded["ingest_events_per_s"] / results["ingest_events_per_s"]
+                    results[f"ingest_{suffix}_ratio"] = ratio
+                    report(
+                        f"ingest with {'auth and TLS' if tls else 'auth'}: "
+                        f"{guarded['ingest_events_per_s']:,.0f} events/s ({ratio:.0%} of the "
+                        "figure without)"
+                    )
+                url = server.start()
+            del messages
             _top_up(store_path(home), replay_events, report)
             replay_s, replayed = _replay(store_path(home), replay_repeats)
             results |= {"replay_events": replayed, "replay_1m_s": replay_s * 1e6 / replayed}

@@ -16,6 +16,7 @@ from ops.errors import UserError
 
 COMMAND_MODULES = (
     "ops.server_cmd",
+    "ops.creds_cmd",
     "ops.sql_cmd",
     "ops.events_cmd",
     "ops.actor_cmd",

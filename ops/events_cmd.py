@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from pathlib import Path
 
 import typer
-from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
 
-from bus.connection import connect, jetstream
-from bus.subjects import STREAM, campaign_filter
+from bus.auth import ClientAuth
+from bus.connection import connect
+from bus.follow import Msg, follow
+from bus.subjects import campaign_filter
 from eventstore.codec import InvalidEvent, decode
 from eventstore.events import Event
 from ops.errors import UserError
-from ops.home import nats_url, resolve_home
-from ops.options import HOME, JSON, NATS
+from ops.home import client_auth_for, nats_url, resolve_home
+from ops.options import CREDS, HOME, JSON, NATS, TLS_CA
 
 events_app = typer.Typer(help="Watch the event stream.", no_args_is_help=True)
 
@@ -44,19 +43,25 @@ def tail(
     as_json: bool = JSON,
     home: Path | None = HOME,
     nats: str | None = NATS,
+    creds: Path | None = CREDS,
+    tls_ca: Path | None = TLS_CA,
 ) -> None:
-    url = nats_url(nats, resolve_home(home))
+    folder = resolve_home(home)
+    url = nats_url(nats, folder)
     if url is None:
         raise UserError("no running server found; pass --nats URL or start `kfactory server`")
     try:
         subject = campaign_filter(campaign)
     except ValueError as exc:
         raise UserError(str(exc)) from exc
-    asyncio.run(_tail(url, subject, from_start, limit, as_json))
+    auth = client_auth_for(folder, "cli", creds, tls_ca)
+    asyncio.run(_tail(url, auth, subject, from_start, limit, as_json))
 
 
-async def _tail(url: str, subject: str, from_start: bool, limit: int, as_json: bool) -> None:
-    nc = await connect(url, "kfactory-tail", wait_for_server=5)
+async def _tail(
+    url: str, auth: ClientAuth, subject: str, from_start: bool, limit: int, as_json: bool
+) -> None:
+    nc = await connect(url, "kfactory-tail", wait_for_server=5, auth=auth)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -72,18 +77,11 @@ async def _tail(url: str, subject: str, from_start: bool, limit: int, as_json: b
         if limit and seen >= limit:
             done.set()
 
-    subscription = await jetstream(nc).subscribe(
-        subject,
-        stream=STREAM,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
-        cb=show,
-    )
+    subscription = await follow(nc, subject, show, new_only=not from_start)
     try:
         await done.wait()
     finally:
-        with contextlib.suppress(Exception):
-            await subscription.unsubscribe()
+        await subscription.stop()
         await nc.close()
 
 

@@ -24,7 +24,7 @@ from ops.errors import UserError
 from ops.hub import running_hub
 from ops.logging import quiet_logs
 from ops.output import to_json
-from ops.run_cmd import follow
+from ops.run_cmd import follow_campaign
 from ops.swarm import running_swarm
 
 CHECKS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
@@ -144,7 +144,10 @@ async def _run(
         loop.add_signal_handler(sig, stop.set)
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
-    async with running_hub(out) as hub, running_swarm(hub.url, target="cuda") as swarm:
+    async with (
+        running_hub(out) as hub,
+        running_swarm(hub.url, target="cuda", auth=hub.auth) as swarm,
+    ):
         for problem, dtype, shape in checks:
             row: dict[str, Any] = {"problem": problem, "dtype": dtype}
             if stop.is_set() or time.monotonic() - started > deadline:
@@ -161,6 +164,8 @@ async def _run(
                     search=Search(per_generation=budget),
                 )
             )
-            result = await follow(spec, hub.url, swarm, stop, console, hub.check)
+            result = await follow_campaign(
+                spec, hub.url, hub.auth("cli"), swarm, stop, console, hub.check
+            )
             rows.append({**row, **(result or {"skipped": "stopped"})})
     return rows

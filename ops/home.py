@@ -11,8 +11,10 @@ from pathlib import Path
 
 import msgspec
 
+from bus.auth import AuthError, ClientAuth
 from bus.server import pid_alive
 from gpu_workers.atomic_file import write_atomically
+from ops.accounts import client_auth
 
 DEFAULT_HOME = Path(".kfactory")
 
@@ -21,6 +23,8 @@ class ServerInfo(msgspec.Struct, frozen=True):
     url: str
     pid: int
     store: str
+    ca: str | None = None
+    """The CA that signed the server's TLS certificate, for clients on this host."""
 
 
 def resolve_home(home: Path | None) -> Path:
@@ -62,3 +66,21 @@ def nats_url(explicit: str | None, home: Path) -> str | None:
         return os.environ["KF_NATS_URL"]
     info = running_server(home)
     return info.url if info else None
+
+
+def client_auth_for(
+    home: Path, user: str, creds: Path | None = None, ca: Path | None = None
+) -> ClientAuth:
+    """--creds, else $KF_CREDS, else the run folder's seed for `user`; --tls-ca, else
+    $KF_TLS_CA, else the CA of this home's running server."""
+    creds = creds or (Path(os.environ["KF_CREDS"]) if os.environ.get("KF_CREDS") else None)
+    if ca is None and os.environ.get("KF_TLS_CA"):
+        ca = Path(os.environ["KF_TLS_CA"])
+    if ca is None:
+        info = running_server(home)
+        ca = Path(info.ca) if info is not None and info.ca else None
+    if creds is not None:
+        if not creds.exists():
+            raise AuthError(f"no credentials file {creds}")
+        return ClientAuth(creds, ca)
+    return client_auth(home, user, ca)

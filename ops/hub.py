@@ -1,6 +1,11 @@
 """The hub: embedded nats-server (unless a URL is given), the recorder owning the DuckDB
 file, and the read-only SQL service. `kfactory server` runs it in the foreground;
-`kfactory run` and the tests run it in-process."""
+`kfactory run` and the tests run it in-process.
+
+The embedded server always authenticates (unless `auth=False` on loopback): every user
+of `ops/accounts.py` gets its seed in the run folder on first start, and the server's
+configuration grants each only its own subjects. With `tls`, clients must use TLS.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +17,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nats.aio.client import Client
-
-from bus.connection import connect, jetstream
+from bus.auth import AuthError, ClientAuth, TlsFiles, is_loopback, server_config, write_private
+from bus.connection import Client, connect, jetstream
 from bus.server import EmbeddedNatsServer
 from bus.streams import ensure_events_stream
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.queries import serve_queries
 from eventstore.recorder import Recorder
+from ops.accounts import ADMIN, HUB, client_auth, ensure_credentials, permissions
 from ops.home import ServerInfo, clear_server_info, store_path, write_server_info
 
 
@@ -31,6 +36,15 @@ class Hub:
     nc: Client
     server: EmbeddedNatsServer | None
     recording: asyncio.Task[None]
+    home: Path
+    ca_file: Path | None = None
+    external_auth: ClientAuth | None = None
+
+    def auth(self, user: str) -> ClientAuth:
+        """How a process of this host connects as `user` (the run folder's seed)."""
+        if self.external_auth is not None:
+            return self.external_auth
+        return client_auth(self.home, user, self.ca_file)
 
     def check(self) -> None:
         """Raise the recorder's failure, if it died."""
@@ -63,28 +77,60 @@ async def running_hub(
     listen: str = "127.0.0.1",
     port: int = -1,
     store: Path | None = None,
+    auth: bool = True,
+    tls: TlsFiles | None = None,
+    ca_file: Path | None = None,
+    external_auth: ClientAuth | None = None,
 ) -> AsyncIterator[Hub]:
-    """Start the hub; on exit, record what has arrived, then stop everything."""
+    """Start the hub; on exit, record what has arrived, then stop everything.
+
+    `ca_file` is the CA local clients verify the server's certificate with;
+    `external_auth` is how the hub joins an existing NATS (`nats_url`).
+    """
     server = None
     if nats_url is None:
-        server = EmbeddedNatsServer(home / "nats", host=listen, port=port)
+        server = _embedded_server(home, listen, port, auth, tls)
         await asyncio.to_thread(server.start)
         nats_url = server.url
+    if server is not None and auth:
+        hub_auth, admin_auth = client_auth(home, HUB, ca_file), client_auth(home, ADMIN, ca_file)
+    else:
+        hub_auth = admin_auth = external_auth or ClientAuth(None, ca_file)
     event_store = DuckDBEventStore(store or store_path(home))
     nc: Client | None = None
     stop = asyncio.Event()
     recording: asyncio.Task[None] | None = None
     try:
-        nc = await connect(nats_url, "kf-recorder")
-        await ensure_events_stream(jetstream(nc))  # before anyone publishes through us
+        admin = await connect(nats_url, "kf-admin", auth=admin_auth)
+        try:  # only the admin manages the stream; before anyone publishes through us
+            await ensure_events_stream(jetstream(admin))
+        finally:
+            await admin.close()
+        nc = await connect(nats_url, "kf-recorder", auth=hub_auth)
         recorder = Recorder(nc, event_store)
         recording = asyncio.create_task(recorder.run(stop))
         service = await serve_queries(nc, event_store)
         write_server_info(
-            home, ServerInfo(url=nats_url, pid=os.getpid(), store=str(event_store.path))
+            home,
+            ServerInfo(
+                url=nats_url,
+                pid=os.getpid(),
+                store=str(event_store.path),
+                ca=str(ca_file) if ca_file else None,
+            ),
         )
         try:
-            yield Hub(nats_url, event_store, recorder, nc, server, recording)
+            yield Hub(
+                nats_url,
+                event_store,
+                recorder,
+                nc,
+                server,
+                recording,
+                home,
+                ca_file,
+                None if server is not None else external_auth,
+            )
         finally:
             clear_server_info(home, os.getpid())
             await service.stop()
@@ -99,3 +145,24 @@ async def running_hub(
         event_store.close()
         if server is not None:
             await asyncio.to_thread(server.stop)
+
+
+def _embedded_server(
+    home: Path, listen: str, port: int, auth: bool, tls: TlsFiles | None
+) -> EmbeddedNatsServer:
+    if not auth and not is_loopback(listen):
+        raise AuthError(
+            f"refusing to listen on {listen} without authentication: drop --no-auth "
+            f"(each role's credentials are then created in {home / 'creds'} and handed out "
+            "with `kfactory creds ROLE -o FILE`)"
+        )
+    folder = home / "nats"
+    config = None
+    if auth or tls is not None:
+        if auth:
+            ensure_credentials(home)
+        config = folder / "nats-server.conf"
+        users = permissions(home) if auth else {}
+        text = server_config(users, tls)
+        write_private(config, text.encode())
+    return EmbeddedNatsServer(folder, host=listen, port=port, config_file=config)

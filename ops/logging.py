@@ -10,6 +10,16 @@ import structlog
 _debug = False
 
 
+class _TlsCloseNoise(logging.Filter):
+    """asyncio warns on every TLS connection nats-py closes; it says nothing about us."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_TlsCloseNoise())
+
+
 def configure_logging(debug: bool = False, level: int = logging.INFO) -> None:
     """Log to stderr as key=value lines; actors bind campaign, role and instance."""
     global _debug

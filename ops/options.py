@@ -23,3 +23,21 @@ NATS = typer.Option(
     show_default=False,
 )
 JSON = typer.Option(False, "--json", help="Print machine-readable JSON instead of a table.")
+CREDS = typer.Option(
+    None,
+    "--creds",
+    help=(
+        "NATS nkey seed file from `kfactory creds` (default: $KF_CREDS, else the run "
+        "folder's own credentials)."
+    ),
+    show_default=False,
+)
+TLS_CA = typer.Option(
+    None,
+    "--tls-ca",
+    help=(
+        "CA certificate that signed the hub's TLS certificate (default: $KF_TLS_CA, else "
+        "the one the server of --home uses)."
+    ),
+    show_default=False,
+)

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -27,18 +25,21 @@ from actors.best_kernels import describe, file_name, write_kernel
 from actors.campaign import Budget, CampaignError, CampaignSpec, Search, load_campaign, validate
 from actors.history import History
 from actors.planner import summary
+from bus.auth import ClientAuth
 from bus.connection import connect, jetstream
-from bus.subjects import STREAM, campaign_filter
+from bus.follow import Msg, follow
+from bus.subjects import campaign_filter
+from eventstore.authority import CLI
 from eventstore.codec import InvalidEvent, decode
 from eventstore.emitter import Emitter
 from eventstore.events import ActorRef, CampaignResumed, CampaignStarted, Event, new_event
 from eventstore.queries import replay
 from kernels.loading import ProblemLoadError, load_problem
 from ops.errors import UserError
-from ops.home import nats_url, resolve_home, running_server
+from ops.home import client_auth_for, nats_url, resolve_home, running_server
 from ops.hub import running_hub
 from ops.logging import quiet_logs
-from ops.options import HOME, JSON, NATS
+from ops.options import CREDS, HOME, JSON, NATS, TLS_CA
 from ops.output import to_json
 from ops.swarm import Swarm, running_swarm
 
@@ -84,6 +85,8 @@ def run(
     benchmarkers: int = typer.Option(1, min=1, help="Benchmarker actors to run here."),
     home: Path | None = HOME,
     nats: str | None = NATS,
+    creds: Path | None = CREDS,
+    tls_ca: Path | None = TLS_CA,
     as_json: bool = JSON,
 ) -> None:
     spec = _spec(campaign_file, problem, target, dtype, budget, per_generation, seed)
@@ -91,9 +94,10 @@ def run(
     url = nats_url(nats, folder)
     if url is None and running_server(folder) is not None:
         raise UserError(f"a server already owns {folder}")
+    auth = client_auth_for(folder, "cli", creds, tls_ca) if url is not None else None
     quiet_logs()
     console = Console(stderr=True, quiet=as_json)
-    outcome = asyncio.run(_main(spec, folder, url, verifiers, benchmarkers, console))
+    outcome = asyncio.run(_main(spec, folder, url, auth, verifiers, benchmarkers, console))
     if outcome is None:
         console.print("stopped; run the same command again to resume")
         raise typer.Exit(130)
@@ -140,6 +144,7 @@ async def _main(
     spec: CampaignSpec,
     home: Path,
     url: str | None,
+    auth: ClientAuth | None,
     verifiers: int,
     benchmarkers: int,
     console: Console,
@@ -149,11 +154,17 @@ async def _main(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if url is not None:
-        return await follow(spec, url, None, stop, console, best_dir=home / "best")
+        return await follow_campaign(
+            spec, url, auth or ClientAuth(), None, stop, console, best_dir=home / "best"
+        )
     async with running_hub(home) as hub:
         console.print(f"hub {hub.url}; events in {hub.store.path}")
         async with running_swarm(
-            hub.url, target=spec.target, verifiers=verifiers, benchmarkers=benchmarkers
+            hub.url,
+            target=spec.target,
+            verifiers=verifiers,
+            benchmarkers=benchmarkers,
+            auth=hub.auth,
         ) as swarm:
             if swarm.device_missing is not None:
                 console.print(
@@ -164,21 +175,29 @@ async def _main(
                     f"host:\n  kfactory actor verifier --target {spec.target} --nats URL\n"
                     f"  kfactory actor benchmarker --target {spec.target} --nats URL"
                 )
-            return await follow(
-                spec, hub.url, swarm, stop, console, hub.check, best_dir=home / "best"
+            return await follow_campaign(
+                spec,
+                hub.url,
+                hub.auth("cli"),
+                swarm,
+                stop,
+                console,
+                hub.check,
+                best_dir=home / "best",
             )
 
 
-async def follow(
+async def follow_campaign(
     spec: CampaignSpec,
     url: str,
+    auth: ClientAuth,
     swarm: Swarm | None,
     stop: asyncio.Event,
     console: Console,
     hub_check: Callable[[], None] | None = None,
     best_dir: Path | None = None,
 ) -> dict[str, Any] | None:
-    nc = await connect(url, "kfactory-run")
+    nc = await connect(url, "kfactory-run", auth=auth)
     try:
         history = History()
         campaign_id = spec.campaign_id
@@ -189,14 +208,8 @@ async def follow(
             console.print(f"campaign {campaign_id} already finished: {known.finished.reason}")
             return _result(history, campaign_id, console, best_dir)
         progress = Progress(history, campaign_id)
-        subscription = await jetstream(nc).subscribe(
-            campaign_filter(campaign_id),
-            stream=STREAM,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-            cb=progress.on_message,
-        )
-        actor = ActorRef.here("cli")
+        subscription = await follow(nc, campaign_filter(campaign_id), progress.on_message)
+        actor = ActorRef.here(CLI)
         start: Event
         if known is None:
             start = new_event(
@@ -221,7 +234,7 @@ async def follow(
                     hub_check()
                 live.update(progress.table())
                 await asyncio.sleep(0.25)
-        await subscription.unsubscribe()
+        await subscription.stop()
         if not progress.finished:
             return None
         return _result(progress.history, campaign_id, console, best_dir)

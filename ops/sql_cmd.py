@@ -9,13 +9,20 @@ from pathlib import Path
 
 import typer
 
+from bus.auth import AuthError, ClientAuth
 from bus.connection import connect
-from eventstore.duckdb_store import DuckDBEventStore, QueryResult, StoreLocked
-from eventstore.queries import StoreUnavailable, query
+from eventstore.duckdb_store import (
+    DEFAULT_QUERY_TIMEOUT,
+    DuckDBEventStore,
+    QueryResult,
+    QueryTimeout,
+    StoreLocked,
+)
+from eventstore.queries import QueryFailed, StoreUnavailable, query
 from eventstore.sql_guard import SqlRefused
 from ops.errors import UserError
-from ops.home import nats_url, resolve_home, store_path
-from ops.options import HOME, NATS
+from ops.home import client_auth_for, nats_url, resolve_home, store_path
+from ops.options import CREDS, HOME, NATS, TLS_CA
 from ops.output import print_rows
 
 
@@ -34,7 +41,7 @@ def register(app: typer.Typer) -> None:
             "read-only. Anything that writes is refused.\n\n"
             "Columns: position, event_id, campaign_id, type, schema, ts, actor_role, "
             "actor_instance, actor_host, causation_id, correlation_id, stream_seq, "
-            "payload (JSON), chain_hash.\n\n"
+            "payload (the event as JSON text), chain_hash.\n\n"
             "Views that need no knowledge of the payload: candidates (one row per candidate "
             "through every stage), leaderboard, lessons, rejections, steps (seconds from "
             "each event's cause, per role).\n\n"
@@ -50,35 +57,45 @@ def register(app: typer.Typer) -> None:
 def sql(
     statement: str = typer.Argument(..., metavar="SQL", help="One SELECT or WITH query."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
-    max_rows: int = typer.Option(10_000, help="Return at most this many rows."),
+    max_rows: int = typer.Option(10_000, min=1, help="Return at most this many rows."),
+    timeout: float = typer.Option(
+        DEFAULT_QUERY_TIMEOUT, min=0.1, help="Seconds the query may run before it is stopped."
+    ),
     home: Path | None = HOME,
     nats: str | None = NATS,
+    creds: Path | None = CREDS,
+    tls_ca: Path | None = TLS_CA,
 ) -> None:
     folder = resolve_home(home)
     url = nats_url(nats, folder)
     try:
         if url is not None:
-            result = asyncio.run(_over_bus(url, statement, max_rows))
+            auth = client_auth_for(folder, "cli", creds, tls_ca)
+            result = asyncio.run(_over_bus(url, statement, max_rows, timeout, auth))
         else:
-            result = _on_file(store_path(folder), statement, max_rows)
+            result = _on_file(store_path(folder), statement, max_rows, timeout)
     except SqlRefused as exc:
         raise UserError(f"refused: {exc}") from exc
-    except (StoreLocked, StoreUnavailable, FileNotFoundError, ConnectionError) as exc:
+    except (QueryFailed, QueryTimeout) as exc:
+        raise UserError(str(exc)) from exc
+    except (StoreLocked, StoreUnavailable, FileNotFoundError, ConnectionError, AuthError) as exc:
         raise UserError(str(exc)) from exc
     print_rows(result.columns, result.rows, fmt.value)
     if result.truncated:
         print(f"kfactory sql: output cut at {max_rows} rows (--max-rows)", file=sys.stderr)
 
 
-async def _over_bus(url: str, statement: str, max_rows: int) -> QueryResult:
-    nc = await connect(url, "kfactory-sql", wait_for_server=5)
+async def _over_bus(
+    url: str, statement: str, max_rows: int, timeout: float, auth: ClientAuth
+) -> QueryResult:
+    nc = await connect(url, "kfactory-sql", wait_for_server=5, auth=auth)
     try:
-        return await query(nc, statement, max_rows)
+        return await query(nc, statement, max_rows, timeout)
     finally:
         await nc.close()
 
 
-def _on_file(path: Path, statement: str, max_rows: int) -> QueryResult:
+def _on_file(path: Path, statement: str, max_rows: int, timeout: float) -> QueryResult:
     if not path.exists():
         raise FileNotFoundError(
             f"no event store at {path} and no running server; start one with `kfactory server` "
@@ -86,6 +103,6 @@ def _on_file(path: Path, statement: str, max_rows: int) -> QueryResult:
         )
     store = DuckDBEventStore(path, read_only=True)
     try:
-        return store.query(statement, max_rows)
+        return store.query(statement, max_rows, timeout)
     finally:
         store.close()

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from actors.devices import device_missing
 from actors.roles import ROLES
 from actors.runtime import ActorRuntime
+from bus.auth import ClientAuth
 from bus.connection import connect
 
 RUN_ON_THE_DEVICE = ("verifier", "benchmarker")
@@ -31,10 +32,16 @@ class Swarm:
 
 @contextlib.asynccontextmanager
 async def running_swarm(
-    url: str, *, target: str = "cpu", verifiers: int = 1, benchmarkers: int = 1
+    url: str,
+    *,
+    target: str = "cpu",
+    verifiers: int = 1,
+    benchmarkers: int = 1,
+    auth: Callable[[str], ClientAuth] | None = None,
 ) -> AsyncIterator[Swarm]:
     """Start every role for `target` (several verifiers/benchmarkers if asked); stop them on
-    exit. Without the device, the roles that run kernels are left to hosts that have it."""
+    exit. Without the device, the roles that run kernels are left to hosts that have it.
+    `auth` gives each role's credentials (by role name)."""
     counts = {"verifier": verifiers, "benchmarker": benchmarkers}
     missing = device_missing(target)
     stop = asyncio.Event()
@@ -47,7 +54,8 @@ async def running_swarm(
             if role.name in RUN_ON_THE_DEVICE and device_missing(target, role.name) is not None:
                 continue
             for index in range(counts.get(role.name, 1)):
-                nc = await connect(url, f"kf-{role.name}")
+                credentials = auth(role.name) if auth is not None else None
+                nc = await connect(url, f"kf-{role.name}", auth=credentials)
                 runtime = ActorRuntime(role.create(target), nc, f"{role.name}-{index}")
                 runtimes.append(runtime)
                 tasks.append(asyncio.create_task(runtime.run(stop), name=role.name))

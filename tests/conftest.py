@@ -16,7 +16,10 @@ from ops.logging import configure_logging
 
 configure_logging()
 
-TEST_ACTOR = ActorRef(role="test", instance="test-1", host="localhost")
+#: Test events carry a role allowed to emit them (the recorder checks it).
+CLI_ACTOR = ActorRef(role="cli", instance="cli-1", host="localhost")
+BENCH_ACTOR = ActorRef(role="benchmarker", instance="benchmarker-1", host="localhost")
+TEST_ACTOR = CLI_ACTOR
 
 
 def started(campaign: str = "c1", name: str = "demo") -> CampaignStarted:
@@ -34,7 +37,7 @@ def calibrated(campaign: str = "c1", bandwidth: float = 36.0) -> HostCalibrated:
     return new_event(
         HostCalibrated,
         campaign_id=campaign,
-        actor=TEST_ACTOR,
+        actor=BENCH_ACTOR,
         device="cpu",
         bandwidth_gbs=bandwidth,
         peak_gflops=100.0,

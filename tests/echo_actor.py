@@ -13,7 +13,7 @@ from eventstore.events import CampaignFinished, CampaignStarted, Event
 
 
 class EchoActor(Actor):
-    role = "echo"
+    role = "planner"  # a role allowed to emit CampaignFinished
     reacts_to = (CampaignStarted,)
 
     def __init__(self, slow: float = 0.0, grace: float = 10.0, fail_first: int = 0) -> None:

@@ -56,10 +56,10 @@ async def test_reactions_carry_causation_and_correlation(hub: Hub) -> None:
             3,
         )
     assert sorted(found) == sorted(
-        [[c.event_id, c.event_id, f"echo of {c.name}", "echo"] for c in causes]
+        [[c.event_id, c.event_id, f"echo of {c.name}", "planner"] for c in causes]
     )
     lifecycle = hub.store.query(
-        "SELECT type, campaign_id FROM events WHERE actor_role = 'echo' "
+        "SELECT type, campaign_id FROM events WHERE actor_role = 'planner' "
         "AND type IN ('ActorStarted', 'ActorStopped') ORDER BY position"
     ).rows
     assert lifecycle[0] == ["ActorStarted", "kf-system"]
@@ -96,8 +96,8 @@ async def test_failures_and_poison_become_dead_letters_with_reasons(hub: Hub) ->
     assert len(found) == 2, found
     poisoned = next(r for r in found if "not a valid event" in str(r[1]))
     failed = next(r for r in found if "RuntimeError" in str(r[1]))
-    assert poisoned[0] == "kf-echo" and poisoned[2] is None and poisoned[3] == "echo"
-    assert failed[0] == "kf-echo" and failed[2] == doomed.event_id
+    assert poisoned[0] == "kf-planner" and poisoned[2] is None and poisoned[3] == "planner"
+    assert failed[0] == "kf-planner" and failed[2] == doomed.event_id
     assert "gave up after 3 deliveries" in str(failed[1])
 
 
@@ -112,7 +112,7 @@ def _actor_process(url: str, slow: float, grace: float) -> subprocess.Popen[byte
 async def _wait_started(hub: Hub, instances: int) -> None:
     await wait_rows(
         hub,
-        "SELECT 1 FROM events WHERE type = 'ActorStarted' AND actor_role = 'echo'",
+        "SELECT 1 FROM events WHERE type = 'ActorStarted' AND actor_role = 'planner'",
         instances,
     )
 

@@ -118,16 +118,20 @@ def test_server_records_serves_sql_and_streams_events(tmp_path: Path) -> None:
         )
         publish = (
             "import asyncio, sys\n"
+            "from pathlib import Path\n"
             "from bus.connection import connect, jetstream\n"
             "from eventstore.emitter import Emitter\n"
+            "from ops.accounts import client_auth\n"
             "from tests.conftest import started\n"
             "async def main():\n"
-            "    nc = await connect(sys.argv[1], 'p')\n"
+            "    auth = client_auth(Path(sys.argv[2]), 'cli')  # the server made it\n"
+            "    nc = await connect(sys.argv[1], 'p', auth=auth)\n"
             "    await Emitter(jetstream(nc)).emit_many([started(), started()])\n"
             "    await nc.close()\n"
             "asyncio.run(main())\n"
         )
-        subprocess.run([sys.executable, "-c", publish, url], check=True, timeout=60)
+        home = str(tmp_path / "home")
+        subprocess.run([sys.executable, "-c", publish, url, home], check=True, timeout=60)
         out, _ = tail.communicate(timeout=60)
         lines = [json.loads(line) for line in out.splitlines()]
         assert [line["type"] for line in lines] == ["CampaignStarted", "CampaignStarted"]

@@ -190,7 +190,7 @@ def _measure_once(cache_dir: Path | None, sizes: CalibrationSizes) -> HostCalibr
         method=(
             f"best of 15 after 1 s warm-up: all-core copy of {sizes.copy_bytes >> 20} MiB, "
             "non-temporal stores "
-            f"(bytes read + written); numpy float32 {sizes.sgemm_n}^3 matmul; all-core FMA chains "
-            "in the widest vectors the CPU has"
+            f"(bytes read + written); numpy float32 {sizes.sgemm_n}^3 matmul; "
+            "all-core FMA chains in the widest vectors the CPU has"
         ),
     )

@@ -1,0 +1,121 @@
+"""Who may connect to the bus and what each user may do there.
+
+Users authenticate with NATS nkeys: a seed file (mode 0600) on the client, its public
+key in the server's configuration with the user's subject permissions. The bus knows
+no roles: callers name users and give their permissions (see `ops/accounts.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import nkeys
+
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+
+
+class AuthError(RuntimeError):
+    """Credentials that cannot be read, or a configuration that is unsafe."""
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """Subjects a user may publish to and subscribe to (NATS wildcards allowed)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    deny_subscribe: tuple[str, ...] = ()
+    allow_responses: bool = False
+    """May reply to requests it received (services), whatever their reply subject."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The server's certificate and key (clients verify it with the CA that signed it)."""
+
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class ClientAuth:
+    """How a client proves who it is, and whom it trusts (the hub's CA)."""
+
+    seed_file: Path | None = None
+    ca_file: Path | None = None
+
+    @property
+    def inbox_prefix(self) -> str:
+        """Each user's replies arrive under an inbox only that user may subscribe to."""
+        return inbox_prefix(public_key(self.seed_file)) if self.seed_file else "_INBOX"
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        if self.ca_file is None:
+            return None
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+
+def inbox_prefix(public: str) -> str:
+    return f"_INBOX.{public}"
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner can read (created with mode 0600, never wider)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, PRIVATE_DIR)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+
+
+def create_seed_file(path: Path) -> str:
+    """Create a user nkey seed at `path` (mode 0600); returns its public key."""
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    write_private(path, bytes(seed) + b"\n")
+    return public_key(path)
+
+
+def public_key(seed_file: Path) -> str:
+    try:
+        seed = bytearray(Path(seed_file).read_bytes().strip())
+        pair = nkeys.from_seed(seed)
+    except (OSError, nkeys.NkeysError) as exc:
+        raise AuthError(f"{seed_file} is not a readable NATS nkey seed file: {exc}") from exc
+    key = pair.public_key
+    pair.wipe()
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
+def server_config(users: dict[str, Permissions], tls: TlsFiles | None = None) -> str:
+    """A nats-server configuration (JSON is valid NATS config) for these nkey users.
+
+    `users` maps public keys to permissions. With `tls`, clients must use TLS.
+    """
+    entries = []
+    for key, perms in users.items():
+        permissions: dict[str, object] = {
+            "publish": {"allow": list(perms.publish)},
+            "subscribe": {"allow": list(perms.subscribe), "deny": list(perms.deny_subscribe)},
+        }
+        if perms.allow_responses:
+            permissions["allow_responses"] = True
+        entries.append({"nkey": key, "permissions": permissions})
+    config: dict[str, object] = {}  # JetStream and its store come from the command line
+    if entries:
+        config["authorization"] = {"users": entries, "timeout": 5}
+    if tls is not None:
+        config["tls"] = {"cert_file": str(tls.cert), "key_file": str(tls.key), "timeout": 5}
+    return json.dumps(config, indent=2)
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")

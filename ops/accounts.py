@@ -1,0 +1,146 @@
+"""The bus users of a deployment and what each may do, and their credentials in the run folder.
+
+One user per role (its actors publish only the event types the role emits and pull only
+from the role's own consumers), `hub` (the recorder and the store's services), `cli`
+(starts campaigns, follows them, asks the store) and `admin` (the only one that manages
+streams). Seeds live in `<home>/creds/<user>.nk`, mode 0600, created on the hub's first
+start; `kfactory creds USER -o FILE` copies one to another host.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from actors.runtime import durable_name
+from bus.auth import (
+    AuthError,
+    ClientAuth,
+    Permissions,
+    create_seed_file,
+    inbox_prefix,
+    public_key,
+    write_private,
+)
+from bus.subjects import EVENTS_PREFIX, SERVICE_PREFIX, STREAM
+from eventstore.authority import ACTOR_ROLES, CLI, EMITS, RECORDER
+from eventstore.queries import SERVICE as STORE_SERVICE
+
+HUB = "hub"
+ADMIN = "admin"
+USERS = (*ACTOR_ROLES, HUB, CLI, ADMIN)
+
+_API = "$JS.API"
+_SERVICES_OF_ACTORS = {"librarian": "kf-librarian"}
+
+
+def creds_dir(home: Path) -> Path:
+    return home / "creds"
+
+
+def seed_path(home: Path, user: str) -> Path:
+    return creds_dir(home) / f"{user}.nk"
+
+
+def ensure_credentials(home: Path) -> dict[str, Path]:
+    """Every user's seed file, created (mode 0600) where missing."""
+    found: dict[str, Path] = {}
+    for user in USERS:
+        path = seed_path(home, user)
+        if not path.exists():
+            create_seed_file(path)
+        found[user] = path
+    return found
+
+
+def client_auth(home: Path, user: str, ca_file: Path | None = None) -> ClientAuth:
+    """The credentials this run folder holds for `user` (none when auth is off)."""
+    path = seed_path(home, user)
+    return ClientAuth(path if path.exists() else None, ca_file)
+
+
+def export_seed(home: Path, user: str, out: Path) -> None:
+    """Copy `user`'s seed to `out` (mode 0600), for a process on another host."""
+    if user not in USERS:
+        raise AuthError(f"unknown user {user!r}; one of {', '.join(USERS)}")
+    source = seed_path(home, user)
+    if not source.exists():
+        raise AuthError(
+            f"no credentials in {creds_dir(home)}: start `kfactory server` there once first"
+        )
+    write_private(out, source.read_bytes())
+
+
+def _events(types: tuple[str, ...]) -> list[str]:
+    subjects: list[str] = []
+    for event_type in types:
+        subjects += [f"{EVENTS_PREFIX}.*.{event_type}", f"{EVENTS_PREFIX}.*.{event_type}.*"]
+    return subjects
+
+
+def _consumers(role: str) -> list[str]:
+    from actors.roles import ROLES  # the role implementations are heavy: only the hub needs them
+
+    targets = ROLES[role].targets
+    return [durable_name(role, target) for target in (targets or (None,))]
+
+
+def _actor(role: str, key: str) -> Permissions:
+    publish = [*_events(EMITS[role]), f"{SERVICE_PREFIX}.>", f"{_API}.STREAM.INFO.{STREAM}"]
+    for consumer in _consumers(role):
+        publish += [
+            f"{_API}.CONSUMER.DURABLE.CREATE.{STREAM}.{consumer}",
+            f"{_API}.CONSUMER.INFO.{STREAM}.{consumer}",
+            f"{_API}.CONSUMER.MSG.NEXT.{STREAM}.{consumer}",
+            f"$JS.ACK.{STREAM}.{consumer}.>",
+        ]
+    subscribe = [f"{inbox_prefix(key)}.>"]
+    service = _SERVICES_OF_ACTORS.get(role)
+    if service is not None:  # the librarian answers its own questions
+        subscribe += [f"{SERVICE_PREFIX}.{service}.>", "$SRV.>"]
+    return Permissions(tuple(publish), tuple(subscribe), allow_responses=service is not None)
+
+
+def _follower(key: str, emits: tuple[str, ...]) -> Permissions:
+    """Reads the whole stream with ephemeral ordered consumers (the recorder, the CLI)."""
+    publish = [
+        *_events(emits),
+        f"{SERVICE_PREFIX}.>",
+        f"{_API}.INFO",
+        f"{_API}.STREAM.INFO.{STREAM}",
+        f"{_API}.CONSUMER.CREATE.{STREAM}",
+        f"{_API}.CONSUMER.DELETE.{STREAM}.*",
+        f"{_API}.CONSUMER.INFO.{STREAM}.*",
+        f"$JS.FC.{STREAM}.>",
+    ]
+    return Permissions(tuple(publish), (f"{inbox_prefix(key)}.>",))
+
+
+def permissions(home: Path) -> dict[str, Permissions]:
+    """Public key -> permissions, for every user whose seed is in the run folder."""
+    granted: dict[str, Permissions] = {}
+    for user in USERS:
+        key = public_key(seed_path(home, user))
+        if user in ACTOR_ROLES:
+            granted[key] = _actor(user, key)
+        elif user == CLI:
+            granted[key] = _follower(key, EMITS[CLI])
+        elif user == HUB:
+            base = _follower(key, EMITS[RECORDER])
+            granted[key] = Permissions(
+                (
+                    *base.publish,
+                    f"{_API}.DIRECT.GET.{STREAM}",
+                    f"{_API}.DIRECT.GET.{STREAM}.>",
+                    f"{_API}.STREAM.MSG.GET.{STREAM}",
+                ),
+                (
+                    *base.subscribe,
+                    f"{SERVICE_PREFIX}.{STORE_SERVICE}.>",
+                    "$SRV.>",
+                    f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{STREAM}.*",
+                ),
+                allow_responses=True,
+            )
+        else:  # admin: everything, but it answers no service requests
+            granted[key] = Permissions((">",), (">",), deny_subscribe=(f"{SERVICE_PREFIX}.>",))
+    return granted

@@ -1,0 +1,27 @@
+"""nats-py stays inside `bus/`: every other package talks to the bus through it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("actors", "eventstore", "gpu_workers", "kernels", "ops", "bench")
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_only_bus_imports_nats() -> None:
+    modules = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
+    assert len(modules) > len(PACKAGES)
+    offenders = [str(p.relative_to(ROOT)) for p in modules if "nats" in _imports(p)]
+    assert offenders == []
+    assert "nats" in _imports(ROOT / "bus" / "connection.py")

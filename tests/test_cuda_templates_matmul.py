@@ -125,6 +125,7 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     return compile_points(cases, tmp_path_factory.mktemp("cuda_units"))
 
 
+@pytest.mark.slow  # nvcc over every point: about 80 s
 @needs_nvcc
 @pytest.mark.parametrize(("name", "dtype"), CASES)
 def test_every_point_compiles_for_sm_90(name: str, dtype: str, builds: Builds) -> None:
@@ -133,6 +134,7 @@ def test_every_point_compiles_for_sm_90(name: str, dtype: str, builds: Builds) -
     assert_compiled(builds[(name, dtype)], spills=False)
 
 
+@pytest.mark.slow  # nvcc over every point: about 80 s
 @needs_nvcc
 @pytest.mark.parametrize(("name", "dtype"), CASES)
 def test_the_best_points_do_not_spill(name: str, dtype: str, builds: Builds) -> None:

@@ -129,6 +129,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Results:
     return _compile(tmp_path_factory.mktemp("cuda_rows"), every=False)
 
 
+@pytest.mark.slow  # nvcc over every bf16 point: about 80 s
 @needs_nvcc
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("template", ROW_TEMPLATES, ids=_ids)
@@ -146,6 +147,7 @@ def test_points_compile_for_sm90_without_spills(
     assert_compiled(results)
 
 
+@pytest.mark.slow  # nvcc over every bf16 point: about 80 s
 @needs_nvcc
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("template", ROW_TEMPLATES, ids=_ids)

@@ -37,6 +37,7 @@ def _kfactory(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a whole campaign across seven processes: about 60 s
 @pytest.mark.timeout(600)
 def test_actors_on_other_hosts_run_a_campaign_through_a_tls_hub(tmp_path: Path) -> None:
     tls = make_tls(tmp_path / "tls")

@@ -140,6 +140,7 @@ def test_a_killed_run_resumes_without_evaluating_any_candidate_twice(tmp_path: P
     assert proposed[0]["n"] == proposed[0]["keys"] == 8
 
 
+@pytest.mark.slow  # a whole campaign with actor processes: about 65 s
 @pytest.mark.timeout(600)
 def test_two_verifier_processes_split_the_work_and_lose_none(tmp_path: Path) -> None:
     home = tmp_path / "home"

@@ -40,6 +40,7 @@ def test_the_example_kernel_of_every_problem_is_verified(
     assert verdict.sandbox is not None
 
 
+@pytest.mark.slow  # a sweep of template points: about 30 s
 def test_random_points_of_every_softmax_and_matmul_space_verify(
     cpu_backend: CpuBackend,
 ) -> None:

@@ -236,3 +236,22 @@ def test_the_drivers_own_helpers_leave_its_numerics_alone(kf_cache: Path) -> Non
         [sys.executable, "-c", code, str(library)], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "True"
+
+
+def test_a_kernels_process_holds_no_descriptor_but_its_own(kf_cache: Path, tmp_path: Path) -> None:
+    """Its command and reply pipes and its log (the arena it mapped, then closed): no
+    descriptor of the driver's, nor another contender's arena."""
+    build = _compiled(kf_cache, "harness_spins_between_calls")
+    host = str(kernel_host(kf_cache / "cpu-kernels"))
+    first, second = Arena(1 << 16), Arena(1 << 16)
+    limits = HostLimits(1 << 30, 30, 30.0)
+    with (
+        KernelProcess(host, build.library, 2, 2, first, limits, tmp_path / "r1", tmp_path / "l1"),
+        KernelProcess(
+            host, build.library, 2, 2, second, limits, tmp_path / "r2", tmp_path / "l2"
+        ) as later,
+    ):
+        held = sorted(int(fd.name) for fd in Path(f"/proc/{later.pid}/fd").iterdir())
+        assert held == [0, 1, 2]
+    first.close()
+    second.close()

@@ -77,7 +77,8 @@ class Arena:
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = _pages(max(nbytes, PAGE))
-        self.fd = os.memfd_create("kf-arena", 0)
+        # close-on-exec: only the host it is handed to (as fd 3) gets it, no other child
+        self.fd = os.memfd_create("kf-arena", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, self.nbytes)
         self._map = mmap.mmap(self.fd, self.nbytes)
         self.bytes: npt.NDArray[np.uint8] = np.frombuffer(self._map, dtype=np.uint8)

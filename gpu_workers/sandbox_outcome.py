@@ -1,10 +1,10 @@
 """What a sandboxed runner's ending says about the kernel it ran, on every device.
 
 `sandbox_failure` turns a child that did not finish (killed by a limit or a signal,
-exited early) into a rejection with its evidence: the CPU back end reads every such
-ending as the kernel's (the kernel runs in the runner's process and can end it); the
-CUDA back end only a wall-clock kill (gpu_workers.cuda.backend). `contention` is how
-busy the rest of the host was during a run.
+exited early) into a rejection with its evidence; the CUDA back end reads only a
+wall-clock kill as the kernel's (gpu_workers.cuda.backend). The CPU driver never runs a
+kernel itself: its kernel host's endings are read in gpu_workers.cpu.kernel_process.
+`contention` is how busy the rest of the host was during a run.
 """
 
 from __future__ import annotations

@@ -120,12 +120,15 @@ def _layernorm(inputs: Arrays) -> Arrays:
 
 def _layernorm_rounding(inputs: Arrays) -> np.ndarray:
     """How large y's error may be from rounding alone: fp32 `x - mean` is only exact to
-    eps * (|x| + |mean|), scaled by w / std. Where x nearly equals the row mean, |y| is
-    far smaller than that, and judging against |y| alone rejects correct kernels."""
+    eps * (|x| + the error of the fp32 mean), and a row sum is only exact to eps times the
+    sum of the magnitudes it adds (mean |x|, not |mean|: huge values of both signs cancel
+    in the mean but not in its rounding), scaled by w / std. Where x nearly equals the row
+    mean, |y| is far smaller than that, and judging against |y| alone rejects correct
+    kernels."""
     x, w = inputs["x"], inputs["w"]
     mean = x.mean(axis=1, keepdims=True)
     std = np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + LAYERNORM_EPS)
-    return np.abs(w) * (np.abs(x) + np.abs(mean)) / std
+    return np.abs(w) * (np.abs(x) + np.abs(x).mean(axis=1, keepdims=True)) / std
 
 
 LAYERNORM = Problem(

@@ -22,6 +22,8 @@ import numpy.typing as npt
 
 PAGE = mmap.PAGESIZE
 ALIGN = 64
+ITEMSIZE = 4
+"""Bytes per element: CPU kernels take float32 arrays."""
 CANARY = 0x5A
 
 

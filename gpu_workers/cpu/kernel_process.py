@@ -24,6 +24,7 @@ from pathlib import Path
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.arena import Arena
 from gpu_workers.results import Mechanism, Rejection, Stage
+from gpu_workers.sandbox_outcome import ALLOCATION_REFUSED_MARK
 
 MAX_ARRAYS, MAX_DIMS, MAX_GUARDS = 16, 8, 64
 OP_CALL, OP_GUARD, OP_NOP, OP_EXIT, OP_UNGUARD = 1, 2, 3, 4, 5
@@ -50,7 +51,6 @@ COMMAND = struct.Struct(f"<II{MAX_ARRAYS}Q{MAX_DIMS}q{MAX_GUARDS}Q{MAX_GUARDS}Q"
 REPLY = struct.Struct("<IIq")
 HELLO = struct.Struct(f"<I{len(MECHANISMS)}i")
 PID = struct.Struct("<q")
-ALLOCATION_REFUSED_MARK = "kf: allocation refused:"
 HOST_ENV = {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores", "GOMP_SPINCOUNT": "10000"}
 """The kernel's whole environment, the same whenever a kernel runs: nothing in it says
 whether a call is verified or timed."""
@@ -112,7 +112,6 @@ class KernelProcess:
     ) -> None:
         self.limits = limits
         self.deadline = time.monotonic() + limits.wall_seconds
-        self.n_arrays, self.n_dims = n_arrays, n_dims
         self.log = log
         self.calls = 0
         root.mkdir(mode=0o755, exist_ok=True)

@@ -23,7 +23,7 @@ import numpy.typing as npt
 from gpu_workers import runner_files as files
 from gpu_workers.benchmarker import JudgedCall, judge_calls
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.arena import Arena, guard_ranges, layout, poison, slot_bytes
+from gpu_workers.cpu.arena import ITEMSIZE, Arena, guard_ranges, layout, poison, slot_bytes
 from gpu_workers.cpu.kernel_process import (
     KernelEnded,
     ended_rejection,
@@ -36,7 +36,6 @@ from kernels.loading import load_problem
 from kernels.spec import Arrays, Problem
 
 FloatArray = npt.NDArray[np.float32]
-ITEMSIZE = 4
 
 
 Recipe = tuple[int, ...]

@@ -12,15 +12,13 @@ import numpy as np
 
 from gpu_workers import runner_files as files
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.arena import Arena, guard_ranges, layout, poison, slot_bytes
+from gpu_workers.cpu.arena import ITEMSIZE, Arena, guard_ranges, layout, poison, slot_bytes
 from gpu_workers.cpu.kernel_process import (
     KernelEnded,
     KernelProcess,
     ended_rejection,
     kernel_process,
 )
-
-ITEMSIZE = 4
 
 
 def verify(job: p.VerifyJob) -> files.VerifyReply:

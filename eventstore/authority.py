@@ -21,7 +21,13 @@ RECORDER = "recorder"
 CLI = "cli"
 
 _EMITS: dict[str, tuple[str, ...]] = {
-    "planner": ("GenerationOpened", "CandidateProposed", "CampaignFinished", *LIFECYCLE),
+    "planner": (
+        "GenerationOpened",
+        "CandidateProposed",
+        "CampaignFinished",
+        "CampaignStalled",
+        *LIFECYCLE,
+    ),
     "kernel-writer": (
         "KernelWritten",
         "CandidateDeduplicated",
@@ -33,8 +39,8 @@ _EMITS: dict[str, tuple[str, ...]] = {
     "compiler": ("KernelCompiled", "KernelRejected", *LIFECYCLE),
     "verifier": ("KernelVerified", "KernelRejected", *LIFECYCLE),
     "benchmarker": ("BenchmarkCompleted", "KernelRejected", "HostCalibrated", *LIFECYCLE),
-    "librarian": ("LessonLearned", "GenerationClosed", *LIFECYCLE),
-    CLI: ("CampaignStarted", "CampaignResumed"),
+    "librarian": ("LessonLearned", "GenerationClosed", "CampaignStalled", *LIFECYCLE),
+    CLI: ("CampaignStarted", "CampaignResumed", "CampaignStalled"),
     RECORDER: ("EventRejected", "DeadLettered"),
 }
 

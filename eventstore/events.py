@@ -78,6 +78,18 @@ class CampaignFinished(Event, tag=True, frozen=True):
     summary: dict[str, Any] = {}
 
 
+class CampaignStalled(Event, tag=True, frozen=True):
+    """The campaign cannot make progress, and why; it may resume if the cause goes away.
+
+    cause: `no_design_space`, `no_live_actor` (`role` names it) or `dead_lettered`
+    (every open candidate's work was given up on).
+    """
+
+    cause: str
+    detail: str
+    role: str = ""
+
+
 # --- the search --------------------------------------------------------------------
 
 
@@ -273,6 +285,7 @@ AnyEvent = (
     CampaignStarted
     | CampaignFinished
     | CampaignResumed
+    | CampaignStalled
     | GenerationOpened
     | CandidateProposed
     | FusionPlanned

@@ -21,11 +21,15 @@ CHUNK = 1 << 16
 
 @dataclass(frozen=True)
 class Worst:
+    """`rel` the largest relative error; the rest the element closest to failing: the one
+    whose error used the largest share of its tolerance (`used`, 1.0 = at the limit)."""
+
     rel: float
     flat_index: int
     got: float
     expected: float
     scale: float
+    used: float = 0.0
 
 
 def all_pass(
@@ -40,6 +44,7 @@ def all_pass(
     uint = np.dtype(f"uint{8 * got.dtype.itemsize}")
     floor = tolerance.atol / tolerance.rtol
     worst = Worst(rel=0.0, flat_index=0, got=0.0, expected=0.0, scale=0.0)
+    rel_max = 0.0
     with np.errstate(invalid="ignore", over="ignore"):
         for start in range(0, g_all.size, CHUNK):
             g = g_all[start : start + CHUNK]
@@ -59,17 +64,27 @@ def all_pass(
             err = np.where(judged, np.abs(g64 - e), 0.0)
             s = s_all[start : start + CHUNK]
             s = np.where(np.isfinite(s), s, np.where(finite, np.abs(e), 0.0))
-            if np.any(err > tolerance.atol + tolerance.rtol * s):
+            allowed = tolerance.atol + tolerance.rtol * s
+            if np.any(err > allowed):
                 return None
-            rel = err / np.maximum(s, floor)
-            if rel.size:
-                w = int(np.argmax(rel))
-                if float(rel[w]) >= worst.rel:
+            if err.size:
+                rel_max = max(rel_max, float(np.max(err / np.maximum(s, floor))))
+                used = np.divide(err, allowed, out=np.zeros_like(err), where=allowed > 0)
+                w = int(np.argmax(used))
+                if float(used[w]) >= worst.used:
                     worst = Worst(
-                        rel=float(rel[w]),
+                        rel=0.0,
                         flat_index=start + w,
                         got=float(g64[w]),
                         expected=float(e[w]),
                         scale=float(s[w]),
+                        used=float(used[w]),
                     )
-    return worst
+    return Worst(
+        rel=rel_max,
+        flat_index=worst.flat_index,
+        got=worst.got,
+        expected=worst.expected,
+        scale=worst.scale,
+        used=worst.used,
+    )

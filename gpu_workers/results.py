@@ -63,13 +63,37 @@ class TrialReport(msgspec.Struct, frozen=True, kw_only=True):
     distribution: str
     seed: int
     max_rel_err: float
-    """Largest |got - expected| / (atol + rtol * scale) seen, as a fraction of the tolerance."""
+    """Largest |got - expected| / max(scale, atol / rtol) seen."""
     worst_output: str = ""
-    """Where max_rel_err was seen: the output, its index, the values and the scale."""
+    """The element closest to failing (the largest share of its tolerance used): the
+    output, its index, the values and the scale."""
     worst_index: tuple[int, ...] = ()
     worst_got: float = 0.0
     worst_expected: float = 0.0
     worst_scale: float = 0.0
+    worst_used: float = 0.0
+    """|got - expected| / (atol + rtol * scale) there: 1.0 is the limit."""
+
+
+class WorstElement(msgspec.Struct, frozen=True, kw_only=True):
+    """The element of a check closest to failing, or the worst failing one: where it is
+    (trial shape, distribution, seed, output, index) and by how much."""
+
+    shape: dict[str, int]
+    distribution: str
+    seed: int
+    output: str
+    index: tuple[int, ...]
+    got: float
+    expected: float
+    error: float
+    """|got - expected|."""
+    scale: float
+    """The magnitude the error is judged against (the problem's error scale there)."""
+    allowed: float
+    """atol + rtol * scale: the largest error that passes there."""
+    used: float
+    """error / allowed: below 1.0 passes; 1 - used is the margin."""
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,6 +109,9 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     trials: tuple[TrialReport, ...] = ()
     max_rel_err: float | None = None
     """Largest relative error over all trials, |got - expected| / scale."""
+    worst: WorstElement | None = None
+    """Verified: the element closest to failing over every trial. Rejected for a wrong
+    value: the worst wrong element. Otherwise None (the evidence names the first fault)."""
     compile_cache_hit: bool = False
     sandbox: SandboxReport | None = None
     seed: int | None = None

@@ -14,6 +14,7 @@ inputs must agree bit for bit (any NaN equals any NaN).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 
 from gpu_workers.quick_compare import all_pass
-from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict
+from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict, WorstElement
 from kernels.spec import Array, Arrays, Problem, Tolerance
 
 RUNS_PER_TRIAL = 2
@@ -137,7 +138,9 @@ def _where(shape: tuple[int, ...], flat: int) -> str:
 
 @dataclass(frozen=True)
 class WorstError:
-    """The element with the largest relative error of one comparison."""
+    """`rel` the largest relative error of one comparison; the rest the element closest
+    to failing (the worst failing one in a rejection): the one whose error used the
+    largest share of its tolerance, `used` (1.0 = at the limit)."""
 
     rel: float = 0.0
     output: str = ""
@@ -145,6 +148,12 @@ class WorstError:
     got: float = 0.0
     expected: float = 0.0
     scale: float = 0.0
+    used: float = 0.0
+
+
+def _share(err: Array, allowed: Array) -> Array:
+    """err / allowed, 0 where nothing is allowed (an error there already failed)."""
+    return np.divide(err, allowed, out=np.zeros_like(err), where=allowed > 0)
 
 
 def check_outputs(
@@ -277,21 +286,27 @@ def compare_whole(
             err = np.where(judged, np.abs(g64 - e64), 0.0)
             s64 = np.where(np.isfinite(s64), s64, np.where(finite, np.abs(e64), 0.0))
         rel = err / np.maximum(s64, tolerance.atol / tolerance.rtol)
+        allowed = tolerance.atol + tolerance.rtol * s64
+        used = _share(err, allowed)
         if judged.any():  # the worst of the elements judged by their error
-            w = int(np.argmax(np.where(judged, rel, -1.0)))
-            if float(rel[w]) >= worst.rel:
+            w = int(np.argmax(np.where(judged, used, -1.0)))
+            top = max(worst.rel, float(np.max(np.where(judged, rel, 0.0))))
+            if float(used[w]) >= worst.used:
                 worst = WorstError(
-                    rel=float(rel[w]),
+                    rel=top,
                     output=arg.name,
                     index=tuple(int(i) for i in np.unravel_index(w, g.shape)),
                     got=float(g64[w]),
                     expected=float(e64[w]),
                     scale=float(s64[w]),
+                    used=float(used[w]),
                 )
-        bad = np.flatnonzero(err > tolerance.atol + tolerance.rtol * s64)
+            else:
+                worst = dataclasses.replace(worst, rel=top)
+        bad = np.flatnonzero(err > allowed)
         if bad.size:
             i = int(bad[0])
-            w = int(bad[np.argmax(err[bad])])
+            w = int(bad[np.argmax(used[bad])])
             return _reject(
                 stage,
                 "wrong_value",
@@ -305,7 +320,12 @@ def compare_whole(
                     "expected": repr(float(e64[i])),
                     "wrong_count": str(bad.size),
                     "worst_index": _where(g.shape, w),
+                    "worst_got": repr(float(g64[w])),
+                    "worst_expected": repr(float(e64[w])),
                     "worst_abs_err": repr(float(err[w])),
+                    "worst_scale": repr(float(s64[w])),
+                    "worst_allowed": repr(float(allowed[w])),
+                    "worst_used": f"{float(used[w]):.6g}",
                     "tolerance": f"atol={tolerance.atol} rtol={tolerance.rtol} x scale",
                 },
             ), worst
@@ -330,15 +350,19 @@ def _all_pass(
         found = all_pass(g, e, scales[arg.name], poison_bits, tolerance)
         if found is None:
             return None
-        if found.rel >= worst.rel:
+        top = max(worst.rel, found.rel)
+        if found.used >= worst.used:
             worst = WorstError(
-                rel=found.rel,
+                rel=top,
                 output=arg.name,
                 index=tuple(int(i) for i in np.unravel_index(found.flat_index, g.shape)),
                 got=found.got,
                 expected=found.expected,
                 scale=found.scale,
+                used=found.used,
             )
+        else:
+            worst = dataclasses.replace(worst, rel=top)
     return worst
 
 
@@ -356,19 +380,46 @@ def _trial_context(trial: Trial, run: int) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class Judgement:
+    rejection: Rejection | None
+    reports: list[TrialReport]
+    max_rel_err: float
+    worst: WorstElement | None = None
+    """The element closest to failing (verified), or the worst wrong one (wrong_value)."""
+
+
+def _element(trial: Trial, worst: WorstError, tolerance: Tolerance) -> WorstElement:
+    return WorstElement(
+        shape=dict(trial.shape),
+        distribution=trial.distribution,
+        seed=trial.seed,
+        output=worst.output,
+        index=worst.index,
+        got=worst.got,
+        expected=worst.expected,
+        error=abs(worst.got - worst.expected),
+        scale=worst.scale,
+        allowed=tolerance.atol + tolerance.rtol * worst.scale,
+        used=worst.used,
+    )
+
+
 def judge_runs(
     problem: Problem, tolerance: Tolerance, trials: list[Trial], runs: list[RunOutput]
-) -> tuple[Rejection | None, list[TrialReport], float]:
+) -> Judgement:
+    """Every run of every trial judged; the first fault is the rejection."""
     by_trial: dict[int, list[RunOutput]] = {}
     for r in runs:
         by_trial.setdefault(r.trial, []).append(r)
     reports: list[TrialReport] = []
     worst_overall = 0.0
+    closest: WorstElement | None = None
     for trial in trials:
         trial_runs = sorted(by_trial.get(trial.index, []), key=lambda r: r.run)
         if len(trial_runs) != trial.runs:
             ctx = _trial_context(trial, len(trial_runs))
-            return (
+            return Judgement(
                 _reject("run", "missing_result", "the device returned no result", ctx),
                 reports,
                 worst_overall,
@@ -379,7 +430,7 @@ def judge_runs(
         for r in trial_runs:
             ctx = _trial_context(trial, r.run)
             if r.damaged_slack:
-                return (
+                return Judgement(
                     _reject(
                         "run",
                         "out_of_bounds_write",
@@ -396,7 +447,7 @@ def judge_runs(
                 if changed.size:
                     i = int(changed[0])
                     shape = trial.inputs[arg.name].shape
-                    return (
+                    return Judgement(
                         _reject(
                             "compare",
                             "input_modified",
@@ -424,8 +475,13 @@ def judge_runs(
                 scales=scales,
             )
             if rejection is not None:
-                return rejection, reports, worst_overall
-            worst = err if err.rel > worst.rel or not worst.output else worst
+                failed = (
+                    _element(trial, err, tolerance) if rejection.reason == "wrong_value" else None
+                )
+                return Judgement(rejection, reports, worst_overall, failed)
+            top = max(worst.rel, err.rel)
+            worst = err if err.used > worst.used or not worst.output else worst
+            worst = dataclasses.replace(worst, rel=top)
         first = trial_runs[0]
         for other in trial_runs[1:]:
             for arg in problem.outputs:
@@ -438,7 +494,7 @@ def judge_runs(
                 if differ.size:
                     i = int(differ[0])
                     shape = first.outputs[arg.name].shape
-                    return (
+                    return Judgement(
                         _reject(
                             "compare",
                             "nondeterministic",
@@ -468,10 +524,13 @@ def judge_runs(
                 worst_got=worst.got,
                 worst_expected=worst.expected,
                 worst_scale=worst.scale,
+                worst_used=worst.used,
             )
         )
         worst_overall = max(worst_overall, worst.rel)
-    return None, reports, worst_overall
+        if worst.output and (closest is None or worst.used >= closest.used):
+            closest = _element(trial, worst, tolerance)
+    return Judgement(None, reports, worst_overall, closest)
 
 
 def precheck(
@@ -516,6 +575,7 @@ def verify(
         *,
         trials: tuple[TrialReport, ...] = (),
         max_rel_err: float | None = None,
+        worst: WorstElement | None = None,
         cache_hit: bool = False,
         sandbox: SandboxReport | None = None,
     ) -> Verdict:
@@ -529,6 +589,7 @@ def verify(
             rejection=rejection,
             trials=trials,
             max_rel_err=max_rel_err,
+            worst=worst,
             compile_cache_hit=cache_hit,
             sandbox=sandbox,
             seed=check_seed,
@@ -541,11 +602,12 @@ def verify(
     outcome = backend.run_trials(problem, compiled.build, trials)
     if outcome.rejection is not None:
         return done(outcome.rejection, cache_hit=compiled.cache_hit, sandbox=outcome.sandbox)
-    rejection, reports, worst = judge_runs(problem, problem.tolerances[dtype], trials, outcome.runs)
+    judged = judge_runs(problem, problem.tolerances[dtype], trials, outcome.runs)
     return done(
-        rejection,
-        trials=tuple(reports),
-        max_rel_err=worst,
+        judged.rejection,
+        trials=tuple(judged.reports),
+        max_rel_err=judged.max_rel_err,
+        worst=judged.worst,
         cache_hit=compiled.cache_hit,
         sandbox=outcome.sandbox,
     )

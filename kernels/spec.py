@@ -2,7 +2,10 @@
 
 A problem never knows how a kernel is built or run; device back ends read it.
 Calling convention for every target: one pointer per argument, in `args` order
-(inputs `const`), then one `int64_t` per dimension, in `dims` order.
+(inputs `const`), then one `int64_t` per dimension, in `dims` order. Derived dims
+(`derived`, e.g. `half = cols // 2`) are not passed: the kernel computes them from its
+dims. A kernel that should be passed such a value declares it an ordinary dim and ties
+it with a constraint (`cols == 2 * half`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any, Literal
 import ml_dtypes
 import numpy as np
 import numpy.typing as npt
+
+from kernels import shape_rules
 
 Array = npt.NDArray[Any]
 Shape = Mapping[str, int]
@@ -60,6 +65,10 @@ ShapeDrawer = Callable[[np.random.Generator], tuple[dict[str, int], ...]]
 
 DTYPES: dict[str, type[Any]] = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
 """Element types, by the name campaigns use. Kernels take and return arrays of one dtype."""
+
+
+class ProblemError(ValueError):
+    """The problem itself is wrong (its reference, its shapes), never the kernel."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,14 @@ class Problem:
     """The distributions a custom `make_inputs` can draw; None: all of DISTRIBUTIONS."""
     draw_shapes: ShapeDrawer | None = None
     """Test shapes drawn per check from the check's seed, besides the fixed `test_shapes`;
-    None: `spread_shapes` over the dims (one dim large at a time, page rows, ragged)."""
+    None: `spread_shapes` over the dims (one dim large at a time, page rows, ragged).
+    Drawn shapes are moved to meet the `constraints` (`shape_rules.fitted`)."""
+    derived: Mapping[str, str] = field(default_factory=dict)
+    """Dims computed from the others, as expressions: `{"half": "cols // 2"}`. Arguments
+    may use them; shapes never give them and the kernel is not passed them."""
+    constraints: tuple[str, ...] = ()
+    """Conditions every shape must meet, over dims and derived dims: `("cols % 2 == 0",)`.
+    Test shapes and campaign shapes that break one are refused."""
 
     @property
     def load_spec(self) -> str:
@@ -159,9 +175,31 @@ class Problem:
         return tuple(d for d in DISTRIBUTIONS if d in allowed)
 
     def trial_shapes(self, rng: np.random.Generator) -> tuple[dict[str, int], ...]:
-        """The fixed edge shapes, then the shapes drawn for one check from `rng`."""
+        """The fixed edge shapes, then the shapes drawn for one check from `rng` (moved to
+        meet the constraints), each with its derived dims."""
         drawn = (self.draw_shapes or (lambda r: spread_shapes(self.dims, r)))(rng)
-        return (*(dict(s) for s in self.test_shapes), *(dict(s) for s in drawn))
+        fitted = []
+        for shape in drawn:
+            if not (self.derived or self.constraints):
+                fitted.append(dict(shape))
+                continue
+            moved = shape_rules.fitted(self.dims, self.derived, self.constraints, shape)
+            if moved is None:
+                faults = "; ".join(self.shape_faults(shape))
+                raise ProblemError(f"{self.load_spec}: no drawn shape near {shape}: {faults}")
+            fitted.append(moved)
+        return tuple(self.full_shape(s) for s in (*self.test_shapes, *fitted))
+
+    def full_shape(self, shape: Shape) -> dict[str, int]:
+        """`shape`'s dims with the derived dims computed."""
+        if not self.derived:
+            return {d: int(shape[d]) for d in self.dims}
+        return shape_rules.full_shape(self.dims, self.derived, shape)
+
+    def shape_faults(self, shape: Shape) -> list[str]:
+        """What a shape breaks (missing dims, a derived dim not a positive integer, a
+        constraint), one line each; empty for a shape the problem can be run at."""
+        return shape_rules.broken(self.dims, self.derived, self.constraints, shape)
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -196,6 +234,7 @@ class Problem:
                 f"{self.name} is not verified over {distribution!r}; it takes {self.distributions}"
             )
         rng = np.random.default_rng(seed)
+        shape = self.full_shape(shape)
         if self.make_inputs is not None:
             raw = self.make_inputs(shape, distribution, rng)
         else:
@@ -213,10 +252,21 @@ class Problem:
         return {a.name: to_dtype(raw[a.name], dtype) for a in self.inputs}
 
     def expected(self, inputs: Arrays) -> Arrays:
-        """The float64 reference; NaN and infinities it produces are part of the answer."""
+        """The float64 reference; NaN and infinities it produces are part of the answer.
+        A reference that fails, or misses an output, raises ProblemError: the problem is
+        wrong, not the kernel."""
         as64 = {k: v.astype(np.float64) for k, v in inputs.items()}
-        with np.errstate(all="ignore"):
-            return self.reference(as64)
+        try:
+            with np.errstate(all="ignore"):
+                outputs = self.reference(as64)
+        except Exception as exc:
+            raise ProblemError(
+                f"{self.load_spec}: the reference raised {type(exc).__name__}: {exc}"
+            ) from exc
+        missing = [a.name for a in self.outputs if a.name not in outputs]
+        if missing:
+            raise ProblemError(f"{self.load_spec}: the reference returns no {missing}")
+        return outputs
 
     def scales(self, inputs: Arrays, expected: Arrays) -> Arrays:
         if self.error_scale is None:
@@ -227,13 +277,14 @@ class Problem:
 
     def cost_for(self, shape: Shape, dtype: str = "fp32") -> Cost:
         """`cost` counts fp32 bytes; the traffic of another dtype scales with its size."""
-        cost = self.cost(shape)
+        cost = self.cost(self.full_shape(shape))
         itemsize = np.dtype(DTYPES[dtype]).itemsize
         return Cost(bytes_moved=cost.bytes_moved * itemsize // 4, flops=cost.flops)
 
     def nbytes(self, shape: Shape, dtype: str = "fp32") -> int:
         itemsize = np.dtype(DTYPES[dtype]).itemsize
-        return sum(int(np.prod(a.shape(shape))) * itemsize for a in self.args)
+        full = self.full_shape(shape)
+        return sum(int(np.prod(a.shape(full))) * itemsize for a in self.args)
 
 
 def to_dtype(values: Array, dtype: str) -> Array:

@@ -138,12 +138,12 @@ def test_runs_compared_bit_for_bit_and_inputs_checked_at_16_bits(dtype: str) -> 
         RunOutput(0, 0, POISON[dtype], good, dict(trial.inputs)),
         RunOutput(0, 1, POISON[dtype], other, dict(trial.inputs)),
     ]
-    rejection, _, _ = judge_runs(spec, spec.tolerances[dtype], [trial], runs)
+    rejection = judge_runs(spec, spec.tolerances[dtype], [trial], runs).rejection
     assert rejection is not None and rejection.reason == "nondeterministic"
     changed = trial.inputs["x"].copy()
     bits(changed.reshape(-1))[0] ^= 1
     runs = [RunOutput(0, r, POISON[dtype], good, {"x": changed}) for r in (0, 1)]
-    rejection, _, _ = judge_runs(spec, spec.tolerances[dtype], [trial], runs)
+    rejection = judge_runs(spec, spec.tolerances[dtype], [trial], runs).rejection
     assert rejection is not None and rejection.reason == "input_modified"
 
 

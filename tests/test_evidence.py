@@ -114,7 +114,7 @@ def test_finite_math_only_would_license_ignoring_nan_so_kernels_are_built_withou
     assert isinstance(build, CompiledKernel), build
     trials = [t for t in plan_trials(SOFTMAX, seed=1) if t.distribution == "nonfinite"]
     outcome = cpu_backend.run_trials(SOFTMAX, build, trials)
-    rejection, _, _ = judge_runs(SOFTMAX, SOFTMAX.tolerances["fp32"], trials, outcome.runs)
+    rejection = judge_runs(SOFTMAX, SOFTMAX.tolerances["fp32"], trials, outcome.runs).rejection
     assert rejection is not None and rejection.reason in {"lost_non_finite", "non_finite"}
     assert verify(SOFTMAX, cpu_backend, rendered.source, rendered.flags, seed=1).verified
 
@@ -169,5 +169,5 @@ def test_two_runs_that_differ_only_in_nan_payloads_agree() -> None:
     runs = [
         RunOutput(0, run, POISON, {"y": out}, {"x": x.copy()}) for run, out in enumerate((y, other))
     ]
-    rejection, reports, _ = judge_runs(SOFTMAX, SOFTMAX.tolerances["fp32"], [trial], runs)
-    assert rejection is None and len(reports) == 1
+    judged = judge_runs(SOFTMAX, SOFTMAX.tolerances["fp32"], [trial], runs)
+    assert judged.rejection is None and len(judged.reports) == 1

@@ -49,7 +49,7 @@ def _run(backend: CpuBackend, build: CompiledKernel) -> Rejection | None:
     outcome = backend.run_trials(SOFTMAX, build, trials)
     if outcome.rejection is not None:
         return outcome.rejection
-    return judge_runs(SOFTMAX, SOFTMAX.tolerances["fp32"], trials, outcome.runs)[0]
+    return judge_runs(SOFTMAX, SOFTMAX.tolerances["fp32"], trials, outcome.runs).rejection
 
 
 def _kernel_hosts_alive() -> list[int]:

@@ -58,7 +58,10 @@ class CampaignSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.name:
             return check_token(self.name, "campaign name")
         digest = hashlib.sha256(msgspec.json.encode(self)).hexdigest()[:8]
-        problem = re.sub(r"[^A-Za-z0-9_-]", "-", Path(self.problem).stem.split(":")[-1])
+        # A file's problem is named by NAME in path.py:NAME, so that the campaigns of the
+        # problems of one file differ at a glance.
+        named = self.problem.rpartition(":")[2] if ":" in self.problem else Path(self.problem).stem
+        problem = re.sub(r"[^A-Za-z0-9_-]", "-", named)
         return f"{problem}-{self.target.replace(':', '-')}-{digest}"
 
     def to_config(self) -> dict[str, Any]:

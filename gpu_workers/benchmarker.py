@@ -247,7 +247,7 @@ def benchmark(
     host is measured again: a ceiling measured on a busy host may simply be too low.
     `seed` (drawn afresh when None) is the check's secret: the timed inputs, which calls
     are judged and the re-check's inputs derive from it; it is recorded in the result."""
-    shape = dict(shape or problem.default_shape)
+    shape = problem.full_shape(shape or problem.default_shape)
     seed = new_seed() if seed is None else seed
     seeds = [trial_seed(seed, i, "bench") for i in range(DISTINCT_INPUT_SETS)]
     recheck_seed = trial_seed(seed, 0, "recheck")

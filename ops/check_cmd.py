@@ -24,7 +24,7 @@ from gpu_workers.results import BenchmarkResult, Rejection, Verdict
 from gpu_workers.verifier import new_seed, precheck, verify
 from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
-from kernels.spec import Problem
+from kernels.spec import Problem, ProblemError
 from ops.errors import UserError
 
 DEFAULT_FLAGS = {"cpu": "-O3 -march=native -fopenmp", "cuda": "-O3"}
@@ -53,9 +53,10 @@ Examples:
 """  # noqa: E501
 
 
-def _parse_shape(text: str | None, dims: tuple[str, ...]) -> dict[str, int] | None:
+def _parse_shape(text: str | None, problem: Problem) -> dict[str, int] | None:
     if not text:
         return None
+    dims = problem.dims
     shape: dict[str, int] = {}
     for part in text.split(","):
         name, sep, value = part.partition("=")
@@ -64,6 +65,9 @@ def _parse_shape(text: str | None, dims: tuple[str, ...]) -> dict[str, int] | No
         shape[name.strip()] = int(value)
     if set(shape) != set(dims):
         raise UserError(f"--shape must give exactly the dims {', '.join(dims)}")
+    faults = problem.shape_faults(shape)
+    if faults:
+        raise UserError(f"--shape {faults[0]}")
     return shape
 
 
@@ -72,6 +76,22 @@ def _flags(source: str, flags: str | None, target: str = "cpu") -> tuple[str, ..
         return tuple(flags.split())
     found = FLAGS_COMMENT.search(source)
     return tuple((found.group(1) if found else DEFAULT_FLAGS[target]).split())
+
+
+def margins(verdict: Verdict) -> dict[str, dict[str, Any]]:
+    """Per distribution, the largest share of its tolerance any element's error used (over
+    every trial of that distribution) and what is left: 1 - used."""
+    found: dict[str, dict[str, Any]] = {}
+    for trial in verdict.trials:
+        seen = found.get(trial.distribution)
+        if seen is None or trial.worst_used > seen["used"]:
+            found[trial.distribution] = {
+                "used": trial.worst_used,
+                "margin": 1.0 - trial.worst_used,
+                "shape": trial.shape,
+                "seed": trial.seed,
+            }
+    return found
 
 
 def _report(verdict: Verdict, bench: BenchmarkResult | Rejection | None) -> dict[str, Any]:
@@ -90,6 +110,8 @@ def _report(verdict: Verdict, bench: BenchmarkResult | Rejection | None) -> dict
         "trials": len(verdict.trials),
         "seed": verdict.seed,
         "max_rel_err": verdict.max_rel_err,
+        "worst": msgspec.to_builtins(verdict.worst) if verdict.worst else None,
+        "margins": margins(verdict) if verdict.verified else {},
         "median_ns": result.kernel.median_ns if result else None,
         "iqr_ns": result.kernel.iqr_ns if result else None,
         "runs": result.kernel.runs if result else None,
@@ -114,6 +136,29 @@ def _print_rejection(report: dict[str, Any]) -> None:
             print(f"  {key}: {shown}")
 
 
+def _print_worst(worst: dict[str, Any] | None) -> None:
+    if worst is None:
+        return
+    index = ", ".join(str(i) for i in worst["index"])
+    print(
+        f"worst:    {worst['output']}[{index}] at {worst['shape']}, {worst['distribution']} "
+        f"inputs (trial seed {worst['seed']}): got {worst['got']:.8g}, expected "
+        f"{worst['expected']:.8g}, error {worst['error']:.3g}, scale {worst['scale']:.3g}, "
+        f"allowed {worst['allowed']:.3g} ({worst['used']:.1%} of the tolerance)"
+    )
+
+
+def _print_margins(found: dict[str, dict[str, Any]]) -> None:
+    if not found:
+        return
+    print("margins:  the largest share of its tolerance an error used, per distribution")
+    for distribution, m in found.items():
+        print(
+            f"  {distribution:10s} {m['used']:8.2%} used, margin {m['margin']:8.2%}"
+            f"  (at {m['shape']})"
+        )
+
+
 def _print_human(report: dict[str, Any]) -> None:
     if report["verdict"] == "verified":
         err = report["max_rel_err"]
@@ -121,8 +166,11 @@ def _print_human(report: dict[str, Any]) -> None:
             f"verified: {report['problem']} on {report['target']}, {report['trials']} trials, "
             f"max relative error {err:.3g}"
         )
+        _print_worst(report["worst"])
+        _print_margins(report["margins"])
     else:
         _print_rejection(report)
+        _print_worst(report["worst"])
     if report["seed"] is not None:
         print(f"seed:     {report['seed']} (the same inputs again: --seed {report['seed']})")
     if report["median_ns"] is not None:
@@ -200,7 +248,7 @@ def check(
     if not source.is_file():
         raise UserError(f"kernel source {source} does not exist")
     text = source.read_text()
-    bench_shape = _parse_shape(shape, spec.dims)
+    bench_shape = _parse_shape(shape, spec)
     if timeout <= 0:
         raise UserError("--timeout must be a positive number of seconds")
     limits = {"wall_seconds": timeout, "cpu_seconds": max(1, int(timeout * 2) + 1)}
@@ -220,7 +268,10 @@ def check(
     if missing is not None:
         _not_run(spec, backend, text, kernel_flags, dtype, missing, json_out)
     check_seed = new_seed() if seed is None else seed
-    verdict = verify(spec, backend, text, kernel_flags, dtype=dtype, seed=check_seed)
+    try:
+        verdict = verify(spec, backend, text, kernel_flags, dtype=dtype, seed=check_seed)
+    except ProblemError as exc:
+        raise UserError(str(exc)) from None
     outcome: BenchmarkResult | Rejection | None = None
     if bench and verdict.verified:
         try:

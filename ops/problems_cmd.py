@@ -7,12 +7,13 @@ from typing import Any
 import msgspec
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kernels.builtin import BUILTIN
 from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
-from kernels.spec import DISTRIBUTIONS, Problem
+from kernels.spec import Problem
 from kernels.templates import example_kernel, templates_for
 from ops.errors import UserError
 
@@ -40,6 +41,8 @@ def _summary(problem: Problem) -> dict[str, Any]:
         "name": problem.name,
         "signature": problem.c_signature(),
         "dims": list(problem.dims),
+        "derived": dict(problem.derived),
+        "constraints": list(problem.constraints),
         "test_shapes": [dict(s) for s in problem.test_shapes],
         "default_shape": dict(problem.default_shape),
         "graph": list(problem.graph),
@@ -70,7 +73,7 @@ def list_problems(
             "; ".join(_shape_text(s) for s in p.test_shapes) + f"  ({dims})",
             _shape_text(p.default_shape),
         )
-    Console(width=200).print(table)
+    Console().print(table)
 
 
 @problems_app.command("show")
@@ -106,7 +109,7 @@ def show(
         "arguments": [
             {"name": a.name, "dims": list(a.dims), "output": a.output} for a in problem.args
         ],
-        "distributions": list(DISTRIBUTIONS),
+        "distributions": list(problem.distributions),
         "tolerances": {k: {"rtol": t.rtol, "atol": t.atol} for k, t in problem.tolerances.items()},
         "cost_at_default_shape": {"bytes_moved": cost.bytes_moved, "flops": cost.flops},
         "templates": [
@@ -125,27 +128,33 @@ def show(
     if json_out:
         print(msgspec.json.encode(details).decode())
         return
-    out = Console(width=120, highlight=False)
-    out.print(f"[bold]{problem.name}[/bold]: {problem.description}")
-    out.print(f"\nC signature:   {problem.c_signature()}")
+    out = Console(highlight=False)
+    out.print(f"[bold]{escape(problem.name)}[/bold]: {escape(problem.description)}")
+    out.print(f"\nC signature:   {problem.c_signature()}", markup=False)
     out.print("Calling:       one pointer per array (64-byte aligned), then the dims as int64_t")
     for a in problem.args:
         role = "output" if a.output else "input"
-        out.print(f"  {a.name:6s} {role:6s} [{', '.join(a.dims)}] float32, row-major")
-    out.print(f"Test shapes:   {', '.join(str(s) for s in problem.test_shapes)}")
-    out.print(f"Default shape: {problem.default_shape} (benchmarks)")
-    out.print(f"Inputs from:   {', '.join(DISTRIBUTIONS)}")
+        out.print(f"  {a.name:6s} {role:6s} [{', '.join(a.dims)}] float32, row-major", markup=False)
+    for name, text in problem.derived.items():
+        out.print(
+            f"Derived dim:   {name} = {text} (not passed: the kernel computes it)", markup=False
+        )
+    for text in problem.constraints:
+        out.print(f"Constraint:    {text} (every shape)", markup=False)
+    out.print(f"Test shapes:   {', '.join(str(s) for s in problem.test_shapes)}", markup=False)
+    out.print(f"Default shape: {problem.default_shape} (benchmarks)", markup=False)
+    out.print(f"Inputs from:   {', '.join(problem.distributions)}")
     tol = ", ".join(f"{k}: rtol {t.rtol:g}, atol {t.atol:g}" for k, t in problem.tolerances.items())
     out.print(f"Tolerances:    {tol} (|got - expected| <= atol + rtol * scale)")
     out.print(f"Cost:          {cost.bytes_moved:,} bytes moved, {cost.flops:,} flops at default")
     if problem.graph:
         out.print(f"Graph:         {' -> '.join(problem.graph)}")
     for t in templates:
-        out.print(f"\nTemplate [bold]{t.name}[/bold] ({t.target}): {t.algorithm}")
+        out.print(f"\nTemplate [bold]{escape(t.name)}[/bold] ({t.target}): {escape(t.algorithm)}")
         for p in t.params:
-            out.print(f"  {p.name:11s} {list(p.choices)}  {p.doc}")
+            out.print(f"  {p.name:11s} {list(p.choices)}  {p.doc}", markup=False)
         for c in t.constraints:
-            out.print(f"  constraint: {c.name}: {c.doc}")
+            out.print(f"  constraint: {c.name}: {c.doc}", markup=False)
     if example is not None:
         kind = "Example kernel" if target == "cpu" else "Starting-point kernel (not yet measured)"
         out.print(f"\n{kind} (flags: {' '.join(example.flags)}):\n")

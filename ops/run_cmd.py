@@ -135,6 +135,9 @@ def _spec(
     for shape in spec.shapes:
         if len(shape) != len(loaded.dims):
             raise UserError(f"shapes: {shape} does not give the dims {', '.join(loaded.dims)}")
+        faults = loaded.shape_faults(dict(zip(loaded.dims, shape, strict=True)))
+        if faults:
+            raise UserError(f"shapes: {faults[0]}")
     if spec.dtype not in loaded.dtypes:
         raise UserError(f"dtype {spec.dtype!r}: {loaded.name} is defined for {loaded.dtypes}")
     return spec

@@ -117,7 +117,7 @@ class CudaBackend:
         return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
 
     def static_check(self, problem: Problem, build: CudaBuild) -> Rejection | None:
-        shapes = (*problem.test_shapes, problem.default_shape)
+        shapes = tuple(problem.full_shape(s) for s in (*problem.test_shapes, problem.default_shape))
         return static_check(build, _plan(problem, build), shapes=shapes)
 
     def run_trials(self, problem: Problem, build: CudaBuild, trials: list[Trial]) -> RunOutcome:

@@ -140,11 +140,12 @@ def _print_worst(worst: dict[str, Any] | None) -> None:
     if worst is None:
         return
     index = ", ".join(str(i) for i in worst["index"])
+    share = f"{worst['used']:.1%} of" if worst["used"] < 10 else f"{worst['used']:.3g}x"
     print(
         f"worst:    {worst['output']}[{index}] at {worst['shape']}, {worst['distribution']} "
         f"inputs (trial seed {worst['seed']}): got {worst['got']:.8g}, expected "
         f"{worst['expected']:.8g}, error {worst['error']:.3g}, scale {worst['scale']:.3g}, "
-        f"allowed {worst['allowed']:.3g} ({worst['used']:.1%} of the tolerance)"
+        f"allowed {worst['allowed']:.3g} ({share} the tolerance)"
     )
 
 

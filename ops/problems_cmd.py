@@ -99,7 +99,7 @@ def show(
         problem = load_problem(name)
     except ProblemLoadError as exc:
         raise UserError(str(exc)) from None
-    cost = problem.cost(problem.default_shape)
+    cost = problem.cost_for(problem.default_shape)
     if target not in TARGET_DTYPES or dtype not in TARGET_DTYPES[target]:
         raise UserError(f"choose a target and dtype among {TARGET_DTYPES}")
     templates = templates_for(problem.name, target)
@@ -132,9 +132,12 @@ def show(
     out.print(f"[bold]{escape(problem.name)}[/bold]: {escape(problem.description)}")
     out.print(f"\nC signature:   {problem.c_signature()}", markup=False)
     out.print("Calling:       one pointer per array (64-byte aligned), then the dims as int64_t")
+    width = max(6, *(len(a.name) for a in problem.args))
     for a in problem.args:
         role = "output" if a.output else "input"
-        out.print(f"  {a.name:6s} {role:6s} [{', '.join(a.dims)}] float32, row-major", markup=False)
+        out.print(
+            f"  {a.name:{width}s} {role:6s} [{', '.join(a.dims)}] float32, row-major", markup=False
+        )
     for name, text in problem.derived.items():
         out.print(
             f"Derived dim:   {name} = {text} (not passed: the kernel computes it)", markup=False

@@ -11,10 +11,12 @@ import typer
 from typer.testing import CliRunner
 
 from actors.devices import device_missing
+from kernels.builtin import BUILTIN
 from kernels.templates import example_kernel
 from ops import check_cmd, problems_cmd
 from ops.cli import main
 from tests.cpu_support import EXAMPLES, PLANTED, kf_cache
+from tests.problem_files import ROTARY_KERNEL, ROTARY_MATH, WRONG_ROTARY_KERNEL, write_rotary
 
 __all__ = ["kf_cache"]
 JSON_KEYS = {
@@ -216,3 +218,102 @@ def test_check_refuses_a_spilling_cuda_kernel_on_any_host(
     assert result.exit_code == 1, result.output
     report = json.loads(result.output)
     assert (report["stage"], report["reason"]) == ("static", "register_spill")
+
+
+def test_check_a_rotary_embedding_with_a_derived_dim_and_no_extra_argument(
+    cli: tuple[CliRunner, typer.Typer], tmp_path: Path
+) -> None:
+    """half = cols // 2 is declared in the problem, not passed: a correct C kernel that
+    computes it passes with the margin per distribution printed; a wrong one is rejected."""
+    runner, app = cli
+    problem = write_rotary(tmp_path)
+    (tmp_path / "rotary.c").write_text(ROTARY_KERNEL)
+    (tmp_path / "wrong.c").write_text(WRONG_ROTARY_KERNEL)
+    args = ["check", problem, "--flags", "-O2", "--source"]
+    result = runner.invoke(app, [*args, str(tmp_path / "rotary.c"), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["verdict"] == "verified" and report["problem"] == "rotary"
+    assert set(report["margins"]) == {"normal", "uniform", "ties"}
+    for margin in report["margins"].values():
+        assert 0 <= margin["used"] < 1 and margin["margin"] == pytest.approx(1 - margin["used"])
+        assert margin["shape"]["cols"] % 2 == 0
+    worst = report["worst"]
+    assert worst["used"] == max(m["used"] for m in report["margins"].values())
+    assert worst["shape"]["half"] == worst["shape"]["cols"] // 2
+    assert worst["error"] == pytest.approx(abs(worst["got"] - worst["expected"]))
+    text = runner.invoke(app, [*args, str(tmp_path / "rotary.c"), "--seed", str(report["seed"])])
+    assert text.exit_code == 0, text.output
+    assert "margins:" in text.output and "worst:    y[" in text.output
+    for distribution in ("normal", "uniform", "ties"):
+        assert f"\n  {distribution} " in text.output
+    wrong = runner.invoke(app, [*args, str(tmp_path / "wrong.c"), "--json"])
+    assert wrong.exit_code == 1, wrong.output
+    rejected = json.loads(wrong.output)
+    assert (rejected["stage"], rejected["reason"]) == ("compare", "wrong_value")
+    assert rejected["worst"]["used"] > 1 and rejected["margins"] == {}
+
+
+def test_a_wrong_value_names_the_worst_element_and_it_is_that_element(
+    cli: tuple[CliRunner, typer.Typer],
+) -> None:
+    """The planted gelu is wrong for negative inputs only: the worst element the verdict
+    names is one, and its trial replays to the same values."""
+    runner, app = cli
+    source = str(PLANTED / "gelu_wrong_for_negatives.c")
+    result = runner.invoke(app, ["check", "gelu", "--source", source, "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert report["reason"] == "wrong_value"
+    worst = report["worst"]
+    gelu = BUILTIN["gelu"]
+    inputs = gelu.generate(worst["shape"], worst["distribution"], worst["seed"])
+    expected = gelu.expected(inputs)
+    index = tuple(worst["index"])
+    assert inputs["x"][index] < 0
+    assert worst["expected"] == expected["y"][index]
+    assert worst["scale"] == gelu.scales(inputs, expected)["y"][index]
+    tolerance = gelu.tolerances["fp32"]
+    assert worst["allowed"] == pytest.approx(tolerance.atol + tolerance.rtol * worst["scale"])
+    assert worst["error"] == pytest.approx(abs(worst["got"] - worst["expected"]))
+    assert worst["used"] == pytest.approx(worst["error"] / worst["allowed"]) and worst["used"] > 1
+    assert report["evidence"]["worst_index"] == str(index)
+    assert report["evidence"]["shape"] == str(worst["shape"])
+
+
+def test_problem_mistakes_and_broken_constraints_are_one_line_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    problem = write_rotary(tmp_path)
+    (tmp_path / "rotary.c").write_text(ROTARY_KERNEL)
+    source = str(tmp_path / "rotary.c")
+    assert main(["check", problem, "--source", source, "--bench", "--shape", "rows=4,cols=7"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "kfactory: error: --shape {'rows': 4, 'cols': 7} breaks the constraint cols % 2 == 0\n"
+    )
+    (tmp_path / "rotary_math.py").write_text(ROTARY_MATH.replace("], axis=1)}", "], axis=0)}"))
+    assert main(["check", problem, "--source", source]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kfactory: error: {problem}: the reference returns y of shape")
+    assert err.count("\n") == 1
+
+
+def test_problems_show_keeps_square_brackets_and_fits_the_terminal(
+    cli: tuple[CliRunner, typer.Typer], tmp_path: Path
+) -> None:
+    runner, app = cli
+    problem = write_rotary(tmp_path)
+    result = runner.invoke(app, ["problems", "show", problem], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "y[r, i] = x[r, i] cos[r, i] - x[r, i + half] sin[r, i]" in result.output
+    assert "cosines input  [rows, half] float32" in result.output
+    assert "  y       output [rows, cols] float32" in result.output
+    assert "Derived dim:   half = cols // 2" in result.output
+    assert "Constraint:    cols % 2 == 0" in result.output
+    data = json.loads(runner.invoke(app, ["problems", "show", problem, "--json"]).output)
+    assert data["derived"] == {"half": "cols // 2"} and data["constraints"] == ["cols % 2 == 0"]
+    for width in (60, 100):
+        listed = runner.invoke(app, ["problems"], env={"COLUMNS": str(width)})
+        assert listed.exit_code == 0 and "softmax" in listed.output
+        assert max(len(line) for line in listed.output.splitlines()) <= width

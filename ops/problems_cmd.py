@@ -63,7 +63,8 @@ def list_problems(
         print(msgspec.json.encode([_summary(p) for p in problems]).decode())
         return
     table = Table(title="Kernel Factory problems (kfactory problems show NAME for details)")
-    for column in ("name", "C signature", "test shapes", "default shape"):
+    table.add_column("name", no_wrap=True)  # a name is typed back whole
+    for column in ("C signature", "test shapes", "default shape"):
         table.add_column(column, overflow="fold")
     for p in problems:
         dims = ",".join(p.dims)

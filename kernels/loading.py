@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -84,7 +85,7 @@ def _import(path: Path) -> ModuleType:
         # imported afresh; the problem keeps the ones it imported.
         for name in set(sys.modules) - before:
             where = getattr(sys.modules[name], "__file__", None) or ""
-            if name != module_name and where.startswith(folder):
+            if name != module_name and where.startswith(folder + os.sep):
                 del sys.modules[name]
     return module
 

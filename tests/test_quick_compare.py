@@ -51,3 +51,4 @@ def test_the_quick_pass_accepts_exactly_what_the_whole_array_rules_accept(seed: 
         if quick is not None:
             assert quick.rel == pytest.approx(worst.rel)
             assert (quick.flat_index,) == worst.index
+            assert quick.used == pytest.approx(worst.used) and 0 <= quick.used <= 1

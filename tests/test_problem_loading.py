@@ -15,6 +15,7 @@ from kernels import loading, shape_rules
 from kernels.builtin import BUILTIN
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import ProblemError
+from ops.cli import main
 from tests.problem_files import ROTARY, ROTARY_MATH, write_rotary
 
 GOOD_ROW_SUM = """
@@ -222,3 +223,16 @@ def test_the_campaign_id_comes_from_the_problems_name_not_the_files() -> None:
     b = CampaignSpec(problem="ops/my_ops.py:GATE").campaign_id
     assert a.startswith("SWIGLU-cpu-") and b.startswith("GATE-cpu-")
     assert CampaignSpec(problem="softmax").campaign_id.startswith("softmax-cpu-")
+
+
+def test_a_campaign_shape_that_breaks_a_constraint_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    problem = write_rotary(tmp_path)
+    campaign = tmp_path / "rotary.toml"
+    campaign.write_text(f'problem = "{problem}"\nshapes = [[64, 127]]\n')
+    assert main(["run", str(campaign), "--home", str(tmp_path / "home")]) == 2
+    assert capsys.readouterr().err == (
+        "kfactory: error: shapes: {'rows': 64, 'cols': 127} breaks the constraint cols % 2 == 0\n"
+    )
+    assert not (tmp_path / "home").exists()

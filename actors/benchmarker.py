@@ -16,7 +16,6 @@ import msgspec
 
 from actors.devices import TimingBuilds, build_for_timing, calibration_for, recalibrate
 from actors.history import History
-from actors.librarian import ask_kernel
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, PoisonMessage, Reactions
 from bus.connection import Client, jetstream
@@ -65,12 +64,21 @@ class TimingJob(msgspec.Struct, frozen=True):
     flags: tuple[str, ...]
     shape: dict[str, int] | None
     """The campaign's first shape, or None for the problem's default."""
+    incumbent: Incumbent | None
+    """The campaign's best kernel so far, timed in the same run; None for the first."""
+
+
+class Incumbent(msgspec.Struct, frozen=True):
+    candidate_id: str
+    source: str
+    flags: tuple[str, ...]
 
 
 def timing_job(history: History, event: KernelVerified, dims: tuple[str, ...]) -> TimingJob | None:
-    """The kernel to time, from the history; None when the candidate already has its
-    outcome (a redelivered message: it is not timed twice). A verified kernel the
-    history has no source for is refused, since its causes are all recorded by now."""
+    """The kernel to time and the incumbent to time it against (the campaign's best),
+    from the history; None when the candidate already has its outcome (a redelivered
+    message: it is not timed twice). A verified kernel the history has no source for is
+    refused, since its causes are all recorded by now."""
     campaign = history.campaigns.get(event.campaign_id)
     candidate = history.candidates.get(event.candidate_id)
     if campaign is None or candidate is None or candidate.written is None:
@@ -81,7 +89,11 @@ def timing_job(history: History, event: KernelVerified, dims: tuple[str, ...]) -
         return None
     shape = dict(zip(dims, campaign.spec.shapes[0], strict=True)) if campaign.spec.shapes else None
     written = candidate.written
-    return TimingJob(written.source, tuple(written.flags), shape)
+    best = history.best(event.campaign_id)
+    incumbent = None
+    if best is not None and best.written is not None:
+        incumbent = Incumbent(best.candidate_id, best.written.source, tuple(best.written.flags))
+    return TimingJob(written.source, tuple(written.flags), shape, incumbent)
 
 
 def decide_timed(
@@ -141,11 +153,9 @@ class Benchmarker(Actor):
 
     def __init__(self, target: str = "cpu") -> None:
         self.target = target
-        self._nc: Client | None = None
         self._reader: HistoryReader | None = None
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
-        self._nc = nc
         self._reader = HistoryReader(nc)
         calibration = await asyncio.to_thread(calibration_for, self.target)
         await Emitter(jetstream(nc)).emit(
@@ -166,18 +176,17 @@ class Benchmarker(Actor):
         )
 
     async def handle(self, event: Event, out: Reactions) -> None:
-        """The edges: catch up, ask the librarian for the incumbent, build (off the event
-        loop, before waiting for the host's turn), time in the host's turn; the decisions
-        are `timing_job` and `decide_timed`."""
+        """The edges: catch up, build (off the event loop, before waiting for the host's
+        turn), time in the host's turn; the decisions are `timing_job` and `decide_timed`.
+        Nothing here asks the librarian: the history has the kernel and the incumbent."""
         assert isinstance(event, KernelVerified)
-        assert self._nc is not None and self._reader is not None
+        assert self._reader is not None
         history = await self._reader.catch_up(event.event_id)
         problem = await asyncio.to_thread(load_problem, event.problem)
         job = timing_job(history, event, problem.dims)
         if job is None:
             return
-        best = await ask_kernel(self._nc, event.campaign_id, None)
-        incumbent = best if best is not None and best.candidate_id != event.candidate_id else None
+        incumbent = job.incumbent
         builds = await asyncio.to_thread(
             build_for_timing,
             event.target,
@@ -187,13 +196,13 @@ class Benchmarker(Actor):
             event.dtype,
             incumbent=(incumbent.source, tuple(incumbent.flags)) if incumbent else None,
         )
+        if isinstance(builds, Rejection):  # did not build: no turn, no calibration needed
+            decide_timed(event, out, builds, device="", incumbent=None)
+            return
         calibration = await asyncio.to_thread(calibration_for, event.target)
-        if isinstance(builds, Rejection):
-            outcome: BenchmarkResult | Rejection = builds
-        else:
-            outcome = await asyncio.to_thread(
-                self._time_in_turn, builds, problem, calibration, event.dtype, job.shape
-            )
+        outcome = await asyncio.to_thread(
+            self._time_in_turn, builds, problem, calibration, event.dtype, job.shape
+        )
         decide_timed(
             event,
             out,

@@ -328,6 +328,26 @@ def test_each_verified_kernel_is_timed_with_its_recorded_source_at_the_campaign_
         assert job.shape == {"rows": 256, "cols": 1024}
 
 
+def test_the_incumbent_is_the_campaign_s_best_when_the_kernel_is_timed() -> None:
+    """As recorded: the first kernel is timed alone, every later one against g0:c0, the
+    best until the last one timed; a kernel verified before the best was timed still
+    meets it, since the history is read when timing starts, not when it was verified."""
+    incumbents = []
+    for index, timed in enumerate(LOG):
+        if not isinstance(timed, BenchmarkCompleted):
+            continue
+        verified = answer_to(KernelVerified, timed.candidate_id)
+        job = timing_job(history_of(LOG, LOG[index - 1].event_id), verified, ("rows", "cols"))
+        assert job is not None
+        incumbent = job.incumbent.candidate_id if job.incumbent else None
+        assert incumbent == timed.evidence["incumbent"]
+        if job.incumbent is not None:
+            best = answer_to(KernelWritten, incumbent)
+            assert (job.incumbent.source, job.incumbent.flags) == (best.source, tuple(best.flags))
+        incumbents.append(incumbent)
+    assert incumbents == [None] + ["recorded-softmax:g0:c0"] * 5
+
+
 def test_a_redelivered_kernel_that_has_its_outcome_is_not_timed_again() -> None:
     verified = recorded(KernelVerified)[0]
     timed = answer_to(BenchmarkCompleted, verified.candidate_id)

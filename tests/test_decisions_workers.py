@@ -14,6 +14,7 @@ from actors.devices import source_hash
 from actors.history import History
 from actors.kernel_writer import (
     Kernel,
+    decide_fusion,
     decide_reply,
     decide_template,
     decide_written,
@@ -28,9 +29,11 @@ from eventstore.events import (
     CandidateDeduplicated,
     CandidateProposed,
     Event,
+    FusionPlanned,
     KernelRejected,
     KernelVerified,
     KernelWritten,
+    new_event,
 )
 from eventstore.ids import new_event_id
 from gpu_workers.results import (
@@ -42,12 +45,14 @@ from gpu_workers.results import (
     Verdict,
 )
 from kernels.builtin import BUILTIN
+from kernels.fusion.plan import plan as fusion_plan
 from tests.recorded_campaign import TWO_GENERATIONS, history_of, load_log
 
 WRITER = ActorRef(role="kernel-writer", instance="kernel-writer-t", host="test")
 VERIFIER = ActorRef(role="verifier", instance="verifier-t", host="test")
 BENCHMARKER = ActorRef(role="benchmarker", instance="benchmarker-t", host="test")
 LOG = load_log(TWO_GENERATIONS)
+FUSED = BUILTIN["residual_rmsnorm_gelu"]
 E = TypeVar("E", bound=Event)
 
 
@@ -170,6 +175,45 @@ def test_a_proposal_of_a_campaign_never_started_is_refused() -> None:
     stray = proposal_like(recorded(CandidateProposed)[0], "nowhere:g0:c0", campaign_id="nowhere")
     with pytest.raises(PoisonMessage, match="campaign nowhere of nowhere:g0:c0 is not recorded"):
         decide_template(history_of(LOG), stray, Reactions(stray, WRITER))
+
+
+def fusion_planned(groups: list[list[str]], candidate_id: str) -> FusionPlanned:
+    proposal = recorded(CandidateProposed)[0]
+    fused = fusion_plan(FUSED, "add+rmsnorm|gelu", {"unroll": 2})
+    return new_event(
+        FusionPlanned,
+        campaign_id=proposal.campaign_id,
+        actor=ActorRef(role="fuser", instance="fuser-t", host="test"),
+        cause=proposal,
+        problem=FUSED.name,
+        target="cpu",
+        candidate_id=candidate_id,
+        generation=9,
+        groups=groups,
+        params=dict(fused.params),
+        param_key=fused.param_key,
+    )
+
+
+def test_a_fusion_plan_is_written_as_the_fused_kernel_it_describes() -> None:
+    planned = fusion_planned([["add", "rmsnorm"], ["gelu"]], "recorded-softmax:g9:c5")
+    out = Reactions(planned, WRITER)
+    decide_fusion(history_of(LOG), planned, out)
+    [written] = out.events
+    expected = fusion_plan(FUSED, "add+rmsnorm|gelu", {"unroll": 2})
+    assert isinstance(written, KernelWritten)
+    assert (written.writer, written.template, written.source) == (
+        "fuser",
+        "fusion",
+        expected.source,
+    )
+    assert (written.params, written.param_key) == (planned.params, planned.param_key)
+
+
+def test_a_fusion_plan_its_space_refuses_is_a_poison_message() -> None:
+    planned = fusion_planned([["add"], ["rmsnorm", "gelu"]], "recorded-softmax:g9:c6")
+    with pytest.raises(PoisonMessage, match=r"\w"):
+        decide_fusion(history_of(LOG), planned, Reactions(planned, WRITER))
 
 
 def llm_variation(operator: str, parents: list[str]) -> CandidateProposed:
@@ -342,7 +386,7 @@ def test_the_incumbent_is_the_campaign_s_best_when_the_kernel_is_timed() -> None
         incumbent = job.incumbent.candidate_id if job.incumbent else None
         assert incumbent == timed.evidence["incumbent"]
         if job.incumbent is not None:
-            best = answer_to(KernelWritten, incumbent)
+            best = answer_to(KernelWritten, job.incumbent.candidate_id)
             assert (job.incumbent.source, job.incumbent.flags) == (best.source, tuple(best.flags))
         incumbents.append(incumbent)
     assert incumbents == [None] + ["recorded-softmax:g0:c0"] * 5

@@ -14,6 +14,7 @@ the I/O around them: catching up with the store, the librarian's lessons, the LL
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,7 +219,7 @@ class KernelWriter(Actor):
             raise PoisonMessage(
                 f"campaign {event.campaign_id} of {event.candidate_id} is not recorded"
             )
-        problem = load_problem(event.problem)
+        problem = await asyncio.to_thread(load_problem, event.problem)
         lessons = [x.statement for x in await ask_lessons(self._nc, event.campaign_id)]
         messages = variation_prompt(history, event, problem, lessons)
         recorded = await self._recorded_reply(event)

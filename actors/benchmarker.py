@@ -57,6 +57,14 @@ class HostTurn:
             self._fd = None
 
 
+class Incumbent(msgspec.Struct, frozen=True):
+    """The campaign's best kernel, timed in the same run as a new one."""
+
+    candidate_id: str
+    source: str
+    flags: tuple[str, ...]
+
+
 class TimingJob(msgspec.Struct, frozen=True):
     """What the benchmarker times for one verified kernel."""
 
@@ -66,12 +74,6 @@ class TimingJob(msgspec.Struct, frozen=True):
     """The campaign's first shape, or None for the problem's default."""
     incumbent: Incumbent | None
     """The campaign's best kernel so far, timed in the same run; None for the first."""
-
-
-class Incumbent(msgspec.Struct, frozen=True):
-    candidate_id: str
-    source: str
-    flags: tuple[str, ...]
 
 
 def timing_job(history: History, event: KernelVerified, dims: tuple[str, ...]) -> TimingJob | None:

@@ -10,12 +10,14 @@ import fcntl
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from actors.campaign import CampaignSpec
-from actors.devices import calibration_for, compile_and_time, recalibrate
-from actors.librarian import ask_kernel
+import msgspec
+
+from actors.devices import TimingBuilds, build_for_timing, calibration_for, recalibrate
+from actors.history import History
 from actors.replayer import HistoryReader
-from actors.runtime import Actor, Reactions
+from actors.runtime import Actor, PoisonMessage, Reactions
 from bus.connection import Client, jetstream
 from eventstore.emitter import Emitter
 from eventstore.events import (
@@ -29,8 +31,9 @@ from eventstore.events import (
     new_event,
 )
 from gpu_workers.calibration_cache import is_quiet
-from gpu_workers.results import BenchmarkResult, Rejection
+from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from kernels.loading import load_problem
+from kernels.spec import Problem
 
 LOCK_PATH = Path(tempfile.gettempdir()) / "kfactory-benchmark.lock"
 
@@ -54,6 +57,96 @@ class HostTurn:
             self._fd = None
 
 
+class Incumbent(msgspec.Struct, frozen=True):
+    """The campaign's best kernel, timed in the same run as a new one."""
+
+    candidate_id: str
+    source: str
+    flags: tuple[str, ...]
+
+
+class TimingJob(msgspec.Struct, frozen=True):
+    """What the benchmarker times for one verified kernel."""
+
+    source: str
+    flags: tuple[str, ...]
+    shape: dict[str, int] | None
+    """The campaign's first shape, or None for the problem's default."""
+    incumbent: Incumbent | None
+    """The campaign's best kernel so far, timed in the same run; None for the first."""
+
+
+def timing_job(history: History, event: KernelVerified, dims: tuple[str, ...]) -> TimingJob | None:
+    """The kernel to time and the incumbent to time it against (the campaign's best),
+    from the history; None when the candidate already has its outcome (a redelivered
+    message: it is not timed twice). A verified kernel the history has no source for is
+    refused, since its causes are all recorded by now."""
+    campaign = history.campaigns.get(event.campaign_id)
+    candidate = history.candidates.get(event.candidate_id)
+    if campaign is None or candidate is None or candidate.written is None:
+        raise PoisonMessage(
+            f"no recorded kernel for {event.candidate_id} of campaign {event.campaign_id}"
+        )
+    if candidate.benchmark is not None or candidate.rejected is not None:
+        return None
+    shape = dict(zip(dims, campaign.spec.shapes[0], strict=True)) if campaign.spec.shapes else None
+    written = candidate.written
+    best = history.best(event.campaign_id)
+    incumbent = None
+    if best is not None and best.written is not None:
+        incumbent = Incumbent(best.candidate_id, best.written.source, tuple(best.written.flags))
+    return TimingJob(written.source, tuple(written.flags), shape, incumbent)
+
+
+def decide_timed(
+    event: KernelVerified,
+    out: Reactions,
+    outcome: BenchmarkResult | Rejection,
+    *,
+    device: str,
+    incumbent: str | None,
+) -> None:
+    """The verdict: a timed kernel is BenchmarkCompleted against the baseline (and the
+    `incumbent` candidate it was timed with, if any); a refused one, whether it did not
+    build, stalled, failed its re-check or beat the roofline, is KernelRejected with the
+    stage, the reason and the message (the compiler's, for a build)."""
+    common = {**event.work(), "source_hash": event.source_hash}
+    if isinstance(outcome, Rejection):
+        out.emit(
+            KernelRejected,
+            stage=outcome.stage,
+            reason=outcome.reason,
+            evidence={"message": outcome.message, **outcome.evidence},
+            **common,
+        )
+        return
+    out.emit(
+        BenchmarkCompleted,
+        median_ns=outcome.kernel.median_ns,
+        iqr_ns=outcome.kernel.iqr_ns,
+        baseline=outcome.baseline_name,
+        baseline_ns=outcome.baseline.median_ns,
+        speedup=outcome.speedup,
+        roofline_fraction=outcome.roofline_fraction,
+        device=device,
+        seed=outcome.seed,
+        evidence={
+            "shape": outcome.shape,
+            "runs": outcome.kernel.runs,
+            "roofline_ns": outcome.roofline_ns,
+            "incumbent": incumbent,
+            "speedup_vs_incumbent": outcome.speedup_vs_incumbent,
+            "judged_calls": list(outcome.judged_calls),
+            "rechecked": list(outcome.rechecked),
+            "handshake_ns": outcome.handshake_ns,
+            "contained_by": [
+                m.name for m in (outcome.sandbox.mechanisms if outcome.sandbox else ()) if m.applied
+            ],
+        },
+        **common,
+    )
+
+
 class Benchmarker(Actor):
     role = "benchmarker"
     reacts_to = (KernelVerified,)
@@ -62,11 +155,9 @@ class Benchmarker(Actor):
 
     def __init__(self, target: str = "cpu") -> None:
         self.target = target
-        self._nc: Client | None = None
         self._reader: HistoryReader | None = None
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
-        self._nc = nc
         self._reader = HistoryReader(nc)
         calibration = await asyncio.to_thread(calibration_for, self.target)
         await Emitter(jetstream(nc)).emit(
@@ -87,76 +178,54 @@ class Benchmarker(Actor):
         )
 
     async def handle(self, event: Event, out: Reactions) -> None:
+        """The edges: catch up, build (off the event loop, before waiting for the host's
+        turn), time in the host's turn; the decisions are `timing_job` and `decide_timed`.
+        Nothing here asks the librarian: the history has the kernel and the incumbent."""
         assert isinstance(event, KernelVerified)
-        assert self._nc is not None and self._reader is not None
+        assert self._reader is not None
         history = await self._reader.catch_up(event.event_id)
-        spec = history.campaigns[event.campaign_id].spec
-        kernel = await ask_kernel(self._nc, event.campaign_id, event.candidate_id)
-        if kernel is None:
-            raise RuntimeError(f"the librarian has no source for {event.candidate_id} yet")
-        incumbent = await ask_kernel(self._nc, event.campaign_id, None)
-        problem = load_problem(event.problem)
-        calibration = calibration_for(event.target)
-        previous = None
-        if incumbent is not None and incumbent.candidate_id != event.candidate_id:
-            previous = (incumbent.source, tuple(incumbent.flags))
+        problem = await asyncio.to_thread(load_problem, event.problem)
+        job = timing_job(history, event, problem.dims)
+        if job is None:
+            return
+        incumbent = job.incumbent
+        builds = await asyncio.to_thread(
+            build_for_timing,
+            event.target,
+            problem,
+            job.source,
+            job.flags,
+            event.dtype,
+            incumbent=(incumbent.source, tuple(incumbent.flags)) if incumbent else None,
+        )
+        if isinstance(builds, Rejection):  # did not build: no turn, no calibration needed
+            decide_timed(event, out, builds, device="", incumbent=None)
+            return
+        calibration = await asyncio.to_thread(calibration_for, event.target)
+        outcome = await asyncio.to_thread(
+            self._time_in_turn, builds, problem, calibration, event.dtype, job.shape
+        )
+        decide_timed(
+            event,
+            out,
+            outcome,
+            device=calibration.host,
+            incumbent=incumbent.candidate_id if incumbent else None,
+        )
 
-        def timed() -> BenchmarkResult | Rejection:
-            with HostTurn():
-                return compile_and_time(
-                    event.target,
-                    problem,
-                    kernel.source,
-                    tuple(kernel.flags),
-                    event.dtype,
-                    incumbent=previous,
-                    calibration=calibration,
-                    shape=_shape(spec, problem.dims),
-                    recalibrate=lambda: recalibrate(event.target),
-                )
-
-        result = await asyncio.to_thread(timed)
-        common = {**event.work(), "source_hash": event.source_hash}
-        if isinstance(result, BenchmarkResult):
-            out.emit(
-                BenchmarkCompleted,
-                median_ns=result.kernel.median_ns,
-                iqr_ns=result.kernel.iqr_ns,
-                baseline=result.baseline_name,
-                baseline_ns=result.baseline.median_ns,
-                speedup=result.speedup,
-                roofline_fraction=result.roofline_fraction,
-                device=calibration.host,
-                seed=result.seed,
-                evidence={
-                    "shape": result.shape,
-                    "runs": result.kernel.runs,
-                    "roofline_ns": result.roofline_ns,
-                    "incumbent": incumbent.candidate_id if incumbent and previous else None,
-                    "speedup_vs_incumbent": result.speedup_vs_incumbent,
-                    "judged_calls": list(result.judged_calls),
-                    "rechecked": list(result.rechecked),
-                    "handshake_ns": result.handshake_ns,
-                    "contained_by": [
-                        m.name
-                        for m in (result.sandbox.mechanisms if result.sandbox else ())
-                        if m.applied
-                    ],
-                },
-                **common,
+    def _time_in_turn(
+        self,
+        builds: TimingBuilds[Any],
+        problem: Problem,
+        calibration: HostCalibration,
+        dtype: str,
+        shape: dict[str, int] | None,
+    ) -> BenchmarkResult | Rejection:
+        with HostTurn():
+            return builds.time(
+                problem,
+                calibration,
+                dtype=dtype,
+                shape=shape,
+                recalibrate=lambda: recalibrate(self.target),
             )
-        else:
-            out.emit(
-                KernelRejected,
-                stage=result.stage,
-                reason=result.reason,
-                evidence={"message": result.message, **result.evidence},
-                **common,
-            )
-
-
-def _shape(spec: CampaignSpec, dims: tuple[str, ...]) -> dict[str, int] | None:
-    """The campaign's first shape, or None for the problem's default."""
-    if not spec.shapes:
-        return None
-    return dict(zip(dims, spec.shapes[0], strict=True))

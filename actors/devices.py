@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Generic
 
 from gpu_workers.benchmarker import Backend, BuildT, benchmark
 from gpu_workers.calibration_cache import is_quiet
@@ -95,6 +96,50 @@ def _calibrate(target: str, *, force: bool) -> HostCalibration:
     return calibrate_cpu(force=force)
 
 
+Timed = BenchmarkResult | Rejection
+"""What timing a kernel comes to: its times, or why it was refused."""
+
+
+@dataclass(frozen=True)
+class TimingBuilds(Generic[BuildT]):
+    """A kernel (and the incumbent it is timed against) built by one back end, ready to
+    be timed there; the build type never leaves that back end."""
+
+    backend: Backend[BuildT]
+    build: BuildT
+    incumbent: BuildT | None
+
+    def time(self, problem: Problem, calibration: HostCalibration, **options: Any) -> Timed:
+        """Time the build (`gpu_workers.benchmarker.benchmark`, with `options`)."""
+        return benchmark(
+            problem, self.backend, self.build, calibration, incumbent=self.incumbent, **options
+        )
+
+
+def build_for_timing(
+    target: str,
+    problem: Problem,
+    source: str,
+    flags: tuple[str, ...],
+    dtype: str,
+    *,
+    incumbent: tuple[str, tuple[str, ...]] | None = None,
+) -> TimingBuilds[Any] | Rejection:
+    """Build the kernel (and the incumbent, a (source, flags) pair) with the target's back
+    end; a kernel that does not build is the compile stage's rejection, with the
+    compiler's message and log. An incumbent that no longer builds is left out."""
+    check_target(target)
+    backend: Backend[Any] = cuda_backend() if target == "cuda" else cpu_backend()
+    compiled = backend.compile(problem, source, flags, dtype)
+    if compiled.build is None:
+        assert compiled.rejection is not None
+        return compiled.rejection
+    incumbent_build = None
+    if incumbent is not None:
+        incumbent_build = backend.compile(problem, incumbent[0], incumbent[1], dtype).build
+    return TimingBuilds(backend, compiled.build, incumbent_build)
+
+
 def compile_and_time(
     target: str,
     problem: Problem,
@@ -103,41 +148,14 @@ def compile_and_time(
     dtype: str,
     *,
     incumbent: tuple[str, tuple[str, ...]] | None = None,
+    calibration: HostCalibration,
     **options: Any,
-) -> BenchmarkResult | Rejection:
-    """Build the kernel (and the incumbent, a (source, flags) pair) with the target's back
-    end and time it there (`gpu_workers.benchmarker.benchmark`, with `options`)."""
-    if target == "cuda":
-        return _compile_and_time(cuda_backend(), problem, source, flags, dtype, incumbent, options)
-    check_target(target)
-    return _compile_and_time(cpu_backend(), problem, source, flags, dtype, incumbent, options)
-
-
-def _compile_and_time(
-    backend: Backend[BuildT],
-    problem: Problem,
-    source: str,
-    flags: tuple[str, ...],
-    dtype: str,
-    incumbent: tuple[str, tuple[str, ...]] | None,
-    options: dict[str, Any],
-) -> BenchmarkResult | Rejection:
-    compiled = backend.compile(problem, source, flags, dtype)
-    if compiled.build is None:
-        assert compiled.rejection is not None
-        return compiled.rejection
-    incumbent_build = None
-    if incumbent is not None:
-        incumbent_build = backend.compile(problem, incumbent[0], incumbent[1], dtype).build
-    return benchmark(
-        problem,
-        backend,
-        compiled.build,
-        options.pop("calibration"),
-        incumbent=incumbent_build,
-        dtype=dtype,
-        **options,
-    )
+) -> Timed:
+    """Build (`build_for_timing`) and time, in one call."""
+    builds = build_for_timing(target, problem, source, flags, dtype, incumbent=incumbent)
+    if isinstance(builds, Rejection):
+        return builds
+    return builds.time(problem, calibration, dtype=dtype, **options)
 
 
 def source_hash(source: str, flags: list[str] | tuple[str, ...]) -> str:

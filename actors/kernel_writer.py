@@ -6,24 +6,31 @@ OpenAI-compatible endpoint, and every exchange is recorded as LlmExchanged, so a
 redelivered proposal reuses the recorded reply instead of asking again. A kernel whose
 exact source was settled before in the same dedupe scope is not evaluated again: the
 writer records CandidateDeduplicated instead.
+
+The decisions (`decide_written`, `decide_template`, `decide_fusion`, `variation_prompt`,
+`decide_reply`) are functions of the history and the event; `KernelWriter.handle` does
+the I/O around them: catching up with the store, the librarian's lessons, the LLM.
 """
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
-from actors.campaign import Writer, decode_config
+from actors.campaign import Writer
 from actors.devices import source_hash
-from actors.librarian import SeenRequest, ask_kernel, ask_lessons, ask_seen
+from actors.history import Candidate, History
+from actors.librarian import ask_lessons
 from actors.llm import prompts
 from actors.llm.extract import NoCodeFound, extract_kernel
 from actors.llm.prompts import DEFAULT_FLAGS, RejectionEvidence
+from actors.replayer import HistoryReader
 from actors.runtime import Actor, PoisonMessage, Reactions
 from actors.variation import LLM_TEMPLATE
 from bus.connection import Client
 from eventstore.events import (
     ActorRef,
-    CampaignStarted,
     CandidateDeduplicated,
     CandidateProposed,
     Event,
@@ -36,7 +43,146 @@ from eventstore.queries import replay
 from kernels.design_space import InvalidParams
 from kernels.fusion.plan import plan as fusion_plan
 from kernels.loading import load_problem
+from kernels.spec import Problem
 from kernels.templates import TEMPLATES
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel as a writer produced it, before it is recorded."""
+
+    source: str
+    flags: list[str]
+    writer: str  # template | fuser | llm
+    params: dict[str, object] = field(default_factory=dict)
+
+
+# --- decisions: the history and the event in, reactions out --------------------------------
+
+
+def decide_written(
+    history: History, cause: CandidateProposed | FusionPlanned, out: Reactions, kernel: Kernel
+) -> None:
+    """KernelWritten, or CandidateDeduplicated when another candidate of the campaign's
+    dedupe scope had this exact source (and flags) and is settled: that outcome stands
+    for this one. A candidate still in flight with the same source is no duplicate yet."""
+    digest = source_hash(kernel.source, kernel.flags)
+    common = {**cause.work(), "param_key": cause.param_key}
+    earlier = _settled_with_source(history, cause, digest)
+    if earlier is not None:
+        outcome = earlier.outcome_event
+        assert outcome is not None
+        out.emit(CandidateDeduplicated, source_hash=digest, duplicate_of=outcome.event_id, **common)
+        return
+    out.emit(
+        KernelWritten,
+        source_hash=digest,
+        source=kernel.source,
+        flags=kernel.flags,
+        writer=kernel.writer,
+        template=cause.template if isinstance(cause, CandidateProposed) else "fusion",
+        params=dict(kernel.params),
+        **common,
+    )
+
+
+def _settled_with_source(
+    history: History, cause: CandidateProposed | FusionPlanned, digest: str
+) -> Candidate | None:
+    if cause.campaign_id not in history.campaigns:
+        raise PoisonMessage(f"campaign {cause.campaign_id} of {cause.candidate_id} is not recorded")
+    earlier = history.seen_source(cause.campaign_id, digest, cause.candidate_id)
+    return earlier if earlier is not None and earlier.outcome_event is not None else None
+
+
+def decide_template(history: History, event: CandidateProposed, out: Reactions) -> None:
+    """Render a template proposal; parameters the template refuses are a poison message.
+    A proposal of a fusion space is the fuser's: nothing here."""
+    if event.template not in TEMPLATES:
+        return
+    try:
+        rendered = TEMPLATES[event.template].render(event.params, event.dtype)
+    except InvalidParams as exc:
+        raise PoisonMessage(str(exc)) from exc
+    kernel = Kernel(rendered.source, list(rendered.flags), "template", event.params)
+    decide_written(history, event, out, kernel)
+
+
+def decide_fusion(history: History, event: FusionPlanned, out: Reactions) -> None:
+    """Generate the fused kernels of a fusion plan."""
+    try:
+        plan = fusion_plan(event.problem, event.groups, event.params, event.target, event.dtype)
+    except InvalidParams as exc:
+        raise PoisonMessage(str(exc)) from exc
+    decide_written(
+        history, event, out, Kernel(plan.source, list(plan.flags), "fuser", event.params)
+    )
+
+
+def variation_prompt(
+    history: History, event: CandidateProposed, problem: Problem, lessons: list[str]
+) -> list[dict[str, str]]:
+    """The messages for an LLM variation: fix a rejected parent with its rejection's
+    evidence, cross two parents over, or improve one."""
+    parents = [history.candidates.get(p) for p in event.parents]
+    written = [p.written for p in parents if p is not None and p.written is not None]
+    if not event.parents or len(written) != len(event.parents):
+        raise PoisonMessage(
+            f"{event.candidate_id} varies parents with no recorded kernel: {event.parents}"
+        )
+    first = parents[0]
+    assert first is not None
+    if event.operator == "fix" and first.rejected is not None:
+        rejected = first.rejected
+        evidence = RejectionEvidence(
+            stage=rejected.stage,
+            reason=rejected.reason,
+            message=str(rejected.evidence.get("message", "")),
+            evidence=rejected.evidence,
+        )
+        return prompts.fix(problem, written[0].source, evidence, lessons, target=event.target)
+    if event.operator == "crossover" and len(written) == 2:
+        return prompts.crossover(
+            problem, written[0].source, written[1].source, lessons, target=event.target
+        )
+    return prompts.improve(problem, written[0].source, lessons, target=event.target)
+
+
+def decide_reply(
+    history: History,
+    event: CandidateProposed,
+    out: Reactions,
+    reply: str | None,
+    problem: Problem,
+) -> None:
+    """An LLM's reply to a variation: no reply and a reply without code are the write
+    stage's rejections; the kernel in a reply is written (or deduplicated)."""
+    common = {**event.work(), "source_hash": ""}
+    if reply is None:
+        out.emit(
+            KernelRejected,
+            stage="write",
+            reason="llm_failed",
+            evidence={"message": "the LLM gave no reply; see the LlmExchanged event"},
+            **common,
+        )
+        return
+    try:
+        kernel = extract_kernel(reply, problem)
+    except NoCodeFound as exc:
+        out.emit(
+            KernelRejected,
+            stage="write",
+            reason="no_code",
+            evidence={"message": str(exc)},
+            **common,
+        )
+        return
+    flags = list(kernel.flags or DEFAULT_FLAGS.split())
+    decide_written(history, event, out, Kernel(kernel.source, flags, "llm", event.params))
+
+
+# --- the actor: I/O at the edges --------------------------------------------------------
 
 
 class KernelWriter(Actor):
@@ -45,84 +191,40 @@ class KernelWriter(Actor):
 
     def __init__(self) -> None:
         self._nc: Client | None = None
-        self._writers: dict[str, Writer] = {}
+        self._reader: HistoryReader | None = None
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
         self._nc = nc
+        self._reader = HistoryReader(nc)
 
     async def handle(self, event: Event, out: Reactions) -> None:
+        assert self._reader is not None
         if isinstance(event, CandidateProposed):
+            # The proposal is recorded once this returns, and with it every candidate
+            # settled before it was made.
+            history = await self._reader.catch_up(event.event_id)
             if event.template == LLM_TEMPLATE:
-                await self._vary(event, out)
-                return
-            if event.template not in TEMPLATES:
-                return  # fusion spaces go through the fuser
-            try:
-                rendered = TEMPLATES[event.template].render(event.params, event.dtype)
-            except InvalidParams as exc:
-                raise PoisonMessage(str(exc)) from exc
-            await self._written(
-                event, out, rendered.source, list(rendered.flags), "template", event.params
-            )
+                await self._vary(history, event, out)
+            else:
+                decide_template(history, event, out)
         elif isinstance(event, FusionPlanned):
-            try:
-                plan = fusion_plan(
-                    event.problem, event.groups, event.params, event.target, event.dtype
-                )
-            except InvalidParams as exc:
-                raise PoisonMessage(str(exc)) from exc
-            await self._written(event, out, plan.source, list(plan.flags), "fuser", event.params)
+            # A plan is no history event; the proposal it answers is.
+            history = await self._reader.catch_up(event.causation_id)
+            decide_fusion(history, event, out)
 
-    async def _vary(self, event: CandidateProposed, out: Reactions) -> None:
+    async def _vary(self, history: History, event: CandidateProposed, out: Reactions) -> None:
         assert self._nc is not None
-        problem = load_problem(event.problem)
-        writer = await self._writer_config(event.campaign_id)
-        parents = [await ask_kernel(self._nc, event.campaign_id, p) for p in event.parents]
-        known = [p for p in parents if p is not None]
-        if len(known) != len(event.parents):
-            raise RuntimeError(f"parents of {event.candidate_id} are not all written yet")
+        campaign = history.campaigns.get(event.campaign_id)
+        if campaign is None:
+            raise PoisonMessage(
+                f"campaign {event.campaign_id} of {event.candidate_id} is not recorded"
+            )
+        problem = await asyncio.to_thread(load_problem, event.problem)
         lessons = [x.statement for x in await ask_lessons(self._nc, event.campaign_id)]
-        if event.operator == "fix" and known[0].rejection is not None:
-            r = known[0].rejection
-            evidence = RejectionEvidence(
-                stage=str(r["stage"]),
-                reason=str(r["reason"]),
-                message=str(r["evidence"].get("message", "")),
-                evidence=r["evidence"],
-            )
-            messages = prompts.fix(problem, known[0].source, evidence, lessons, target=event.target)
-        elif event.operator == "crossover" and len(known) == 2:
-            messages = prompts.crossover(
-                problem, known[0].source, known[1].source, lessons, target=event.target
-            )
-        else:
-            messages = prompts.improve(problem, known[0].source, lessons, target=event.target)
-        reply = await self._recorded_reply(event) or await self._ask(event, writer, messages, out)
-        common = event.work()
-        if reply is None:
-            out.emit(
-                KernelRejected,
-                source_hash="",
-                stage="write",
-                reason="llm_failed",
-                evidence={"message": "the LLM gave no reply; see the LlmExchanged event"},
-                **common,
-            )
-            return
-        try:
-            kernel = extract_kernel(reply, problem)
-        except NoCodeFound as exc:
-            out.emit(
-                KernelRejected,
-                source_hash="",
-                stage="write",
-                reason="no_code",
-                evidence={"message": str(exc)},
-                **common,
-            )
-            return
-        flags = list(kernel.flags or DEFAULT_FLAGS.split())
-        await self._written(event, out, kernel.source, flags, "llm", event.params)
+        messages = variation_prompt(history, event, problem, lessons)
+        recorded = await self._recorded_reply(event)
+        reply = recorded or await self._ask(event, campaign.spec.writer, messages, out)
+        decide_reply(history, event, out, reply, problem)
 
     async def _ask(
         self,
@@ -182,51 +284,3 @@ class KernelWriter(Actor):
             if isinstance(recorded, LlmExchanged) and recorded.candidate_id == event.candidate_id:
                 return recorded.reply
         return None
-
-    async def _writer_config(self, campaign_id: str) -> Writer:
-        assert self._nc is not None
-        if campaign_id not in self._writers:
-            for _, started in await replay(
-                self._nc, campaign_id=campaign_id, types=["CampaignStarted"]
-            ):
-                if isinstance(started, CampaignStarted):
-                    self._writers[campaign_id] = decode_config(started.config).writer
-        if campaign_id not in self._writers:
-            raise RuntimeError(f"campaign {campaign_id} has not been recorded yet")
-        return self._writers[campaign_id]
-
-    async def _written(
-        self,
-        cause: CandidateProposed | FusionPlanned,
-        out: Reactions,
-        source: str,
-        flags: list[str],
-        writer: str,
-        params: dict[str, object],
-    ) -> None:
-        assert self._nc is not None
-        digest = source_hash(source, flags)
-        reply = await ask_seen(
-            self._nc,
-            SeenRequest(cause.campaign_id, source_hash=digest, candidate_id=cause.candidate_id),
-        )
-        common = {**cause.work(), "param_key": cause.param_key}
-        if reply.source_duplicate_of is not None:
-            out.emit(
-                CandidateDeduplicated,
-                source_hash=digest,
-                duplicate_of=reply.source_duplicate_of,
-                **common,
-            )
-            return
-        template = cause.template if isinstance(cause, CandidateProposed) else "fusion"
-        out.emit(
-            KernelWritten,
-            source_hash=digest,
-            source=source,
-            flags=flags,
-            writer=writer,
-            template=template,
-            params=dict(params),
-            **common,
-        )

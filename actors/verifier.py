@@ -23,8 +23,34 @@ from eventstore.events import (
     KernelVerified,
     KernelWritten,
 )
+from gpu_workers.results import Verdict
 from gpu_workers.verifier import verify
 from kernels.loading import load_problem
+
+
+def decide_verdict(event: KernelWritten | KernelCompiled, out: Reactions, verdict: Verdict) -> None:
+    """KernelVerified with the worst error and the trials, or KernelRejected with the
+    stage, the reason and the message; either way with the check's secret seed."""
+    common = {**event.work(), "source_hash": event.source_hash}
+    rejection = verdict.rejection
+    if rejection is None:
+        out.emit(
+            KernelVerified,
+            max_rel_err=verdict.max_rel_err or 0.0,
+            trials=len(verdict.trials),
+            evidence={"compile_cache_hit": verdict.compile_cache_hit},
+            seed=verdict.seed,
+            **common,
+        )
+        return
+    out.emit(
+        KernelRejected,
+        stage=rejection.stage,
+        reason=rejection.reason,
+        evidence={"message": rejection.message, **rejection.evidence},
+        seed=verdict.seed,
+        **common,
+    )
 
 
 class Verifier(Actor):
@@ -45,32 +71,13 @@ class Verifier(Actor):
     async def _verify(
         self, event: KernelWritten | KernelCompiled, source: str, flags: list[str], out: Reactions
     ) -> None:
-        problem = load_problem(event.problem)
+        problem = await asyncio.to_thread(load_problem, event.problem)
         backend = backend_for(event.target)
         # No seed: every check draws a fresh secret one, recorded in the event for audits.
         verdict = await asyncio.to_thread(
             verify, problem, backend, source, tuple(flags), dtype=event.dtype, seed=None
         )
-        common = {**event.work(), "source_hash": event.source_hash}
-        if verdict.rejection is None:
-            out.emit(
-                KernelVerified,
-                max_rel_err=verdict.max_rel_err or 0.0,
-                trials=len(verdict.trials),
-                evidence={"compile_cache_hit": verdict.compile_cache_hit},
-                seed=verdict.seed,
-                **common,
-            )
-        else:
-            rejection = verdict.rejection
-            out.emit(
-                KernelRejected,
-                stage=rejection.stage,
-                reason=rejection.reason,
-                evidence={"message": rejection.message, **rejection.evidence},
-                seed=verdict.seed,
-                **common,
-            )
+        decide_verdict(event, out, verdict)
 
 
 class DeviceVerifier(Verifier):

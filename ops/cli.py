@@ -60,14 +60,24 @@ def _root(
     configure_logging(debug=debug)
 
 
-for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != _name:
-            raise
-        continue
-    _module.register(app)
+class BrokenCommandModule(ImportError):
+    """A command module that cannot be imported: the command line refuses to start
+    without it rather than drop its commands."""
+
+
+def register_commands(target: typer.Typer, modules: tuple[str, ...]) -> None:
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            raise BrokenCommandModule(
+                f"the command module {name} cannot be imported: {type(exc).__name__}: {exc}",
+                name=name,
+            ) from exc
+        module.register(target)
+
+
+register_commands(app, COMMAND_MODULES)
 
 
 def main(argv: list[str] | None = None) -> int:

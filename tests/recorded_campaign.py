@@ -1,5 +1,10 @@
 """One real campaign per test session (real swarm, real kernels, real DuckDB), recorded
-once and copied into each test that audits, replays, reports or tampers with it."""
+once and copied into each test that audits, replays, reports or tampers with it.
+
+And recorded event logs kept in tests/recorded/ (a real campaign's events, one JSON
+payload a line, in store order), from which the actors' decision functions are driven
+without a bus or a device. `python -m tests.recorded_campaign record` records them again.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ from typing import Any
 import duckdb
 import pytest
 
-from eventstore.codec import encode
+from actors.history import History
+from eventstore.codec import decode, encode
 from eventstore.events import Event
 from eventstore.store import GENESIS, chain_hash
 
@@ -31,6 +37,69 @@ stop_at_roofline = 1.5
 per_generation = 2
 seed = 5
 """
+
+
+LOGS = Path(__file__).parent / "recorded"
+TWO_GENERATIONS = "softmax-two-generations"
+"""6 softmax candidates in 2 generations at 256 x 1024 on the CPU: every one written,
+verified and timed, then lessons and generations closed."""
+LOG_CAMPAIGNS = {
+    TWO_GENERATIONS: """
+name = "recorded-softmax"
+problem = "softmax"
+target = "cpu"
+shapes = [[256, 1024]]
+[budget]
+candidates = 6
+wall_time = "10m"
+stop_at_roofline = 1.5
+[search]
+per_generation = 3
+seed = 7
+""",
+}
+
+
+def load_log(name: str) -> list[Event]:
+    """A recorded log's events, in the order the store held them."""
+    lines = (LOGS / f"{name}.jsonl").read_bytes().splitlines()
+    return [decode(line) for line in lines if line]
+
+
+def history_of(events: list[Event], until: str | None = None) -> History:
+    """The history as an actor sees it once it has caught up to event `until` (inclusive),
+    or to the end of the log."""
+    history = History()
+    for position, event in enumerate(events, 1):
+        history.apply(position, event)
+        if event.event_id == until:
+            return history
+    if until is not None:
+        raise KeyError(f"event {until} is not in the log")
+    return history
+
+
+def save_log(home: Path, name: str) -> Path:
+    """Write the store of `home` as the recorded log `name`."""
+    conn = duckdb.connect(str(home / "events.duckdb"), read_only=True)
+    try:
+        rows = conn.execute("SELECT CAST(payload AS VARCHAR) FROM events ORDER BY position")
+        payloads = [row[0] for row in rows.fetchall()]
+    finally:
+        conn.close()
+    path = LOGS / f"{name}.jsonl"
+    path.write_text("".join(payload + "\n" for payload in payloads))
+    return path
+
+
+def record_logs(workdir: Path) -> None:
+    """Run each log's campaign with the real swarm and keep its events."""
+    for name, campaign in LOG_CAMPAIGNS.items():
+        (workdir / f"{name}.toml").write_text(campaign)
+        home = workdir / name
+        done = kfactory("run", str(workdir / f"{name}.toml"), "--home", str(home), timeout=900)
+        assert done.returncode == 0, done.stderr
+        print(save_log(home, name))
 
 
 def kfactory(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -111,3 +180,12 @@ def rechain(rows: list[Row]) -> None:
 
 def set_payload(row: Row, event: Event) -> None:
     row["payload"] = encode(event).decode()
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    if sys.argv[1:] != ["record"]:
+        sys.exit("usage: python -m tests.recorded_campaign record")
+    with tempfile.TemporaryDirectory() as scratch:
+        record_logs(Path(scratch))

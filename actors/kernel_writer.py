@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.campaign import Writer, decode_config
+from actors.campaign import CampaignSpec, Writer, decode_config
 from actors.devices import source_hash
 from actors.librarian import SeenRequest, ask_kernel, ask_lessons, ask_seen
 from actors.llm import prompts
 from actors.llm.extract import NoCodeFound, extract_kernel
 from actors.llm.prompts import DEFAULT_FLAGS, RejectionEvidence
 from actors.runtime import Actor, PoisonMessage, Reactions
-from actors.variation import LLM_TEMPLATE
+from actors.spaces import template_named
+from actors.variation import LLM_TEMPLATE, WRITE
 from bus.connection import Client
 from eventstore.events import (
     ActorRef,
@@ -28,6 +29,7 @@ from eventstore.events import (
     CandidateProposed,
     Event,
     FusionPlanned,
+    HostCalibrated,
     KernelRejected,
     KernelWritten,
     LlmExchanged,
@@ -37,6 +39,7 @@ from kernels.design_space import InvalidParams
 from kernels.fusion.plan import plan as fusion_plan
 from kernels.loading import load_problem
 from kernels.templates import TEMPLATES
+from kernels.user_spaces import SpaceError
 
 
 class KernelWriter(Actor):
@@ -45,7 +48,7 @@ class KernelWriter(Actor):
 
     def __init__(self) -> None:
         self._nc: Client | None = None
-        self._writers: dict[str, Writer] = {}
+        self._campaigns: dict[str, CampaignSpec] = {}
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
         self._nc = nc
@@ -55,11 +58,14 @@ class KernelWriter(Actor):
             if event.template == LLM_TEMPLATE:
                 await self._vary(event, out)
                 return
-            if event.template not in TEMPLATES:
+            template = TEMPLATES.get(event.template) or template_named(
+                await self._campaign(event.campaign_id), event.template
+            )
+            if template is None:
                 return  # fusion spaces go through the fuser
             try:
-                rendered = TEMPLATES[event.template].render(event.params, event.dtype)
-            except InvalidParams as exc:
+                rendered = template.render(event.params, event.dtype)
+            except (InvalidParams, SpaceError) as exc:
                 raise PoisonMessage(str(exc)) from exc
             await self._written(
                 event, out, rendered.source, list(rendered.flags), "template", event.params
@@ -76,13 +82,21 @@ class KernelWriter(Actor):
     async def _vary(self, event: CandidateProposed, out: Reactions) -> None:
         assert self._nc is not None
         problem = load_problem(event.problem)
-        writer = await self._writer_config(event.campaign_id)
+        writer = (await self._campaign(event.campaign_id)).writer
         parents = [await ask_kernel(self._nc, event.campaign_id, p) for p in event.parents]
         known = [p for p in parents if p is not None]
         if len(known) != len(event.parents):
             raise RuntimeError(f"parents of {event.candidate_id} are not all written yet")
         lessons = [x.statement for x in await ask_lessons(self._nc, event.campaign_id)]
-        if event.operator == "fix" and known[0].rejection is not None:
+        if event.operator == WRITE:
+            messages = prompts.write(
+                problem,
+                lessons,
+                target=event.target,
+                dtype=event.dtype,
+                ceilings=await self._ceilings(),
+            )
+        elif event.operator == "fix" and known[0].rejection is not None:
             r = known[0].rejection
             evidence = RejectionEvidence(
                 stage=str(r["stage"]),
@@ -183,17 +197,29 @@ class KernelWriter(Actor):
                 return recorded.reply
         return None
 
-    async def _writer_config(self, campaign_id: str) -> Writer:
+    async def _ceilings(self) -> prompts.HostCeilings | None:
+        """The last host calibration recorded, for a kernel written from a blank page."""
         assert self._nc is not None
-        if campaign_id not in self._writers:
+        found = [
+            e for _, e in await replay(self._nc, types=["HostCalibrated"])
+            if isinstance(e, HostCalibrated)
+        ]
+        if not found:
+            return None
+        last = found[-1]
+        return prompts.HostCeilings(last.device, last.bandwidth_gbs, last.peak_gflops)
+
+    async def _campaign(self, campaign_id: str) -> CampaignSpec:
+        assert self._nc is not None
+        if campaign_id not in self._campaigns:
             for _, started in await replay(
                 self._nc, campaign_id=campaign_id, types=["CampaignStarted"]
             ):
                 if isinstance(started, CampaignStarted):
-                    self._writers[campaign_id] = decode_config(started.config).writer
-        if campaign_id not in self._writers:
+                    self._campaigns[campaign_id] = decode_config(started.config)
+        if campaign_id not in self._campaigns:
             raise RuntimeError(f"campaign {campaign_id} has not been recorded yet")
-        return self._writers[campaign_id]
+        return self._campaigns[campaign_id]
 
     async def _written(
         self,

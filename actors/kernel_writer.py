@@ -201,7 +201,8 @@ class KernelWriter(Actor):
         """The last host calibration recorded, for a kernel written from a blank page."""
         assert self._nc is not None
         found = [
-            e for _, e in await replay(self._nc, types=["HostCalibrated"])
+            e
+            for _, e in await replay(self._nc, types=["HostCalibrated"])
             if isinstance(e, HostCalibrated)
         ]
         if not found:

@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
-L2NORM_PROBLEM = '''
+L2NORM_PROBLEM = """
 import numpy as np
 from kernels.spec import Arg, Cost, Problem
 from kernels.user_spaces import KernelSpace
@@ -68,7 +68,7 @@ SPACES = [
         restrictions=["lanes <= 8 or 'march' in flags"],
     ),
 ]
-'''
+"""
 
 L2NORM_TEMPLATE = """\
 #include <math.h>
@@ -297,11 +297,14 @@ def run_op(name: str, budget: int, per_generation: int) -> dict[str, Any]:
             "CAST(b.payload->>'median_ns' AS DOUBLE) AS median_ns, "
             "CAST(b.payload->>'baseline_ns' AS DOUBLE) AS baseline_ns, "
             "CAST(b.payload->>'speedup' AS DOUBLE) AS speedup "
-            "FROM events b JOIN events w ON b.payload->>'candidate_id' = w.payload->>'candidate_id' "
+            "FROM events b JOIN events w "
+            "ON b.payload->>'candidate_id' = w.payload->>'candidate_id' "
             "WHERE b.type = 'BenchmarkCompleted' AND w.type = 'KernelWritten'",
         )
     seed_rows = [
-        r for r in rows if r["template"] == f"seed_{name}_seed" and r["candidate"].endswith(":g0:c0")
+        r
+        for r in rows
+        if r["template"] == f"seed_{name}_seed" and r["candidate"].endswith(":g0:c0")
     ]
     if not seed_rows:
         raise SystemExit(f"{name}: the seed as it is was not timed")

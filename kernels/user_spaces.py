@@ -115,7 +115,7 @@ def _constraint(restriction: Restriction, names: set[str], where: str) -> Constr
         raise SpaceError(f"{where}: restriction {text!r} names unknown parameters {unknown}")
 
     def holds(p: Params) -> bool:
-        return bool(eval(code, {"__builtins__": _SAFE_BUILTINS}, dict(p)))  # noqa: S307
+        return bool(eval(code, {"__builtins__": _SAFE_BUILTINS}, dict(p)))
 
     return Constraint(text, text, holds)
 
@@ -201,14 +201,18 @@ def with_openmp_clauses(source: str, threads: int, schedule: str) -> str:
     (threads > 1), and `schedule(schedule)` on each worksharing loop that names none."""
     if threads > 1:
         source = _OMP_PARALLEL.sub(
-            lambda m: m.group(1) if "num_threads" in m.group(1) else f"{m.group(1)} "
-            f"num_threads({threads})",
+            lambda m: (
+                m.group(1)
+                if "num_threads" in m.group(1)
+                else f"{m.group(1)} num_threads({threads})"
+            ),
             source,
         )
     if schedule != AS_WRITTEN:
         source = _OMP_LOOP.sub(
-            lambda m: m.group(1) if "schedule" in m.group(1) else f"{m.group(1)} "
-            f"schedule({schedule})",
+            lambda m: (
+                m.group(1) if "schedule" in m.group(1) else f"{m.group(1)} schedule({schedule})"
+            ),
             source,
         )
     return source
@@ -284,7 +288,8 @@ def seed_spaces(problem: str, sources: Sequence[str]) -> list[GenericSpace]:
             raise SpaceError(f"seed kernel {path}: cannot read it: {exc.strerror}") from None
         stem = re.sub(r"[^A-Za-z0-9_]", "_", path.stem)
         name = next(
-            n for n in (f"seed_{stem}", *(f"seed_{stem}_{i}" for i in range(2, 999)))
+            n
+            for n in (f"seed_{stem}", *(f"seed_{stem}_{i}" for i in range(2, 999)))
             if n not in taken
         )
         taken.add(name)
@@ -292,9 +297,7 @@ def seed_spaces(problem: str, sources: Sequence[str]) -> list[GenericSpace]:
     return spaces
 
 
-def build_space(
-    declared: KernelSpace, base: Path, problem: str, target: str = "cpu"
-) -> Template:
+def build_space(declared: KernelSpace, base: Path, problem: str, target: str = "cpu") -> Template:
     """The template a declaration describes; `file` is relative to `base` (a folder)."""
     path = (base / declared.file).resolve()
     where = str(path)

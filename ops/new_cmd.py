@@ -150,8 +150,9 @@ def new_problem(
     for file, text in files.items():
         (where / file).write_text(text)
     typer.echo(f"wrote {', '.join(str(where / f) for f in files)}")
-    typer.echo(f"check the seed: kfactory check {where / name}.py:{attr} --source "
-               f"{where / name}_seed.c")
+    typer.echo(
+        f"check the seed: kfactory check {where / name}.py:{attr} --source {where / name}_seed.c"
+    )
     typer.echo(f"search:         kfactory run {where / 'campaign.toml'}")
 
 

@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from actors.spaces import kernel_templates
 from kernels.builtin import BUILTIN
 from kernels.design_space import TARGET_DTYPES
-from actors.spaces import kernel_templates
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import DISTRIBUTIONS, Problem
 from kernels.templates import example_kernel

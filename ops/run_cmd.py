@@ -32,9 +32,9 @@ from actors.campaign import (
     load_campaign,
     validate,
 )
-from actors.spaces import design_spaces
 from actors.history import History
 from actors.planner import summary
+from actors.spaces import design_spaces
 from bus.auth import ClientAuth
 from bus.connection import connect, jetstream
 from bus.follow import Msg, follow
@@ -95,7 +95,7 @@ def run(
     budget: int = typer.Option(40, min=1, help="Candidates to evaluate at most (no file)."),
     per_generation: int = typer.Option(8, min=1, help="Candidates per generation (no file)."),
     seed: int = typer.Option(1, help="Search seed (no file)."),
-    seed_source: list[Path] = typer.Option(  # noqa: B008
+    seed_source: list[Path] = typer.Option(
         [], help="A kernel of yours that generation 0 verifies and times first (repeatable)."
     ),
     verifiers: int = typer.Option(1, min=1, help="Verifier actors to run here."),

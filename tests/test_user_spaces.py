@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_swarm import sql
 
-PROBLEM = '''
+PROBLEM = """
 import numpy as np
 from kernels.spec import Arg, Cost, Problem
 from kernels.user_spaces import KernelSpace
@@ -41,7 +41,7 @@ L2NORM = Problem(
 )
 
 SPACES = SPACES_HERE
-'''
+"""
 
 JINJA = """\
 #include <math.h>
@@ -120,8 +120,8 @@ def _run(tmp_path: Path, campaign: str, *extra: str, env: dict[str, str] | None 
     path = tmp_path / "campaign.toml"
     path.write_text(campaign)
     done = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "run", str(path), "--home", str(tmp_path / "home")]
-        + [*extra, "--json"],
+        [sys.executable, "-m", "ops.cli", "run", str(path), *extra, "--json"]
+        + ["--home", str(tmp_path / "home")],
         capture_output=True,
         text=True,
         timeout=400,

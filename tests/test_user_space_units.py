@@ -14,7 +14,15 @@ from typer.testing import CliRunner
 from actors.campaign import load_campaign
 from actors.llm import prompts
 from actors.spaces import design_spaces, kernel_templates, seed_points, template_named
-from actors.variation import blank_page, source_traits
+from actors.history import Candidate
+from actors.variation import archive_of, blank_page, source_traits, variations
+from eventstore.events import (
+    ActorRef,
+    BenchmarkCompleted,
+    CandidateProposed,
+    KernelWritten,
+    new_event,
+)
 from kernels.loading import load_problem
 from kernels.user_spaces import (
     GenericSpace,
@@ -202,3 +210,53 @@ def test_new_problem_writes_files_that_resolve(
         assert "void kernel(const float *x, float *y" in found[1].render(point).source
     again = runner.invoke(app, ["new", "problem", "rownorm", "--folder", str(folder)])
     assert again.exit_code != 0 and "--force" in str(again.exception)
+
+
+def _llm_candidate(
+    cid: str, family: str, source: str, speedup: float, parents: tuple[str, ...] = ()
+) -> Candidate:
+    actor = ActorRef.here("test")
+    work = {"campaign_id": "c", "actor": actor, "problem": "p.py:P", "target": "cpu"}
+    work |= {"candidate_id": cid, "generation": 0 if not parents else 1}
+    proposal = new_event(
+        CandidateProposed,
+        template="llm",
+        params={"family": family},
+        operator="write" if not parents else "improve",
+        parents=list(parents),
+        **work,
+    )
+    written = new_event(
+        KernelWritten, source_hash=cid, source=source, flags=[], writer="llm", **work
+    )
+    benchmark = new_event(
+        BenchmarkCompleted,
+        source_hash=cid,
+        median_ns=1.0,
+        iqr_ns=0.0,
+        baseline="numpy",
+        baseline_ns=speedup,
+        speedup=speedup,
+        roofline_fraction=0.1,
+        **work,
+    )
+    return Candidate(proposal, written=written, benchmark=benchmark)
+
+
+def test_blank_page_kernels_fill_niches_and_are_crossed_over() -> None:
+    threaded = "#pragma omp parallel for\nfor (;;);\n"
+    candidates = [
+        _llm_candidate("c:g0:c0", "write0", "for (;;);\n", 1.5),
+        _llm_candidate("c:g0:c1", "write1", threaded, 3.0),
+        _llm_candidate("c:g1:c0", "ignored", threaded, 2.5, parents=("c:g0:c0",)),
+    ]
+    niches = set(archive_of(candidates).cells())
+    assert {(n.family, n.algorithm) for n in niches} == {
+        ("write0", "scalar"),
+        ("write1", "threads"),
+        ("write0", "threads"),  # the child keeps its root's family, with its own traits
+    }
+    chosen = variations(candidates, 4, 2, seed=1)
+    assert {v.operator for v in chosen} == {"improve", "crossover"}
+    crossed = next(v for v in chosen if v.operator == "crossover")
+    assert len(set(crossed.parents)) == 2

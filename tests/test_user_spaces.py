@@ -119,9 +119,9 @@ def _write_problem(folder: Path, spaces: str = "[]") -> str:
 def _run(tmp_path: Path, campaign: str, *extra: str, env: dict[str, str] | None = None) -> dict:
     path = tmp_path / "campaign.toml"
     path.write_text(campaign)
+    home = str(tmp_path / "home")
     done = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "run", str(path), *extra, "--json"]
-        + ["--home", str(tmp_path / "home")],
+        [sys.executable, "-m", "ops.cli", "run", str(path), *extra, "--json", "--home", home],
         capture_output=True,
         text=True,
         timeout=400,
@@ -151,8 +151,8 @@ def test_a_jinja_template_next_to_the_problem_file_is_searched(tmp_path: Path) -
         '"flags": ["-O2", "-O3 -march=native"]}, restrictions=["unroll <= 4"])]'
     )
     problem = _write_problem(tmp_path, spaces)
-    outcome = _run(tmp_path, CAMPAIGN.format(name="jinja", problem=problem, budget=3))
-    assert outcome["evaluated"] == 3
+    outcome = _run(tmp_path, CAMPAIGN.format(name="jinja", problem=problem, budget=2))
+    assert outcome["evaluated"] == 2
     verified = _verified(tmp_path / "home")
     assert verified and {row["template"] for row in verified} == {"l2_rows"}
     for row in verified:
@@ -164,13 +164,13 @@ def test_a_jinja_template_next_to_the_problem_file_is_searched(tmp_path: Path) -
 def test_a_kernel_tuner_macro_kernel_in_the_campaign_file_is_searched(tmp_path: Path) -> None:
     (tmp_path / "l2_macro.c").write_text(MACRO)
     problem = _write_problem(tmp_path)
-    campaign = CAMPAIGN.format(name="macro", problem=problem, budget=3) + (
+    campaign = CAMPAIGN.format(name="macro", problem=problem, budget=2) + (
         '[[spaces]]\nfile = "l2_macro.c"\n'
         "params = { BLOCK = [2, 4, 8, 16], UNROLL = [1, 2, 4] }\n"
         'restrictions = ["BLOCK * UNROLL <= 16"]\n'
     )
     outcome = _run(tmp_path, campaign)
-    assert outcome["evaluated"] == 3
+    assert outcome["evaluated"] == 2
     verified = _verified(tmp_path / "home")
     assert verified and {row["template"] for row in verified} == {"l2_macro"}
     for row in verified:
@@ -185,11 +185,11 @@ def test_a_seed_kernel_alone_is_tuned_in_the_generic_space(tmp_path: Path) -> No
     problem = _write_problem(tmp_path)
     outcome = _run(
         tmp_path,
-        CAMPAIGN.format(name="seed", problem=problem, budget=4),
+        CAMPAIGN.format(name="seed", problem=problem, budget=2),
         "--seed-source",
         str(tmp_path / "seed.c"),
     )
-    assert outcome["evaluated"] == 4
+    assert outcome["evaluated"] == 2
     written = sql(
         tmp_path / "home",
         "SELECT payload->'params' AS params, payload->>'source' AS source, "
@@ -200,7 +200,7 @@ def test_a_seed_kernel_alone_is_tuned_in_the_generic_space(tmp_path: Path) -> No
     assert first == {"flags": "-O3", "vector_width": 0, "threads": 0, "schedule": "as_written"}
     assert written[0]["source"] == SEED  # generation 0 starts from the seed as it is
     verified = _verified(tmp_path / "home")
-    assert len(verified) >= 2 and {row["template"] for row in verified} == {"seed_seed"}
+    assert len(verified) == 2 and {row["template"] for row in verified} == {"seed_seed"}
     assert len({str(row["params"]) for row in verified}) == len(verified)
 
 

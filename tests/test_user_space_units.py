@@ -260,3 +260,10 @@ def test_blank_page_kernels_fill_niches_and_are_crossed_over() -> None:
     assert {v.operator for v in chosen} == {"improve", "crossover"}
     crossed = next(v for v in chosen if v.operator == "crossover")
     assert len(set(crossed.parents)) == 2
+
+
+def test_a_user_space_may_not_take_a_built_in_templates_name(tmp_path: Path) -> None:
+    (tmp_path / "k.c").write_text(MACRO)
+    spaces = '[KernelSpace("k.c", {"BLOCK": [2]}, name="softmax_online")]'
+    with pytest.raises(SpaceError, match="softmax_online"):
+        design_spaces(_write_problem(tmp_path, spaces), "cpu")

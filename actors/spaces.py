@@ -16,7 +16,7 @@ from actors.search import Proposal, Space
 from kernels.design_space import Template
 from kernels.fusion.plan import fusion_space
 from kernels.loading import load_problem
-from kernels.templates import TEMPLATES, templates_for
+from kernels.templates import templates_for
 from kernels.user_spaces import (
     GenericSpace,
     KernelSpace,
@@ -66,12 +66,10 @@ def kernel_templates(
             )
             found.append(build_space(declared, Path(entry.file).parent, spec))
     names = [t.name for t in found]
-    builtin = {t.name for t in templates_for(spec, target)}
-    repeated = sorted({n for n in names if names.count(n) > 1 or n in TEMPLATES} - builtin)
+    repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise SpaceError(
-            f"spaces of {problem} share the name(s) {repeated} with another space or a "
-            "built-in template; give them a name of their own"
+            f"spaces of {problem} share the name(s) {repeated}; give them names of their own"
         )
     return found
 

@@ -304,7 +304,7 @@ def run_op(name: str, budget: int, per_generation: int) -> dict[str, Any]:
     seed_rows = [
         r
         for r in rows
-        if r["template"] == f"seed_{name}_seed" and r["candidate"].endswith(":g0:c0")
+        if r["template"].startswith(f"seed_{name}_seed@") and r["candidate"].endswith(":g0:c0")
     ]
     if not seed_rows:
         raise SystemExit(f"{name}: the seed as it is was not timed")

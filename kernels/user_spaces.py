@@ -21,6 +21,7 @@ functions of the point.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import itertools
 import re
@@ -78,7 +79,8 @@ class KernelSpace:
     `restrictions`: expressions over the parameter names, or functions of the point.
     `problem`: the attribute name of the problem it serves; empty for every problem of
     the file. `best`: a starting point (LLM mode seeds from it); default the first valid
-    one. `name`: default the file's stem."""
+    one. `name`: default the file's stem; `@` and a digest of the file's text are added,
+    so that the points of an edited file are new to the search."""
 
     file: str
     params: Mapping[str, Sequence[ParamValue]]
@@ -276,8 +278,14 @@ def generic_space(name: str, problem: str, source: str, origin: str) -> GenericS
     )
 
 
+def versioned(name: str, text: str) -> str:
+    """`name@digest` of the file's text: the points of an edited file are new points (the
+    librarian dedupes by template name and parameters, across campaigns)."""
+    return f"{name}@{hashlib.sha256(text.encode()).hexdigest()[:6]}"
+
+
 def seed_spaces(problem: str, sources: Sequence[str]) -> list[GenericSpace]:
-    """A generic space around each seed kernel file, named `seed_<stem>`."""
+    """A generic space around each seed kernel file, named `seed_<stem>@<digest>`."""
     spaces: list[GenericSpace] = []
     taken: set[str] = set()
     for path_text in sources:
@@ -286,12 +294,9 @@ def seed_spaces(problem: str, sources: Sequence[str]) -> list[GenericSpace]:
             source = path.read_text()
         except OSError as exc:
             raise SpaceError(f"seed kernel {path}: cannot read it: {exc.strerror}") from None
-        stem = re.sub(r"[^A-Za-z0-9_]", "_", path.stem)
-        name = next(
-            n
-            for n in (f"seed_{stem}", *(f"seed_{stem}_{i}" for i in range(2, 999)))
-            if n not in taken
-        )
+        stem = f"seed_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}"
+        names = (stem, *(f"{stem}_{i}" for i in range(2, 99)))
+        name = next(versioned(n, source) for n in names if versioned(n, source) not in taken)
         taken.add(name)
         spaces.append(generic_space(name, problem, source, str(path)))
     return spaces
@@ -318,7 +323,9 @@ def build_space(declared: KernelSpace, base: Path, problem: str, target: str = "
     if first is None:
         raise SpaceError(f"{where}: no point satisfies every restriction")
     best = dict(declared.best) or first
-    name = declared.name or re.sub(r"[^A-Za-z0-9_]", "_", path.name.split(".")[0])
+    name = versioned(
+        declared.name or re.sub(r"[^A-Za-z0-9_]", "_", path.name.split(".")[0]), path.read_text()
+    )
     common: dict[str, Any] = {
         "name": name,
         "problem": problem,

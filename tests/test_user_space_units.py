@@ -156,7 +156,8 @@ def test_problems_show_lists_what_the_planner_searches(
     result = runner.invoke(app, ["problems", "show", problem, "--json"])
     assert result.exit_code == 0, result.output
     shown = [t["name"] for t in json.loads(result.output)["templates"]]
-    assert shown == [t.name for t in design_spaces(problem, "cpu")] == ["l2_rows"]
+    assert shown == [t.name for t in design_spaces(problem, "cpu")]
+    assert [name.split("@")[0] for name in shown] == ["l2_rows"]
 
 
 def test_a_campaign_file_resolves_its_files_next_to_it(tmp_path: Path) -> None:
@@ -171,10 +172,13 @@ def test_a_campaign_file_resolves_its_files_next_to_it(tmp_path: Path) -> None:
     assert spec.problem == f"{tmp_path / 'l2.py'}:L2NORM"
     assert spec.seed.sources == [str(tmp_path / "seed.c")]
     found = kernel_templates(spec.problem, "cpu", spec)
-    assert [t.name for t in found] == ["seed_seed", "m"]
+    assert [t.name.split("@")[0] for t in found] == ["seed_seed", "m"]
     assert isinstance(found[0], GenericSpace)
-    assert [p.template for p in seed_points(spec)] == ["seed_seed"]
-    assert template_named(spec, "m") == found[1]
+    assert [p.template for p in seed_points(spec)] == [found[0].name]
+    assert template_named(spec, found[1].name) == found[1]
+    (tmp_path / "m.c").write_text(MACRO + "/* edited */\n")
+    edited = kernel_templates(spec.problem, "cpu", spec)[1].name
+    assert edited.startswith("m@") and edited != found[1].name  # new points to the search
 
 
 def test_the_blank_page_prompt_states_the_problem_alone(tmp_path: Path) -> None:
@@ -205,7 +209,7 @@ def test_new_problem_writes_files_that_resolve(
     assert result.exit_code == 0, result.output
     spec = load_campaign(folder / "campaign.toml")
     found = kernel_templates(spec.problem, "cpu", spec)
-    assert [t.name for t in found] == ["seed_rownorm_seed", "rownorm"]
+    assert [t.name.split("@")[0] for t in found] == ["seed_rownorm_seed", "rownorm"]
     for point in found[1].valid_points():
         assert "void kernel(const float *x, float *y" in found[1].render(point).source
     again = runner.invoke(app, ["new", "problem", "rownorm", "--folder", str(folder)])
@@ -262,8 +266,8 @@ def test_blank_page_kernels_fill_niches_and_are_crossed_over() -> None:
     assert len(set(crossed.parents)) == 2
 
 
-def test_a_user_space_may_not_take_a_built_in_templates_name(tmp_path: Path) -> None:
+def test_two_spaces_of_one_name_are_refused(tmp_path: Path) -> None:
     (tmp_path / "k.c").write_text(MACRO)
-    spaces = '[KernelSpace("k.c", {"BLOCK": [2]}, name="softmax_online")]'
-    with pytest.raises(SpaceError, match="softmax_online"):
+    spaces = '[KernelSpace("k.c", {"BLOCK": [2]}), KernelSpace("k.c", {"BLOCK": [4]})]'
+    with pytest.raises(SpaceError, match="names of their own"):
         design_spaces(_write_problem(tmp_path, spaces), "cpu")

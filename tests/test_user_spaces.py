@@ -132,6 +132,11 @@ def _run(tmp_path: Path, campaign: str, *extra: str, env: dict[str, str] | None 
     return outcome
 
 
+def _base(row: dict[str, object]) -> str:
+    """A user template's name without the digest of its file's text."""
+    return str(row["template"]).split("@")[0]
+
+
 def _verified(home: Path) -> list[dict[str, object]]:
     """Each verified kernel's template, params and flags (as the writer recorded them)."""
     return sql(
@@ -154,7 +159,7 @@ def test_a_jinja_template_next_to_the_problem_file_is_searched(tmp_path: Path) -
     outcome = _run(tmp_path, CAMPAIGN.format(name="jinja", problem=problem, budget=2))
     assert outcome["evaluated"] == 2
     verified = _verified(tmp_path / "home")
-    assert verified and {row["template"] for row in verified} == {"l2_rows"}
+    assert verified and {_base(row) for row in verified} == {"l2_rows"}
     for row in verified:
         unroll = json.loads(str(row["params"]))["unroll"]
         assert unroll <= 4  # the restriction held
@@ -172,7 +177,7 @@ def test_a_kernel_tuner_macro_kernel_in_the_campaign_file_is_searched(tmp_path: 
     outcome = _run(tmp_path, campaign)
     assert outcome["evaluated"] == 2
     verified = _verified(tmp_path / "home")
-    assert verified and {row["template"] for row in verified} == {"l2_macro"}
+    assert verified and {_base(row) for row in verified} == {"l2_macro"}
     for row in verified:
         params = json.loads(str(row["params"]))
         assert params["BLOCK"] * params["UNROLL"] <= 16
@@ -200,7 +205,7 @@ def test_a_seed_kernel_alone_is_tuned_in_the_generic_space(tmp_path: Path) -> No
     assert first == {"flags": "-O3", "vector_width": 0, "threads": 0, "schedule": "as_written"}
     assert written[0]["source"] == SEED  # generation 0 starts from the seed as it is
     verified = _verified(tmp_path / "home")
-    assert len(verified) == 2 and {row["template"] for row in verified} == {"seed_seed"}
+    assert len(verified) == 2 and {_base(row) for row in verified} == {"seed_seed"}
     assert len({str(row["params"]) for row in verified}) == len(verified)
 
 

@@ -12,6 +12,8 @@ it). Prints a table; writes bench/results/user_problems.json.
 Usage:
   .venv/bin/python bench/user_problems.py                 # 24 candidates each
   .venv/bin/python bench/user_problems.py --budget 8 --ops l2norm
+  .venv/bin/python bench/user_problems.py --ops stencil5 --out bench/results/stencil5.json
+  .venv/bin/python bench/user_problems.py --ops l2norm --from-home l2norm=/tmp/H  # summarize
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -260,47 +261,42 @@ def _sql(home: Path, query: str) -> list[dict[str, Any]]:
     return rows
 
 
-def run_op(name: str, budget: int, per_generation: int) -> dict[str, Any]:
+def write_files(name: str, folder: Path, budget: int, per_generation: int) -> Path:
+    """The problem, template, seed and campaign files of one operation; the campaign file."""
     op = OPS[name]
-    with tempfile.TemporaryDirectory(prefix=f"kf-{name}-") as folder_text:
-        folder = Path(folder_text)
-        (folder / f"{name}.py").write_text(op["problem"])
-        (folder / op["template_file"]).write_text(op["template"])
-        (folder / f"{name}_seed.c").write_text(op["seed"])
-        campaign = folder / "campaign.toml"
-        campaign.write_text(
-            CAMPAIGN.format(
-                name=name,
-                attr=op["attr"],
-                shape=op["shape"],
-                budget=budget,
-                per_generation=per_generation,
-            )
+    (folder / f"{name}.py").write_text(op["problem"])
+    (folder / op["template_file"]).write_text(op["template"])
+    (folder / f"{name}_seed.c").write_text(op["seed"])
+    campaign = folder / "campaign.toml"
+    campaign.write_text(
+        CAMPAIGN.format(
+            name=name,
+            attr=op["attr"],
+            shape=op["shape"],
+            budget=budget,
+            per_generation=per_generation,
         )
-        home = folder / "home"
-        started = time.monotonic()
-        done = subprocess.run(
-            [sys.executable, "-m", "ops.cli", "run", str(campaign), "--home", str(home), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=3600,
-            cwd=ROOT,
-        )
-        wall = time.monotonic() - started
-        if done.returncode != 0:
-            raise SystemExit(f"{name}: kfactory run failed:\n{done.stderr[-3000:]}")
-        outcome = json.loads(done.stdout)
-        rows = _sql(
-            home,
-            "SELECT b.payload->>'candidate_id' AS candidate, w.payload->>'template' AS template, "
-            "w.payload->'params' AS params, "
-            "CAST(b.payload->>'median_ns' AS DOUBLE) AS median_ns, "
-            "CAST(b.payload->>'baseline_ns' AS DOUBLE) AS baseline_ns, "
-            "CAST(b.payload->>'speedup' AS DOUBLE) AS speedup "
-            "FROM events b JOIN events w "
-            "ON b.payload->>'candidate_id' = w.payload->>'candidate_id' "
-            "WHERE b.type = 'BenchmarkCompleted' AND w.type = 'KernelWritten'",
-        )
+    )
+    return campaign
+
+
+def summarize(name: str, home: Path) -> dict[str, Any]:
+    """The figures of a finished campaign, from its recorded BenchmarkCompleted events."""
+    rows = _sql(
+        home,
+        "SELECT b.payload->>'candidate_id' AS candidate, w.payload->>'template' AS template, "
+        "w.payload->'params' AS params, "
+        "CAST(b.payload->>'median_ns' AS DOUBLE) AS median_ns, "
+        "CAST(b.payload->>'speedup' AS DOUBLE) AS speedup "
+        "FROM events b JOIN events w "
+        "ON b.payload->>'candidate_id' = w.payload->>'candidate_id' "
+        "WHERE b.type = 'BenchmarkCompleted' AND w.type = 'KernelWritten'",
+    )
+    wall = _sql(
+        home,
+        "SELECT epoch(max(ts)) - epoch(min(ts)) AS s FROM events "
+        "WHERE type IN ('CampaignStarted', 'CampaignFinished')",
+    )
     seed_rows = [
         r
         for r in rows
@@ -313,11 +309,11 @@ def run_op(name: str, budget: int, per_generation: int) -> dict[str, Any]:
     return {
         "op": name,
         "candidates_timed": len(rows),
-        "evaluated": outcome.get("evaluated"),
-        "wall_s": round(wall, 1),
+        "campaign_wall_s": round(float(wall[0]["s"] or 0.0), 1),
         "seed_ns": seed["median_ns"],
         "seed_over_numpy": seed["speedup"],
         "best_ns": best["median_ns"],
+        "best_candidate": best["candidate"],
         "best_template": best["template"],
         "best_params": json.loads(best["params"]),
         "best_over_seed": seed["median_ns"] / best["median_ns"],
@@ -325,13 +321,44 @@ def run_op(name: str, budget: int, per_generation: int) -> dict[str, Any]:
     }
 
 
+def run_op(name: str, budget: int, per_generation: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"kf-{name}-") as folder_text:
+        folder = Path(folder_text)
+        campaign = write_files(name, folder, budget, per_generation)
+        home = folder / "home"
+        done = subprocess.run(
+            [sys.executable, "-m", "ops.cli", "run", str(campaign), "--home", str(home), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=7200,
+            cwd=ROOT,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"{name}: kfactory run failed:\n{done.stderr[-3000:]}")
+        return summarize(name, home)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=24)
     parser.add_argument("--per-generation", type=int, default=8)
     parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument(
+        "--from-home",
+        action="append",
+        default=[],
+        metavar="OP=HOME",
+        help="summarize a campaign already run into HOME instead of running OP",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "user_problems.json")
     args = parser.parse_args()
-    results = [run_op(name, args.budget, args.per_generation) for name in args.ops.split(",")]
+    homes = dict(item.split("=", 1) for item in args.from_home)
+    results = [
+        summarize(name, Path(homes[name]))
+        if name in homes
+        else run_op(name, args.budget, args.per_generation)
+        for name in args.ops.split(",")
+    ]
     print(
         f"{'op':10} {'timed':>5} {'seed us':>9} {'best us':>9} {'x seed':>7} {'x numpy':>8}  "
         "best point"
@@ -342,10 +369,9 @@ def main() -> None:
             f"{r['best_ns'] / 1e3:>9.1f} {r['best_over_seed']:>7.2f} {r['best_over_numpy']:>8.2f}"
             f"  {r['best_template']} {r['best_params']}"
         )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "user_problems.json"
-    out.write_text(json.dumps({"budget": args.budget, "results": results}, indent=2) + "\n")
-    print(f"wrote {out}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"budget": args.budget, "results": results}, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

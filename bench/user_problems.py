@@ -300,7 +300,7 @@ def summarize(name: str, home: Path) -> dict[str, Any]:
     seed_rows = [
         r
         for r in rows
-        if r["template"].startswith(f"seed_{name}_seed@") and r["candidate"].endswith(":g0:c0")
+        if r["template"].split("@")[0] == f"seed_{name}_seed" and r["candidate"].endswith(":g0:c0")
     ]
     if not seed_rows:
         raise SystemExit(f"{name}: the seed as it is was not timed")

@@ -58,12 +58,12 @@ class KernelWriter(Actor):
             if event.template == LLM_TEMPLATE:
                 await self._vary(event, out)
                 return
-            template = TEMPLATES.get(event.template) or template_named(
-                await self._campaign(event.campaign_id), event.template
-            )
-            if template is None:
-                return  # fusion spaces go through the fuser
             try:
+                template = TEMPLATES.get(event.template) or template_named(
+                    await self._campaign(event.campaign_id), event.template
+                )
+                if template is None:
+                    return  # fusion spaces go through the fuser
                 rendered = template.render(event.params, event.dtype)
             except (InvalidParams, SpaceError) as exc:
                 raise PoisonMessage(str(exc)) from exc

@@ -1,6 +1,11 @@
 """A problem the package has never seen, written only in a test's temp dir, searched from
 the user's own files: a jinja2 template, a Kernel-Tuner-style macro kernel, a seed kernel
-alone (the generic space), and the LLM writer from a blank page."""
+alone (the generic space), and the LLM writer from a blank page.
+
+Each is a real campaign of two candidates (its own nats-server, recorder and actors): tens
+of seconds on a quiet host, minutes when other benchmarks hold the host-wide timing lock,
+so they run with `make test-slow`; tests/test_user_space_units.py covers the same paths
+without a campaign."""
 
 from __future__ import annotations
 
@@ -9,8 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_swarm import sql
+
+pytestmark = pytest.mark.slow
 
 PROBLEM = """
 import numpy as np

@@ -42,6 +42,22 @@ class Search(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     seed: int = 1
 
 
+class Seed(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    sources: list[str] = []
+    """Kernel files that enter generation 0 as they are; relative to the campaign file."""
+
+
+class SpaceEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A `[[spaces]]` table: a jinja2 template (`*.j2`) or a macro kernel of the user's."""
+
+    file: str
+    params: dict[str, list[int | str | bool]]
+    restrictions: list[str] = []
+    name: str = ""
+    best: dict[str, int | str | bool] = {}
+    algorithm: str = ""
+
+
 class CampaignSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     problem: str
     name: str = ""
@@ -51,6 +67,8 @@ class CampaignSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     budget: Budget = Budget()
     writer: Writer = Writer()
     search: Search = Search()
+    seed: Seed = Seed()
+    spaces: list[SpaceEntry] = []
 
     @property
     def campaign_id(self) -> str:
@@ -119,7 +137,26 @@ def load_campaign(path: Path) -> CampaignSpec:
         raise CampaignError(f"{path}: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise CampaignError(f"{path} is not valid TOML: {exc}") from exc
-    return validate(spec)
+    return validate(with_files_from(spec, path.parent))
+
+
+def with_files_from(spec: CampaignSpec, folder: Path) -> CampaignSpec:
+    """The spec with its seed and space files (and a problem file found there) made
+    absolute, from `folder`: every actor then finds them wherever it runs."""
+
+    def absolute(file: str) -> str:
+        return str((folder / file).resolve())
+
+    problem = spec.problem
+    path_text, sep, attr = problem.rpartition(":")
+    if sep and not Path(path_text).is_absolute() and (folder / path_text).is_file():
+        problem = f"{absolute(path_text)}:{attr}"
+    return msgspec.structs.replace(
+        spec,
+        problem=problem,
+        seed=Seed(sources=[absolute(f) for f in spec.seed.sources]),
+        spaces=[msgspec.structs.replace(s, file=absolute(s.file)) for s in spec.spaces],
+    )
 
 
 def decode_config(config: dict[str, Any]) -> CampaignSpec:

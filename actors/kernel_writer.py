@@ -27,7 +27,8 @@ from actors.llm.extract import NoCodeFound, extract_kernel
 from actors.llm.prompts import DEFAULT_FLAGS, RejectionEvidence
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, PoisonMessage, Reactions
-from actors.variation import LLM_TEMPLATE
+from actors.spaces import template_named
+from actors.variation import LLM_TEMPLATE, WRITE
 from bus.connection import Client
 from eventstore.events import (
     ActorRef,
@@ -35,16 +36,18 @@ from eventstore.events import (
     CandidateProposed,
     Event,
     FusionPlanned,
+    HostCalibrated,
     KernelRejected,
     KernelWritten,
     LlmExchanged,
 )
 from eventstore.queries import replay
-from kernels.design_space import InvalidParams
+from kernels.design_space import InvalidParams, Template
 from kernels.fusion.plan import plan as fusion_plan
 from kernels.loading import load_problem
 from kernels.spec import Problem
 from kernels.templates import TEMPLATES
+from kernels.user_spaces import SpaceError
 
 
 @dataclass(frozen=True)
@@ -95,13 +98,15 @@ def _settled_with_source(
     return earlier if earlier is not None and earlier.outcome_event is not None else None
 
 
-def decide_template(history: History, event: CandidateProposed, out: Reactions) -> None:
+def decide_template(
+    history: History, event: CandidateProposed, out: Reactions, template: Template | None
+) -> None:
     """Render a template proposal; parameters the template refuses are a poison message.
-    A proposal of a fusion space is the fuser's: nothing here."""
-    if event.template not in TEMPLATES:
+    A proposal of a fusion space (no template) is the fuser's: nothing here."""
+    if template is None:
         return
     try:
-        rendered = TEMPLATES[event.template].render(event.params, event.dtype)
+        rendered = template.render(event.params, event.dtype)
     except InvalidParams as exc:
         raise PoisonMessage(str(exc)) from exc
     kernel = Kernel(rendered.source, list(rendered.flags), "template", event.params)
@@ -120,10 +125,19 @@ def decide_fusion(history: History, event: FusionPlanned, out: Reactions) -> Non
 
 
 def variation_prompt(
-    history: History, event: CandidateProposed, problem: Problem, lessons: list[str]
+    history: History,
+    event: CandidateProposed,
+    problem: Problem,
+    lessons: list[str],
+    ceilings: prompts.HostCeilings | None = None,
 ) -> list[dict[str, str]]:
-    """The messages for an LLM variation: fix a rejected parent with its rejection's
-    evidence, cross two parents over, or improve one."""
+    """The messages for an LLM variation: write from the problem alone (a blank page),
+    fix a rejected parent with its rejection's evidence, cross two parents over, or
+    improve one."""
+    if event.operator == WRITE:
+        return prompts.write(
+            problem, lessons, target=event.target, dtype=event.dtype, ceilings=ceilings
+        )
     parents = [history.candidates.get(p) for p in event.parents]
     written = [p.written for p in parents if p is not None and p.written is not None]
     if not event.parents or len(written) != len(event.parents):
@@ -206,7 +220,7 @@ class KernelWriter(Actor):
             if event.template == LLM_TEMPLATE:
                 await self._vary(history, event, out)
             else:
-                decide_template(history, event, out)
+                decide_template(history, event, out, self._template(history, event))
         elif isinstance(event, FusionPlanned):
             # A plan is no history event; the proposal it answers is.
             history = await self._reader.catch_up(event.causation_id)
@@ -221,7 +235,8 @@ class KernelWriter(Actor):
             )
         problem = await asyncio.to_thread(load_problem, event.problem)
         lessons = [x.statement for x in await ask_lessons(self._nc, event.campaign_id)]
-        messages = variation_prompt(history, event, problem, lessons)
+        ceilings = await self._ceilings() if event.operator == WRITE else None
+        messages = variation_prompt(history, event, problem, lessons, ceilings)
         recorded = await self._recorded_reply(event)
         reply = recorded or await self._ask(event, campaign.spec.writer, messages, out)
         decide_reply(history, event, out, reply, problem)
@@ -284,3 +299,30 @@ class KernelWriter(Actor):
             if isinstance(recorded, LlmExchanged) and recorded.candidate_id == event.candidate_id:
                 return recorded.reply
         return None
+
+    async def _ceilings(self) -> prompts.HostCeilings | None:
+        """The last host calibration recorded, for a kernel written from a blank page."""
+        assert self._nc is not None
+        found = [
+            e
+            for _, e in await replay(self._nc, types=["HostCalibrated"])
+            if isinstance(e, HostCalibrated)
+        ]
+        if not found:
+            return None
+        last = found[-1]
+        return prompts.HostCeilings(last.device, last.bandwidth_gbs, last.peak_gflops)
+
+    @staticmethod
+    def _template(history: History, event: CandidateProposed) -> Template | None:
+        """The proposal's template: a built-in, or one of the campaign's own spaces (read
+        from the user's files); None for a fusion space, which the fuser answers."""
+        campaign = history.campaigns.get(event.campaign_id)
+        if campaign is None:
+            raise PoisonMessage(
+                f"campaign {event.campaign_id} of {event.candidate_id} is not recorded"
+            )
+        try:
+            return TEMPLATES.get(event.template) or template_named(campaign.spec, event.template)
+        except SpaceError as exc:
+            raise PoisonMessage(str(exc)) from exc

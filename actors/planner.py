@@ -19,8 +19,8 @@ from actors.librarian import SeenRequest, ask_lessons, ask_seen
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
 from actors.search import Proposal, TemplateSearch
-from actors.spaces import design_spaces
-from actors.variation import LLM_TEMPLATE, seeds, variations
+from actors.spaces import design_spaces, seed_points
+from actors.variation import LLM_TEMPLATE, blank_page, seeds, variations
 from bus.connection import Client
 from eventstore.events import (
     ActorRef,
@@ -79,9 +79,6 @@ class Planner(Actor):
             return
         avoid = await self._regions_to_avoid(campaign_id)
         scope = history.scope_candidates(spec.problem, spec.target, spec.dtype)
-        search = TemplateSearch(
-            design_spaces(spec.problem, spec.target, spec.dtype), spec.search.seed
-        )
 
         nc = self._nc
 
@@ -91,15 +88,24 @@ class Planner(Actor):
 
         known = await seen([c.proposal.param_key for c in scope])
         if spec.writer.kind == "llm":  # generation 0: the templates' best points seed the archive
-            proposals = [p for p in seeds(spec.problem, spec.target) if p.key not in known]
+            proposals = [p for p in seeds(spec) if p.key not in known]
             proposals = proposals[:count]
+            if not proposals:  # no template, no seed: the LLM writes from the problem alone
+                self._write(history, campaign, count, out)
+                return
         else:
-            proposals = search.propose(
-                scope,
-                count,
-                generation,
-                lambda p: p.key in known or _avoided(p, avoid),
-            )
+            proposals = [p for p in seed_points(spec) if p.key not in known][:count]
+            if len(proposals) < count:
+                search = TemplateSearch(
+                    design_spaces(spec.problem, spec.target, spec.dtype, spec), spec.search.seed
+                )
+                taken = {p.key for p in proposals}
+                proposals += search.propose(
+                    scope,
+                    count - len(proposals),
+                    generation,
+                    lambda p: p.key in known or p.key in taken or _avoided(p, avoid),
+                )
         # The librarian has the last word on what was evaluated (other planners may race).
         fresh = await seen([p.key for p in proposals])
         proposals = [p for p in proposals if p.key not in fresh]
@@ -135,6 +141,26 @@ class Planner(Actor):
                 for v in chosen
             ],
             "no parent to vary: every kernel so far failed before writing",
+            out,
+        )
+
+    def _write(self, history: History, campaign: Campaign, count: int, out: Reactions) -> None:
+        campaign_id = campaign.started.campaign_id
+        _propose(
+            history,
+            campaign,
+            0,
+            [
+                {
+                    "template": LLM_TEMPLATE,
+                    "params": {"family": v.family},
+                    "param_key": v.key(campaign_id, 0),
+                    "operator": v.operator,
+                    "parents": [],
+                }
+                for v in blank_page(count)
+            ],
+            "nothing to write",
             out,
         )
 

@@ -1,6 +1,7 @@
 """LLM-mode proposals: variation operators over a MAP-Elites archive of the history.
 
-Generation 0 seeds the archive with each template's best known point. Later
+Generation 0 seeds the archive with each seed kernel and each template's best known
+point; with neither, the LLM writes generation 0 from the problem alone. Later
 generations first ask for fixes of rejected kernels (with their evidence), then
 alternate improve(parent) and crossover(a, b), parents drawn across niches (template
 family, algorithm, performance band) rather than only the single best.
@@ -9,42 +10,77 @@ family, algorithm, performance band) rather than only the single best.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.campaign import CampaignSpec
 from actors.history import Candidate
 from actors.llm.archive import Archive, ArchiveEntry
 from actors.search import Proposal
-from kernels.templates import TEMPLATES, templates_for
+from actors.spaces import kernel_templates
+from kernels.templates import TEMPLATES
 
 LLM_TEMPLATE = "llm"
+WRITE = "write"
+"""The operator of a kernel the LLM writes from the problem alone, with no parent."""
+_TRAITS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("threads", re.compile(r"#\s*pragma\s+omp\s+parallel|omp\s+for\b")),
+    ("simd", re.compile(r"#\s*pragma\s+(omp\s+simd|GCC\s+ivdep)|\bsimd\b")),
+    ("intrinsics", re.compile(r"\b_mm\d*_\w+\(")),
+    ("vector-ext", re.compile(r"vector_size\s*\(")),
+    ("unrolled", re.compile(r"#\s*pragma\s+(GCC\s+)?unroll")),
+)
 
 
 @dataclass(frozen=True)
 class Variation:
-    operator: str  # improve | fix | crossover
+    operator: str  # write | improve | fix | crossover
     parents: list[str]
     family: str
     slot: int
     params: dict[str, Any] = field(default_factory=dict)
 
     def key(self, campaign_id: str, generation: int) -> str:
-        return (
-            f"{LLM_TEMPLATE}:{campaign_id}:g{generation}:{self.operator}:{','.join(self.parents)}"
-        )
+        origin = ",".join(self.parents) or f"slot{self.slot}"
+        return f"{LLM_TEMPLATE}:{campaign_id}:g{generation}:{self.operator}:{origin}"
 
 
-def seeds(problem: str, target: str) -> list[Proposal]:
-    """Generation 0: every template's best known point, the archive's first residents."""
-    return [Proposal(t.name, dict(t.best_known)) for t in templates_for(problem, target)]
+def seeds(campaign: CampaignSpec) -> list[Proposal]:
+    """Generation 0: every seed kernel as it is and every template's best known point (the
+    user's templates too), the archive's first residents."""
+    return [
+        Proposal(t.name, dict(t.best_known))
+        for t in kernel_templates(campaign.problem, campaign.target, campaign)
+    ]
+
+
+def blank_page(count: int) -> list[Variation]:
+    """Generation 0 with nothing to start from: `count` kernels written from the problem
+    alone, each the root of its own family."""
+    return [Variation(WRITE, [], f"{WRITE}{slot}", slot) for slot in range(count)]
+
+
+def source_traits(source: str) -> str:
+    """What a kernel's source is built from, for a kernel with no template's algorithm:
+    the niche axis that keeps differently built kernels apart."""
+    traits = [name for name, pattern in _TRAITS if pattern.search(source)]
+    return "+".join(traits) or "scalar"
 
 
 def _family(candidate: Candidate, by_id: dict[str, Candidate]) -> tuple[str, str]:
+    """(family, algorithm): a template's name and algorithm; for an LLM kernel its
+    lineage's root (a template, a seed, or a blank-page write) and its source's traits."""
     proposal = candidate.proposal
     if proposal.template in TEMPLATES:
         return proposal.template, TEMPLATES[proposal.template].algorithm
+    traits = source_traits(candidate.written.source if candidate.written else "")
+    if proposal.template != LLM_TEMPLATE:
+        return proposal.template, traits
     parent = by_id.get(proposal.parents[0]) if proposal.parents else None
-    return _family(parent, by_id) if parent else (LLM_TEMPLATE, LLM_TEMPLATE)
+    if parent is None:
+        return str(proposal.params.get("family", LLM_TEMPLATE)), traits
+    return _family(parent, by_id)[0], traits
 
 
 def archive_of(candidates: list[Candidate]) -> Archive:

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "ops.run_cmd",
     "ops.problems_cmd",
     "ops.check_cmd",
+    "ops.new_cmd",
     "ops.gpu_check_cmd",
     "ops.replay_cmd",
     "ops.audit_cmd",

@@ -10,11 +10,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from actors.spaces import kernel_templates
 from kernels.builtin import BUILTIN
 from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import Problem
-from kernels.templates import example_kernel, templates_for
+from kernels.templates import example_kernel
+from kernels.user_spaces import SpaceError
 from ops.errors import UserError
 
 problems_app = typer.Typer(
@@ -103,8 +105,12 @@ def show(
     cost = problem.cost_for(problem.default_shape)
     if target not in TARGET_DTYPES or dtype not in TARGET_DTYPES[target]:
         raise UserError(f"choose a target and dtype among {TARGET_DTYPES}")
-    templates = templates_for(problem.name, target)
-    example = example_kernel(problem.name, target, dtype) if problem.name in BUILTIN else None
+    try:  # resolved as a campaign's planner resolves them: by the problem's load spec
+        templates = kernel_templates(name, target)
+    except SpaceError as exc:
+        raise UserError(str(exc)) from None
+    builtin = problem.load_spec in BUILTIN
+    example = example_kernel(problem.load_spec, target, dtype) if builtin else None
     details = {
         **_summary(problem),
         "arguments": [

@@ -16,15 +16,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from actors.best_kernels import describe, file_name, write_kernel
-from actors.campaign import Budget, CampaignError, CampaignSpec, Search, load_campaign, validate
+from actors.campaign import (
+    Budget,
+    CampaignError,
+    CampaignSpec,
+    Search,
+    Seed,
+    load_campaign,
+    validate,
+)
 from actors.history import History
 from actors.planner import summary
+from actors.spaces import design_spaces
 from bus.auth import ClientAuth
 from bus.connection import connect, jetstream
 from bus.follow import Msg, follow
@@ -35,6 +45,7 @@ from eventstore.emitter import Emitter
 from eventstore.events import ActorRef, CampaignResumed, CampaignStarted, Event, new_event
 from eventstore.queries import replay
 from kernels.loading import ProblemLoadError, load_problem
+from kernels.user_spaces import SpaceError
 from ops.errors import UserError
 from ops.home import client_auth_for, nats_url, resolve_home, running_server
 from ops.hub import running_hub
@@ -60,6 +71,9 @@ RUN_HELP = (
     '  \\[budget] candidates = 40, wall_time = "30m", stop_at_roofline = 0.95\n\n'
     "  \\[search] per_generation = 8, seed = 1\n\n"
     '  \\[writer] kind = "template", or "llm" with base_url, model, api_key_env\n\n'
+    '  \\[seed] sources = ["my_kernel.c"]   (verified and timed first, then tuned)\n\n'
+    '  \\[\\[spaces]] file = "k.c.j2" (or macro C "k.c"), params = {BLOCK = [8, 16]},\n'
+    '  restrictions = ["BLOCK * UNROLL <= 64"]   (files relative to the campaign file)\n\n'
     "Examples:\n\n"
     "  kfactory run campaigns/demo.toml\n\n"
     "  kfactory run --problem rmsnorm --budget 24 --json\n\n"
@@ -81,6 +95,9 @@ def run(
     budget: int = typer.Option(40, min=1, help="Candidates to evaluate at most (no file)."),
     per_generation: int = typer.Option(8, min=1, help="Candidates per generation (no file)."),
     seed: int = typer.Option(1, help="Search seed (no file)."),
+    seed_source: list[Path] = typer.Option(
+        [], help="A kernel of yours that generation 0 verifies and times first (repeatable)."
+    ),
     verifiers: int = typer.Option(1, min=1, help="Verifier actors to run here."),
     benchmarkers: int = typer.Option(1, min=1, help="Benchmarker actors to run here."),
     home: Path | None = HOME,
@@ -90,6 +107,7 @@ def run(
     as_json: bool = JSON,
 ) -> None:
     spec = _spec(campaign_file, problem, target, dtype, budget, per_generation, seed)
+    spec = _with_seeds(spec, seed_source)
     folder = resolve_home(home)
     url = nats_url(nats, folder)
     if url is None and running_server(folder) is not None:
@@ -140,6 +158,18 @@ def _spec(
             raise UserError(f"shapes: {faults[0]}")
     if spec.dtype not in loaded.dtypes:
         raise UserError(f"dtype {spec.dtype!r}: {loaded.name} is defined for {loaded.dtypes}")
+    return spec
+
+
+def _with_seeds(spec: CampaignSpec, sources: list[Path]) -> CampaignSpec:
+    """The spec with the --seed-source kernels added, and its spaces checked now."""
+    if sources:
+        added = [str(p.resolve()) for p in sources]
+        spec = msgspec.structs.replace(spec, seed=Seed(sources=[*spec.seed.sources, *added]))
+    try:
+        design_spaces(spec.problem, spec.target, spec.dtype, spec)
+    except SpaceError as exc:
+        raise UserError(str(exc)) from None
     return spec
 
 

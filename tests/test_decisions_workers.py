@@ -46,6 +46,7 @@ from gpu_workers.results import (
 )
 from kernels.builtin import BUILTIN
 from kernels.fusion.plan import plan as fusion_plan
+from kernels.templates import TEMPLATES
 from tests.recorded_campaign import TWO_GENERATIONS, history_of, load_log
 
 WRITER = ActorRef(role="kernel-writer", instance="kernel-writer-t", host="test")
@@ -97,7 +98,9 @@ def test_every_recorded_proposal_is_written_again_as_it_was_recorded() -> None:
     assert len(proposals) == 6
     for proposal in proposals:
         out = Reactions(proposal, WRITER)
-        decide_template(history_of(LOG, proposal.event_id), proposal, out)
+        decide_template(
+            history_of(LOG, proposal.event_id), proposal, out, TEMPLATES.get(proposal.template)
+        )
         [written] = out.events
         expected = answer_to(KernelWritten, proposal.candidate_id)
         assert isinstance(written, KernelWritten)
@@ -115,7 +118,7 @@ def test_a_settled_source_proposed_again_is_deduplicated_against_its_outcome() -
     again = proposal_like(first, "recorded-softmax:g9:c0")
     history = with_events(history_of(LOG), again)
     out = Reactions(again, WRITER)
-    decide_template(history, again, out)
+    decide_template(history, again, out, TEMPLATES.get(again.template))
     [dedupe] = out.events
     timed = answer_to(BenchmarkCompleted, first.candidate_id)
     assert isinstance(dedupe, CandidateDeduplicated)
@@ -131,7 +134,7 @@ def test_a_source_still_in_flight_is_no_duplicate_yet() -> None:
     again = proposal_like(first, "recorded-softmax:g9:c1")
     history = with_events(history_of(LOG, written.event_id), again)  # not yet timed
     out = Reactions(again, WRITER)
-    decide_template(history, again, out)
+    decide_template(history, again, out, TEMPLATES.get(again.template))
     [event] = out.events
     assert isinstance(event, KernelWritten) and event.source_hash == written.source_hash
 
@@ -139,7 +142,9 @@ def test_a_source_still_in_flight_is_no_duplicate_yet() -> None:
 def test_a_redelivered_proposal_is_never_a_duplicate_of_itself() -> None:
     first = recorded(CandidateProposed)[0]
     out = Reactions(first, WRITER)
-    decide_template(history_of(LOG), first, out)  # its own outcome is in the history
+    decide_template(
+        history_of(LOG), first, out, TEMPLATES.get(first.template)
+    )  # its own outcome is in the history
     [event] = out.events
     assert isinstance(event, KernelWritten)
     assert event.event_id == answer_to(KernelWritten, first.candidate_id).event_id
@@ -168,13 +173,15 @@ def test_any_writer_s_kernel_with_a_settled_source_is_deduplicated() -> None:
 def test_parameters_the_template_refuses_are_a_poison_message_that_says_why() -> None:
     bad = proposal_like(recorded(CandidateProposed)[0], "recorded-softmax:g9:c3", params={})
     with pytest.raises(PoisonMessage, match=r"\w"):
-        decide_template(with_events(history_of(LOG), bad), bad, Reactions(bad, WRITER))
+        decide_template(
+            with_events(history_of(LOG), bad), bad, Reactions(bad, WRITER), TEMPLATES[bad.template]
+        )
 
 
 def test_a_proposal_of_a_campaign_never_started_is_refused() -> None:
     stray = proposal_like(recorded(CandidateProposed)[0], "nowhere:g0:c0", campaign_id="nowhere")
     with pytest.raises(PoisonMessage, match="campaign nowhere of nowhere:g0:c0 is not recorded"):
-        decide_template(history_of(LOG), stray, Reactions(stray, WRITER))
+        decide_template(history_of(LOG), stray, Reactions(stray, WRITER), TEMPLATES[stray.template])
 
 
 def fusion_planned(groups: list[list[str]], candidate_id: str) -> FusionPlanned:

@@ -1,4 +1,4 @@
-"""Chat prompts for the variation operators: improve, fix and crossover.
+"""Chat prompts for the LLM writer: write (from the problem alone), improve, fix, crossover.
 
 Every prompt states the problem exactly (signature, calling convention, shapes,
 tolerances), shows the source it starts from, and lists the lessons the history holds.
@@ -6,7 +6,10 @@ tolerances), shows the source it starts from, and lists the lessons the history 
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -152,9 +155,54 @@ each in at most three sentences, then give the full source.
 """
 )
 
+_WRITE = (
+    _PROBLEM
+    + """
+## The reference (float64 numpy; the kernel must agree with it)
+```python
+{{ reference_source }}
+```
+
+## Cost at the timed shape
+{{ cost.bytes_moved }} bytes moved and {{ cost.flops }} floating-point operations \
+({{ "%.2f" | format(intensity) }} flop per byte).
+{% if ceilings -%}
+Host ceilings (measured on {{ ceilings.device }}): {{ "%.1f" | format(ceilings.bandwidth_gbs) }} \
+GB/s memory bandwidth, {{ "%.1f" | format(ceilings.peak_gflops) }} GFLOP/s fp32 peak, \
+{{ cores }} cores. So the timed shape cannot run faster than about \
+{{ "%.1f" | format(floor_us) }} us; a kernel near that bound is the goal.
+{% else -%}
+Host ceilings: not measured yet; {{ cores }} cores.
+{% endif %}
+"""
+    + _LESSONS
+    + """
+## Task
+No kernel has been written for this problem yet. Write the first one: correct within the \
+tolerance on every shape (including ragged ones), and as fast as you can make it on this \
+host. Say in at most three sentences how it works, then give the full source.
+"""
+)
+
+
+@dataclass(frozen=True)
+class HostCeilings:
+    """The measured ceilings of the host that times the kernels (HostCalibrated)."""
+
+    device: str
+    bandwidth_gbs: float
+    peak_gflops: float
+
+
 _ENV = jinja2.Environment(
     loader=jinja2.DictLoader(
-        {"system": _SYSTEM, "improve": _IMPROVE, "fix": _FIX, "crossover": _CROSSOVER}
+        {
+            "system": _SYSTEM,
+            "write": _WRITE,
+            "improve": _IMPROVE,
+            "fix": _FIX,
+            "crossover": _CROSSOVER,
+        }
     ),
     undefined=jinja2.StrictUndefined,
     autoescape=False,
@@ -210,6 +258,45 @@ def _messages(
     system = _ENV.get_template("system").render(**common)
     user = _ENV.get_template(name).render(**common, **context)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def reference_source(problem: Problem) -> str:
+    try:
+        return textwrap.dedent(inspect.getsource(problem.reference)).rstrip()
+    except (OSError, TypeError):
+        return f"(the source of {problem.name}'s reference cannot be read)"
+
+
+def write(
+    problem: Problem,
+    lessons: Sequence[str],
+    *,
+    target: str = "cpu",
+    dtype: str = "fp32",
+    ceilings: HostCeilings | None = None,
+) -> list[dict[str, str]]:
+    """Generation 0 from a blank page: the problem alone, its reference's source, its cost
+    at the timed shape and the host's ceilings."""
+    cost = problem.cost_for(problem.default_shape, dtype)
+    floor_s = 0.0
+    if ceilings is not None:
+        floor_s = max(
+            cost.bytes_moved / (ceilings.bandwidth_gbs * 1e9),
+            cost.flops / (ceilings.peak_gflops * 1e9),
+        )
+    return _messages(
+        "write",
+        problem,
+        target,
+        dtype,
+        reference_source=cap(reference_source(problem), MAX_SOURCE_CHARS),
+        cost=cost,
+        intensity=cost.flops / max(cost.bytes_moved, 1),
+        ceilings=ceilings,
+        cores=os.cpu_count() or 1,
+        floor_us=floor_s * 1e6,
+        lessons=_lessons(lessons),
+    )
 
 
 def improve(

@@ -22,7 +22,15 @@ from rich.live import Live
 from rich.table import Table
 
 from actors.best_kernels import describe, file_name, write_kernel
-from actors.campaign import Budget, CampaignError, CampaignSpec, Search, load_campaign, validate
+from actors.campaign import (
+    Budget,
+    CampaignError,
+    CampaignSpec,
+    Search,
+    load_campaign,
+    validate,
+    with_overrides,
+)
 from actors.history import History
 from actors.planner import summary
 from bus.auth import ClientAuth
@@ -32,7 +40,14 @@ from bus.subjects import campaign_filter
 from eventstore.authority import CLI
 from eventstore.codec import InvalidEvent, decode
 from eventstore.emitter import Emitter
-from eventstore.events import ActorRef, CampaignResumed, CampaignStarted, Event, new_event
+from eventstore.events import (
+    ActorRef,
+    CampaignResumed,
+    CampaignStalled,
+    CampaignStarted,
+    Event,
+    new_event,
+)
 from eventstore.queries import replay
 from kernels.loading import ProblemLoadError, load_problem
 from ops.errors import UserError
@@ -57,7 +72,7 @@ RUN_HELP = (
     '  name = "softmax-demo"   problem = "softmax" (or "ops.py:NAME")   target = "cpu"\n\n'
     '  dtype = "fp32" (cuda also takes "bf16" and "fp16")\n\n'
     "  shapes = [[4096, 4096]]   (the first is timed; default: the problem's)\n\n"
-    '  \\[budget] candidates = 40, wall_time = "30m", stop_at_roofline = 0.95\n\n'
+    '  \\[budget] candidates = 40, wall_time = "30m" (active time), stop_at_roofline = 0.95\n\n'
     "  \\[search] per_generation = 8, seed = 1\n\n"
     '  \\[writer] kind = "template", or "llm" with base_url, model, api_key_env\n\n'
     "Examples:\n\n"
@@ -78,7 +93,16 @@ def run(
     problem: str | None = typer.Option(None, help="Problem, when no campaign file is given."),
     target: str = typer.Option("cpu", help="Device target: cpu or cuda (no file)."),
     dtype: str = typer.Option("fp32", help="Element type: fp32, bf16 or fp16 (no file)."),
-    budget: int = typer.Option(40, min=1, help="Candidates to evaluate at most (no file)."),
+    budget: int | None = typer.Option(
+        None, min=1, help="Candidates to evaluate at most (default 40; overrides the file)."
+    ),
+    wall_time: str | None = typer.Option(
+        None, help="Active time at most, e.g. 90s or 30m (default 30m; overrides the file)."
+    ),
+    shapes: str | None = typer.Option(
+        None, help="Shapes, e.g. 4096x4096 or 512x2048,64x64; the first is timed (overrides)."
+    ),
+    name: str | None = typer.Option(None, help="Campaign name (overrides the file)."),
     per_generation: int = typer.Option(8, min=1, help="Candidates per generation (no file)."),
     seed: int = typer.Option(1, help="Search seed (no file)."),
     verifiers: int = typer.Option(1, min=1, help="Verifier actors to run here."),
@@ -89,7 +113,12 @@ def run(
     tls_ca: Path | None = TLS_CA,
     as_json: bool = JSON,
 ) -> None:
-    spec = _spec(campaign_file, problem, target, dtype, budget, per_generation, seed)
+    spec = _spec(campaign_file, problem, target, dtype, per_generation, seed)
+    try:
+        spec = with_overrides(spec, budget=budget, wall_time=wall_time, shapes=shapes, name=name)
+    except CampaignError as exc:
+        raise UserError(str(exc)) from None
+    _check_problem(spec)
     folder = resolve_home(home)
     url = nats_url(nats, folder)
     if url is None and running_server(folder) is not None:
@@ -103,6 +132,8 @@ def run(
         raise typer.Exit(130)
     if as_json:
         print(to_json(outcome))
+    if "stalled" in outcome:
+        raise typer.Exit(3)
 
 
 def _spec(
@@ -110,7 +141,6 @@ def _spec(
     problem: str | None,
     target: str,
     dtype: str,
-    budget: int,
     per_gen: int,
     seed: int,
 ) -> CampaignSpec:
@@ -125,19 +155,25 @@ def _spec(
                     problem=problem,
                     target=target,
                     dtype=dtype,
-                    budget=Budget(candidates=budget),
+                    budget=Budget(),
                     search=Search(per_generation=per_gen, seed=seed),
                 )
             )
+    except CampaignError as exc:
+        raise UserError(str(exc)) from None
+    return spec
+
+
+def _check_problem(spec: CampaignSpec) -> None:
+    try:
         loaded = load_problem(spec.problem)
-    except (CampaignError, ProblemLoadError) as exc:
+    except ProblemLoadError as exc:
         raise UserError(str(exc)) from None
     for shape in spec.shapes:
         if len(shape) != len(loaded.dims):
             raise UserError(f"shapes: {shape} does not give the dims {', '.join(loaded.dims)}")
     if spec.dtype not in loaded.dtypes:
         raise UserError(f"dtype {spec.dtype!r}: {loaded.name} is defined for {loaded.dtypes}")
-    return spec
 
 
 async def _main(
@@ -227,7 +263,7 @@ async def follow_campaign(
             console.print(f"campaign {campaign_id}: resuming from its history")
         await Emitter(jetstream(nc)).emit(start)
         with Live(progress.table(), console=console, refresh_per_second=4, transient=True) as live:
-            while not progress.finished and not stop.is_set():
+            while not progress.finished and not progress.stalled(start) and not stop.is_set():
                 if swarm is not None:
                     swarm.check()
                 if hub_check is not None:
@@ -235,6 +271,11 @@ async def follow_campaign(
                 live.update(progress.table())
                 await asyncio.sleep(0.25)
         await subscription.stop()
+        stalled = progress.stalled(start)
+        if stalled is not None:
+            console.print(f"campaign stalled ({stalled.cause}): {stalled.detail}")
+            result = _result(progress.history, campaign_id, console, best_dir)
+            return {**result, "stalled": {"cause": stalled.cause, "detail": stalled.detail}}
         if not progress.finished:
             return None
         return _result(progress.history, campaign_id, console, best_dir)
@@ -261,6 +302,13 @@ class Progress:
     def finished(self) -> bool:
         campaign = self.history.campaigns.get(self.campaign_id)
         return campaign is not None and campaign.finished is not None
+
+    def stalled(self, start: Event) -> CampaignStalled | None:
+        """Why the campaign cannot go on, said after `start` (this run's start or resume)."""
+        campaign = self.history.campaigns.get(self.campaign_id)
+        if campaign is None or campaign.finished or start.event_id not in self.history.event_ids:
+            return None
+        return campaign.stalled
 
     def table(self) -> Table:
         table = Table(title=f"campaign {self.campaign_id}", show_header=False)

@@ -32,6 +32,7 @@ from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
 from actors.search import Proposal, Space, TemplateSearch
 from actors.spaces import design_spaces
+from actors.stalls import stall
 from actors.variation import LLM_TEMPLATE, seeds, variations
 from bus.connection import Client, jetstream
 from eventstore.emitter import Emitter
@@ -39,7 +40,6 @@ from eventstore.events import (
     ActorRef,
     CampaignFinished,
     CampaignResumed,
-    CampaignStalled,
     CampaignStarted,
     CandidateProposed,
     Event,
@@ -264,13 +264,11 @@ def _open(
         _vary(history, campaign, generation, count, out)
         return
     if not spaces:
-        out.emit(
-            CampaignStalled,
-            cause="no_design_space",
-            detail=(
-                f"no design space to search for {spec.problem} on {spec.target} ({spec.dtype}): "
-                "no template or fusion space takes it"
-            ),
+        stall(
+            out,
+            "no_design_space",
+            f"no design space to search for {spec.problem} on {spec.target} ({spec.dtype}): "
+            "no template or fusion space takes it",
         )
         return
     if spec.writer.kind == "llm":  # generation 0: the templates' best points seed the archive

@@ -132,7 +132,9 @@ def run(
         raise typer.Exit(130)
     if as_json:
         print(to_json(outcome))
-    if "stalled" in outcome:
+    if "stalled" in outcome:  # said even with --json: the one line a script needs
+        stalled = outcome["stalled"]
+        print(f"campaign stalled ({stalled['cause']}): {stalled['detail']}", file=sys.stderr)
         raise typer.Exit(3)
 
 
@@ -273,7 +275,6 @@ async def follow_campaign(
         await subscription.stop()
         stalled = progress.stalled(start)
         if stalled is not None:
-            console.print(f"campaign stalled ({stalled.cause}): {stalled.detail}")
             result = _result(progress.history, campaign_id, console, best_dir)
             return {**result, "stalled": {"cause": stalled.cause, "detail": stalled.detail}}
         if not progress.finished:

@@ -340,6 +340,23 @@ class Progress:
         return table
 
 
+def _generations(history: History, campaign_id: str, console: Console) -> None:
+    """Each generation's outcome, and the lessons of the one before that it searched with."""
+    campaign = history.campaigns[campaign_id]
+    for number, generation in sorted(campaign.generations.items()):
+        used = [x for x in campaign.lessons if x.generation == number - 1]
+        if used:
+            console.print(f"generation {number} searched with {len(used)} lesson(s):")
+            for lesson in used:
+                console.print(f"  - {lesson.statement}")
+        candidates = [history.candidates[c] for c in generation.candidates]
+        best = max((c.speedup or 0.0 for c in candidates), default=0.0)
+        console.print(
+            f"generation {number}: {sum(c.settled for c in candidates)} of {len(candidates)} "
+            f"settled, best {best:.2f}x" + ("" if generation.closed else " (not closed)")
+        )
+
+
 def _result(
     history: History, campaign_id: str, console: Console, best_dir: Path | None = None
 ) -> dict[str, Any]:
@@ -371,6 +388,7 @@ def _result(
             f"{c.benchmark.speedup:.2f}x",
             f"{c.benchmark.roofline_fraction:.0%}",
         )
+    _generations(history, campaign_id, console)
     console.print(board)
     console.print(
         f"evaluated {result['evaluated']}, duplicates avoided {result['duplicates_avoided']}, "

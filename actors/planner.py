@@ -98,8 +98,9 @@ class Planner(Actor):
         except (ProblemLoadError, OSError, ValueError) as exc:
             spaces, seed_points = [], []
             log.warning("no design space", campaign=campaign_id, error=str(exc))
-        if spec.writer.kind == "llm" and generation > 0:  # variations have keys of their own
-            decide_planner(history, event, out, now=now)
+        if not spaces or (spec.writer.kind == "llm" and generation > 0):
+            # nothing to search (a stall), or variations, which have keys of their own
+            decide_planner(history, event, out, now=now, spaces=spaces)
             return
         lessons = await ask_lessons(self._nc, campaign_id)
         avoid = [lesson.data for lesson in lessons if lesson.data.get("avoid")]
@@ -147,6 +148,8 @@ class Planner(Actor):
                     if campaign is None or campaign.finished is not None:
                         self._watched.discard(campaign_id)
                         continue
+                    if campaign.stalled is not None:
+                        continue  # nothing runs; a resume starts a new active period
                     out = Reactions(campaign.started, self._ref)
                     decide_deadline(history, campaign_id, out, now=now)
                     if out.events:

@@ -6,7 +6,7 @@ letter, a resume after a gap, a problem with no design space) check the rest."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pytest
@@ -35,6 +35,7 @@ from eventstore.events import (
 )
 from tests.decision_log import read_log, replay
 
+E = TypeVar("E", bound=Event)
 LOG = "softmax-two-generations.jsonl"
 PLANNER = ActorRef("planner", "planner-0", "test")
 LIBRARIAN = ActorRef("librarian", "librarian-0", "test")
@@ -200,7 +201,11 @@ def test_a_generation_whose_every_candidate_was_dead_lettered_stalls_until_resum
 ) -> None:
     proposals = [e for e in log if isinstance(e, CandidateProposed) and e.generation == 0]
     start = log[: log.index(proposals[-1]) + 1]
-    dead = [dead_letter(p, "kf-kernel-writer", "ValueError: template broke") for p in proposals]
+    then = proposals[-1].ts + timedelta(seconds=10)  # the recording's clock, not today's
+    dead = [
+        at(dead_letter(p, "kf-kernel-writer", "ValueError: template broke"), then)
+        for p in proposals
+    ]
     history = history_of([*start, *dead])
     out = Reactions(dead[-1], LIBRARIAN)
     decide_librarian(history, dead[-1], out)
@@ -209,13 +214,15 @@ def test_a_generation_whose_every_candidate_was_dead_lettered_stalls_until_resum
     assert stalled.cause == "dead_lettered" and stalled.role == "kernel-writer"
     assert "all 4 candidate(s)" in stalled.detail and "template broke" in stalled.detail
     for reaction in out.events:
-        history.apply(history.position + 1, reaction)
-    assert history.campaigns["recorded"].stalled == stalled
-    assert planner_decision(history, closed) == []  # no next generation into the same wall
-    resumed = new_event(CampaignResumed, campaign_id="recorded", actor=PLANNER, cause=closed)
+        history.apply(history.position + 1, at(reaction, then))
+    assert history.campaigns["recorded"].stalled is not None
+    assert planner_decision(history, closed, then) == []  # not into the same wall again
+    resumed = at(
+        new_event(CampaignResumed, campaign_id="recorded", actor=PLANNER, cause=closed), then
+    )
     history.apply(history.position + 1, resumed)
     assert history.campaigns["recorded"].stalled is None
-    reopened = planner_decision(history, resumed)
+    reopened = planner_decision(history, resumed, then)
     assert isinstance(reopened[0], GenerationOpened) and reopened[0].generation == 1
 
 
@@ -255,6 +262,10 @@ def test_the_wall_time_is_active_time_and_finishes_the_campaign(log: list[Event]
     out = Reactions(resumed, PLANNER)
     decide_deadline(history, "recorded", out, now=resumed.ts + timedelta(seconds=wall - ran - 1))
     assert out.events == []
+
+
+def at(event: E, ts: datetime) -> E:
+    return msgspec.structs.replace(event, ts=ts)
 
 
 def dead_letter(original: Event, consumer: str, reason: str) -> DeadLettered:

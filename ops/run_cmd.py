@@ -344,10 +344,14 @@ def _generations(history: History, campaign_id: str, console: Console) -> None:
     """Each generation's outcome, and the lessons of the one before that it searched with."""
     campaign = history.campaigns[campaign_id]
     for number, generation in sorted(campaign.generations.items()):
-        used = [x for x in campaign.lessons if x.generation == number - 1]
+        used = [x for x in campaign.lessons if x.generation < number]
+        new = [x for x in used if x.generation == number - 1]
         if used:
-            console.print(f"generation {number} searched with {len(used)} lesson(s):")
-            for lesson in used:
+            console.print(
+                f"generation {number} searched with {len(used)} lesson(s)"
+                + (", these new:" if new else ", none new")
+            )
+            for lesson in new:
                 console.print(f"  - {lesson.statement}")
         candidates = [history.candidates[c] for c in generation.candidates]
         best = max((c.speedup or 0.0 for c in candidates), default=0.0)

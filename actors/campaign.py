@@ -21,6 +21,8 @@ class CampaignError(ValueError):
 class Budget(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     candidates: int = 40
     wall_time: str = "30m"
+    """Active time: the time the campaign was running (the gap before a resume is not
+    counted). At the deadline no more is proposed and the campaign finishes."""
     stop_at_roofline: float = 0.95
 
     def wall_seconds(self) -> float:
@@ -95,17 +97,71 @@ def parse_duration(text: str) -> float:
     if match is None:
         raise CampaignError(f"budget.wall_time {text!r} is not a duration like 90s, 30m or 2h")
     value, unit = float(match.group(1)), match.group(2) or "s"
-    return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+    seconds = value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+    if seconds <= 0:
+        raise CampaignError(f"budget.wall_time {text!r} must be longer than 0 s")
+    return seconds
+
+
+def parse_shapes(text: str) -> list[list[int]]:
+    """`4096x4096` or `512x2048,1024x1024` (the first is timed)."""
+    shapes = []
+    for part in text.split(","):
+        try:
+            shapes.append([int(extent) for extent in part.strip().lower().split("x")])
+        except ValueError:
+            raise CampaignError(
+                f"shapes {text!r}: write each shape as extents joined by x, shapes by commas "
+                "(4096x4096,512x2048)"
+            ) from None
+    return shapes
+
+
+def with_overrides(
+    spec: CampaignSpec,
+    *,
+    budget: int | None = None,
+    wall_time: str | None = None,
+    shapes: str | None = None,
+    name: str | None = None,
+) -> CampaignSpec:
+    """The spec with the command line's flags in place of the file's fields."""
+    changes: dict[str, Any] = {}
+    if budget is not None or wall_time is not None:
+        changes["budget"] = msgspec.structs.replace(
+            spec.budget,
+            candidates=spec.budget.candidates if budget is None else budget,
+            wall_time=spec.budget.wall_time if wall_time is None else wall_time,
+        )
+    if shapes is not None:
+        changes["shapes"] = parse_shapes(shapes)
+    if name is not None:
+        changes["name"] = name
+    return validate(msgspec.structs.replace(spec, **changes))
 
 
 def validate(spec: CampaignSpec) -> CampaignSpec:
     if spec.budget.candidates < 1:
-        raise CampaignError("budget.candidates must be at least 1")
+        raise CampaignError(f"budget.candidates = {spec.budget.candidates}: must be at least 1")
     if spec.search.per_generation < 1:
-        raise CampaignError("search.per_generation must be at least 1")
+        raise CampaignError(
+            f"search.per_generation = {spec.search.per_generation}: must be at least 1"
+        )
     if not 0 < spec.budget.stop_at_roofline <= 1.5:
-        raise CampaignError("budget.stop_at_roofline must be in (0, 1.5]")
+        raise CampaignError(
+            f"budget.stop_at_roofline = {spec.budget.stop_at_roofline}: must be in (0, 1.5]"
+        )
     spec.budget.wall_seconds()
+    for shape in spec.shapes:
+        if not shape or any(extent < 1 for extent in shape):
+            raise CampaignError(
+                f"shapes: {shape} is not a shape; every extent must be a whole number >= 1"
+            )
+    if spec.writer.timeout_s <= 0 or spec.writer.attempts < 1 or spec.writer.backoff_s < 0:
+        raise CampaignError(
+            "writer: timeout_s must be > 0, attempts >= 1 and backoff_s >= 0 "
+            f"(got {spec.writer.timeout_s}, {spec.writer.attempts}, {spec.writer.backoff_s})"
+        )
     if spec.target not in TARGET_DTYPES:
         raise CampaignError(f"target {spec.target!r} is unknown; use one of {list(TARGET_DTYPES)}")
     if spec.dtype not in TARGET_DTYPES[spec.target]:
@@ -137,7 +193,10 @@ def load_campaign(path: Path) -> CampaignSpec:
         raise CampaignError(f"{path}: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise CampaignError(f"{path} is not valid TOML: {exc}") from exc
-    return validate(with_files_from(spec, path.parent))
+    try:
+        return validate(with_files_from(spec, path.parent))
+    except CampaignError as exc:
+        raise CampaignError(f"{path}: {exc}") from None
 
 
 def with_files_from(spec: CampaignSpec, folder: Path) -> CampaignSpec:

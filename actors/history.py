@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -17,10 +18,13 @@ from eventstore.events import (
     BenchmarkCompleted,
     CampaignFinished,
     CampaignResumed,
+    CampaignStalled,
     CampaignStarted,
     CandidateDeduplicated,
     CandidateProposed,
+    DeadLettered,
     Event,
+    FusionPlanned,
     GenerationClosed,
     GenerationOpened,
     KernelCompiled,
@@ -36,8 +40,10 @@ HISTORY_TYPES = [
         CampaignStarted,
         CampaignResumed,
         CampaignFinished,
+        CampaignStalled,
         GenerationOpened,
         CandidateProposed,
+        FusionPlanned,
         KernelWritten,
         CandidateDeduplicated,
         KernelCompiled,
@@ -46,6 +52,7 @@ HISTORY_TYPES = [
         BenchmarkCompleted,
         LessonLearned,
         GenerationClosed,
+        DeadLettered,
     )
 ]
 
@@ -64,6 +71,8 @@ class Candidate:
     rejected: KernelRejected | None = None
     benchmark: BenchmarkCompleted | None = None
     duplicate: CandidateDeduplicated | None = None
+    dead_letter: DeadLettered | None = None
+    """A consumer gave up on this candidate's work before any other outcome: it failed."""
 
     @property
     def candidate_id(self) -> str:
@@ -71,7 +80,12 @@ class Candidate:
 
     @property
     def settled(self) -> bool:
-        return bool(self.rejected or self.benchmark or self.duplicate)
+        return bool(self.rejected or self.benchmark or self.duplicate or self.dead_letter)
+
+    @property
+    def failed_undelivered(self) -> bool:
+        """Settled only by a dead letter: no stage ever judged its kernel."""
+        return bool(self.dead_letter and not (self.rejected or self.benchmark or self.duplicate))
 
     @property
     def evaluated(self) -> bool:
@@ -106,6 +120,27 @@ class Campaign:
     generations: dict[int, Generation] = field(default_factory=dict)
     finished: CampaignFinished | None = None
     lessons: list[LessonLearned] = field(default_factory=list)
+    stalled: CampaignStalled | None = None
+    """Why the campaign cannot go on, until it is resumed or opens a generation."""
+    active_before: float = 0.0
+    """Seconds the campaign ran before its latest start or resume."""
+    segment_start: datetime | None = None
+    last_ts: datetime | None = None
+
+    def active_seconds(self, now: datetime) -> float:
+        """The time the campaign was running: a gap before a resume does not count."""
+        start = self.segment_start or self.started.ts
+        return self.active_before + max(0.0, (now - start).total_seconds())
+
+    def _touch(self, event: Event) -> None:
+        if isinstance(event, CampaignResumed):
+            start = self.segment_start or self.started.ts
+            if self.last_ts is not None and self.last_ts > start:
+                self.active_before += (self.last_ts - start).total_seconds()
+            self.segment_start = event.ts
+            self.stalled = None
+        if self.last_ts is None or event.ts > self.last_ts:
+            self.last_ts = event.ts
 
     @property
     def scope(self) -> tuple[str, str, str, str]:
@@ -120,6 +155,7 @@ class History:
         self.candidates: dict[str, Candidate] = {}
         self._by_key: dict[tuple[tuple[str, str, str, str], str], str] = {}
         self._by_hash: dict[tuple[tuple[str, str, str, str], str], str] = {}
+        self._candidate_of: dict[str, str] = {}  # a candidate's work event id -> candidate id
         self.event_ids: set[str] = set()
 
     def apply(self, position: int, event: Event) -> None:
@@ -134,9 +170,15 @@ class History:
             return
         if campaign is None:
             return
+        campaign._touch(event)
         if isinstance(event, CampaignFinished):
             campaign.finished = event
+        elif isinstance(event, CampaignStalled):
+            campaign.stalled = event
+        elif isinstance(event, DeadLettered):
+            self._apply_dead_letter(event)
         elif isinstance(event, GenerationOpened):
+            campaign.stalled = None
             campaign.generations.setdefault(event.generation, Generation(event))
         elif isinstance(event, GenerationClosed):
             generation = campaign.generations.get(event.generation)
@@ -151,13 +193,20 @@ class History:
                 if generation is not None:
                     generation.candidates.append(event.candidate_id)
                 self._by_key.setdefault((campaign.scope, event.param_key), event.candidate_id)
+                self._candidate_of[event.event_id] = event.candidate_id
         else:
             self._apply_outcome(campaign, event)
+
+    def _apply_dead_letter(self, event: DeadLettered) -> None:
+        candidate = self.candidate_of(event.original_event_id or "")
+        if candidate is not None and not candidate.settled:
+            candidate.dead_letter = event
 
     def _apply_outcome(self, campaign: Campaign, event: Event) -> None:
         candidate = self.candidates.get(getattr(event, "candidate_id", ""))
         if candidate is None:
             return
+        self._candidate_of[event.event_id] = candidate.candidate_id
         if isinstance(event, KernelWritten):
             candidate.written = event
             self._by_hash.setdefault((campaign.scope, event.source_hash), candidate.candidate_id)
@@ -173,6 +222,11 @@ class History:
             candidate.duplicate = event
 
     # --- questions ---------------------------------------------------------------------
+
+    def candidate_of(self, event_id: str) -> Candidate | None:
+        """The candidate whose work (proposal, kernel, verdict...) this event is."""
+        found = self._candidate_of.get(event_id)
+        return self.candidates.get(found) if found else None
 
     def seen_key(self, campaign_id: str, key: str) -> Candidate | None:
         """The candidate with this parameter key in the campaign's scope, if any."""
@@ -213,6 +267,11 @@ class History:
         return all(self.candidates[cid].settled for cid in state.candidates)
 
     def rejections_by_stage(self, campaign_id: str) -> dict[str, int]:
+        """Rejections per stage; candidates whose work was given up on count as `dead_letter`."""
         return dict(
-            Counter(c.rejected.stage for c in self.campaign_candidates(campaign_id) if c.rejected)
+            Counter(
+                c.rejected.stage if c.rejected else "dead_letter"
+                for c in self.campaign_candidates(campaign_id)
+                if c.rejected or c.failed_undelivered
+            )
         )

@@ -1,8 +1,10 @@
 """The librarian: closes generations with lessons, and answers what is known.
 
 It keeps the history of every campaign by replaying the store. When every candidate of
-a generation is settled it emits the lessons drawn from the history (each citing its
-evidence) and GenerationClosed. Over request/reply (`kf.svc.kf-librarian.*`) it answers
+a generation is settled (a candidate whose work was dead-lettered settles as failed) it
+emits the lessons drawn from the history (each citing its evidence) and
+GenerationClosed; if every candidate was dead-lettered, also CampaignStalled. That
+decision is the pure `decide_librarian`. Over request/reply (`kf.svc.kf-librarian.*`) it answers
 the dedupe questions (`seen`), the lessons of a problem and target (`lessons`), and
 the kernels of candidates (`kernel`, `best`).
 """
@@ -17,12 +19,14 @@ from actors.history import Candidate, History
 from actors.lessons import draw_lessons
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
+from actors.stalls import stall
 from bus.connection import Client
 from bus.service import RequestRefused, Service, request, serve
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,
     CandidateDeduplicated,
+    DeadLettered,
     Event,
     GenerationClosed,
     GenerationOpened,
@@ -74,7 +78,13 @@ class LessonView(msgspec.Struct, frozen=True):
 
 class Librarian(Actor):
     role = "librarian"
-    reacts_to = (GenerationOpened, CandidateDeduplicated, KernelRejected, BenchmarkCompleted)
+    reacts_to = (
+        GenerationOpened,
+        CandidateDeduplicated,
+        KernelRejected,
+        BenchmarkCompleted,
+        DeadLettered,
+    )
 
     def __init__(self) -> None:
         self._reader: HistoryReader | None = None
@@ -99,41 +109,7 @@ class Librarian(Actor):
         return await self._reader.catch_up(until)
 
     async def handle(self, event: Event, out: Reactions) -> None:
-        history = await self._history(event.event_id)
-        generation = getattr(event, "generation", None)
-        campaign = history.campaigns.get(event.campaign_id)
-        if campaign is None or generation is None:
-            return
-        state = campaign.generations.get(generation)
-        if state is None or state.closed is not None:
-            return
-        if not history.generation_settled(event.campaign_id, generation):
-            return
-        opened = state.opened.event_id
-        known = {lesson.statement for lesson in campaign.lessons}
-        fresh = [x for x in draw_lessons(history, event.campaign_id) if x.statement not in known]
-        for index, lesson in enumerate(fresh):
-            out.emit(
-                LessonLearned,
-                event_id=derived_event_id(opened, "lesson", index),
-                generation=generation,
-                kind=lesson.kind,
-                statement=lesson.statement,
-                evidence_ids=lesson.evidence_ids,
-                data=lesson.data,
-            )
-        candidates = [history.candidates[cid] for cid in state.candidates]
-        timed = [c for c in candidates if c.benchmark]
-        best = max(timed, key=lambda c: c.speedup or 0.0, default=None)
-        out.emit(
-            GenerationClosed,
-            event_id=derived_event_id(opened, "closed"),
-            generation=generation,
-            settled=len(candidates),
-            evaluated=sum(1 for c in candidates if c.evaluated),
-            best_candidate=best.candidate_id if best else None,
-            best_speedup=best.speedup if best else None,
-        )
+        decide_librarian(await self._history(event.event_id), event, out)
 
     # --- answers -----------------------------------------------------------------------
 
@@ -193,6 +169,65 @@ class Librarian(Actor):
             for x in c.lessons
         ]
         return msgspec.json.encode(views)
+
+
+# --- decisions: pure functions of the history and the incoming event -----------------
+
+
+def decide_librarian(history: History, event: Event, out: Reactions) -> None:
+    """When the event settles the last candidate of its generation, emit the lessons not
+    drawn before and GenerationClosed; a generation whose every candidate's work was
+    given up on (dead-lettered) also records that the campaign stalled."""
+    campaign = history.campaigns.get(event.campaign_id)
+    generation: int | None = getattr(event, "generation", None)
+    if isinstance(event, DeadLettered):
+        candidate = history.candidate_of(event.original_event_id or "")
+        generation = candidate.proposal.generation if candidate else None
+    if campaign is None or generation is None:
+        return
+    state = campaign.generations.get(generation)
+    if state is None or state.closed is not None:
+        return
+    if not history.generation_settled(event.campaign_id, generation):
+        return
+    opened = state.opened.event_id
+    known = {lesson.statement for lesson in campaign.lessons}
+    fresh = [x for x in draw_lessons(history, event.campaign_id) if x.statement not in known]
+    for index, lesson in enumerate(fresh):
+        out.emit(
+            LessonLearned,
+            event_id=derived_event_id(opened, "lesson", index),
+            generation=generation,
+            kind=lesson.kind,
+            statement=lesson.statement,
+            evidence_ids=lesson.evidence_ids,
+            data=lesson.data,
+        )
+    candidates = [history.candidates[cid] for cid in state.candidates]
+    timed = [c for c in candidates if c.benchmark]
+    best = max(timed, key=lambda c: c.speedup or 0.0, default=None)
+    given_up = [c for c in candidates if c.failed_undelivered]
+    counted = [c for c in candidates if not c.duplicate]
+    if counted and len(given_up) == len(counted):
+        reasons = sorted({c.dead_letter.reason for c in given_up if c.dead_letter})
+        consumer = given_up[0].dead_letter.consumer if given_up[0].dead_letter else ""
+        stall(
+            out,
+            "dead_lettered",
+            f"generation {generation}: the work of all {len(given_up)} candidate(s) was "
+            f"given up on ({'; '.join(reasons)[:300]}); run the campaign again to resume",
+            role=consumer.removeprefix("kf-"),
+            event_id=derived_event_id(opened, "stalled"),
+        )
+    out.emit(
+        GenerationClosed,
+        event_id=derived_event_id(opened, "closed"),
+        generation=generation,
+        settled=len(candidates),
+        evaluated=sum(1 for c in candidates if c.evaluated),
+        best_candidate=best.candidate_id if best else None,
+        best_speedup=best.speedup if best else None,
+    )
 
 
 T = TypeVar("T")

@@ -7,21 +7,35 @@ closed (work in flight resumes by itself: the bus redelivers it). Proposals come
 an optuna study rebuilt from the replayed history of the problem and target; the
 librarian is asked which points were already evaluated, and lessons marking regions to
 avoid are honoured.
+
+Every decision is a pure function of the history, the incoming event and plain inputs
+(`decide_planner`, `decide_deadline`); `Planner.handle` only gathers those inputs (the
+history, the librarian's answers, the design spaces) and retries with what the
+librarian knows. The wall time is active time: a deadline watcher finishes a campaign
+it drives as soon as that is spent, even mid-generation. A problem with no design space
+stalls the campaign (`CampaignStalled`, cause `no_design_space`) instead of failing.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from actors.history import Campaign, History
+import structlog
+
+from actors.history import Campaign, Candidate, History
 from actors.librarian import SeenRequest, ask_lessons, ask_seen
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
-from actors.search import Proposal, TemplateSearch
+from actors.search import Proposal, Space, TemplateSearch
 from actors.spaces import design_spaces, seed_points
+from actors.stalls import stall
 from actors.variation import LLM_TEMPLATE, blank_page, seeds, variations
-from bus.connection import Client
+from bus.connection import Client, jetstream
+from eventstore.emitter import Emitter
 from eventstore.events import (
     ActorRef,
     CampaignFinished,
@@ -32,6 +46,15 @@ from eventstore.events import (
     GenerationClosed,
     GenerationOpened,
 )
+from eventstore.ids import derived_event_id
+from kernels.loading import ProblemLoadError
+
+log = structlog.get_logger("actors.planner")
+
+
+#: How often the planner looks at its campaigns' wall-time deadlines.
+DEADLINE_TICK_S = 1.0
+WALL_TIME_REASON = "budget reached: wall time"
 
 
 class Planner(Actor):
@@ -41,133 +64,290 @@ class Planner(Actor):
     def __init__(self) -> None:
         self._nc: Client | None = None
         self._reader: HistoryReader | None = None
+        self._ref: ActorRef | None = None
+        self._watched: set[str] = set()
+        self._watcher: asyncio.Task[None] | None = None
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
         self._nc = nc
+        self._ref = ref
         self._reader = HistoryReader(nc)
+        self._watcher = asyncio.create_task(self._watch_deadlines(Emitter(jetstream(nc))))
+
+    async def teardown(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
 
     async def handle(self, event: Event, out: Reactions) -> None:
-        assert self._reader is not None, "setup() runs first"
+        assert self._reader is not None and self._nc is not None, "setup() runs first"
         history = await self._reader.catch_up(event.event_id)
-        campaign = history.campaigns.get(event.campaign_id)
-        if campaign is None or campaign.finished is not None:
+        now = datetime.now(UTC)
+        generation = generation_to_open(history, event, now)
+        self._watched.add(event.campaign_id)
+        if generation is None:
+            decide_planner(history, event, out, now=now)
             return
-        if not campaign.generations:
-            await self._open(history, campaign, 0, out)
-            return
-        last = max(campaign.generations)
-        if campaign.generations[last].closed is None:
-            return  # in flight: the bus redelivers what was not finished
-        if isinstance(event, GenerationClosed) and event.generation != last:
-            return
-        reason = _finish_reason(history, campaign)
-        if reason is None:
-            await self._open(history, campaign, last + 1, out)
-        else:
-            out.emit(CampaignFinished, reason=reason, summary=summary(history, campaign))
-
-    async def _open(
-        self, history: History, campaign: Campaign, generation: int, out: Reactions
-    ) -> None:
-        assert self._nc is not None
-        spec = campaign.spec
-        remaining = spec.budget.candidates - spent_candidates(history, campaign)
-        count = min(spec.search.per_generation, remaining)
-        campaign_id = campaign.started.campaign_id
-        if spec.writer.kind == "llm" and generation > 0:
-            self._vary(history, campaign, generation, count, out)
-            return
-        avoid = await self._regions_to_avoid(campaign_id)
-        scope = history.scope_candidates(spec.problem, spec.target, spec.dtype)
-
-        nc = self._nc
-
-        async def seen(keys: list[str]) -> set[str]:
-            reply = await ask_seen(nc, SeenRequest(campaign_id, keys))
-            return {key for key, owner in reply.keys.items() if owner is not None}
-
-        known = await seen([c.proposal.param_key for c in scope])
-        if spec.writer.kind == "llm":  # generation 0: the templates' best points seed the archive
-            proposals = [p for p in seeds(spec) if p.key not in known]
-            proposals = proposals[:count]
-            if not proposals:  # no template, no seed: the LLM writes from the problem alone
-                self._write(history, campaign, count, out)
-                return
-        else:
-            proposals = [p for p in seed_points(spec) if p.key not in known][:count]
-            if len(proposals) < count:
-                search = TemplateSearch(
-                    design_spaces(spec.problem, spec.target, spec.dtype, spec), spec.search.seed
-                )
-                taken = {p.key for p in proposals}
-                proposals += search.propose(
-                    scope,
-                    count - len(proposals),
-                    generation,
-                    lambda p: p.key in known or p.key in taken or _avoided(p, avoid),
-                )
-        # The librarian has the last word on what was evaluated (other planners may race).
-        fresh = await seen([p.key for p in proposals])
-        proposals = [p for p in proposals if p.key not in fresh]
-        _propose(
-            history,
-            campaign,
-            generation,
-            [{"template": p.template, "params": p.params, "param_key": p.key} for p in proposals],
-            "nothing new to try in the design space",
-            out,
-        )
-
-    def _vary(
-        self, history: History, campaign: Campaign, generation: int, count: int, out: Reactions
-    ) -> None:
+        campaign = history.campaigns[event.campaign_id]
         spec = campaign.spec
         campaign_id = campaign.started.campaign_id
-        chosen = variations(
-            history.campaign_candidates(campaign_id), count, generation, spec.search.seed
-        )
-        _propose(
-            history,
-            campaign,
-            generation,
-            [
-                {
-                    "template": LLM_TEMPLATE,
-                    "params": {"family": v.family},
-                    "param_key": v.key(campaign_id, generation),
-                    "operator": v.operator,
-                    "parents": v.parents,
-                }
-                for v in chosen
-            ],
-            "no parent to vary: every kernel so far failed before writing",
-            out,
-        )
-
-    def _write(self, history: History, campaign: Campaign, count: int, out: Reactions) -> None:
-        campaign_id = campaign.started.campaign_id
-        _propose(
-            history,
-            campaign,
-            0,
-            [
-                {
-                    "template": LLM_TEMPLATE,
-                    "params": {"family": v.family},
-                    "param_key": v.key(campaign_id, 0),
-                    "operator": v.operator,
-                    "parents": [],
-                }
-                for v in blank_page(count)
-            ],
-            "nothing to write",
-            out,
-        )
-
-    async def _regions_to_avoid(self, campaign_id: str) -> list[dict[str, Any]]:
-        assert self._nc is not None
+        try:
+            spaces = design_spaces(spec.problem, spec.target, spec.dtype, spec)
+            # LLM mode: the templates' best points seed the archive; template mode: seed
+            # kernels as they are, before the search.
+            first_points = seeds(spec) if spec.writer.kind == "llm" else seed_points(spec)
+        except (ProblemLoadError, OSError, ValueError) as exc:
+            spaces, first_points = [], []
+            log.warning("no design space", campaign=campaign_id, error=str(exc))
+        if not spaces or (spec.writer.kind == "llm" and generation > 0):
+            # nothing to search (a stall, or a blank page for the LLM), or variations,
+            # which have keys of their own
+            decide_planner(history, event, out, now=now, spaces=spaces)
+            return
         lessons = await ask_lessons(self._nc, campaign_id)
-        return [lesson.data for lesson in lessons if lesson.data.get("avoid")]
+        avoid = [lesson.data for lesson in lessons if lesson.data.get("avoid")]
+        scope_keys = [c.proposal.param_key for c in _scope(history, campaign)]
+        known = await self._seen(campaign_id, scope_keys)
+        # The librarian has the last word on what was evaluated (other planners may race):
+        # decide again without the points it knows, until it knows none of those proposed.
+        for _ in range(3):
+            out.events.clear()
+            decide_planner(
+                history,
+                event,
+                out,
+                now=now,
+                spaces=spaces,
+                first_points=first_points,
+                known=known,
+                avoid=avoid,
+            )
+            keys = [e.param_key for e in out.events if isinstance(e, CandidateProposed)]
+            fresh = await self._seen(campaign_id, keys) if keys else set()
+            if not fresh:
+                return
+            known |= fresh
+        raise RuntimeError("the librarian keeps knowing the proposed points; retrying")
+
+    async def _seen(self, campaign_id: str, keys: list[str]) -> set[str]:
+        assert self._nc is not None
+        reply = await ask_seen(self._nc, SeenRequest(campaign_id, keys))
+        return {key for key, owner in reply.keys.items() if owner is not None}
+
+    async def _watch_deadlines(self, emitter: Emitter) -> None:
+        """Finish the campaigns this planner drives once their wall time is spent, even in
+        the middle of a generation (the bus has no clock of its own)."""
+        assert self._reader is not None and self._ref is not None
+        while True:
+            await asyncio.sleep(DEADLINE_TICK_S)
+            if not self._watched:
+                continue
+            try:
+                history = await self._reader.catch_up()
+                now = datetime.now(UTC)
+                for campaign_id in list(self._watched):
+                    campaign = history.campaigns.get(campaign_id)
+                    if campaign is None or campaign.finished is not None:
+                        self._watched.discard(campaign_id)
+                        continue
+                    if campaign.stalled is not None:
+                        continue  # nothing runs; a resume starts a new active period
+                    out = Reactions(campaign.started, self._ref)
+                    decide_deadline(history, campaign_id, out, now=now)
+                    if out.events:
+                        await emitter.emit_many(out.events)
+            except Exception as exc:  # the store or the bus is away: look again next tick
+                log.warning("could not check the deadlines", error=str(exc))
+
+
+# --- decisions: pure functions of the history and the incoming event -----------------
+
+
+def generation_to_open(history: History, event: Event, now: datetime) -> int | None:
+    """The generation this event opens, or None if it opens none."""
+    campaign = history.campaigns.get(event.campaign_id)
+    if campaign is None or campaign.finished is not None:
+        return None
+    if not campaign.generations:
+        return 0 if active_wall_left(campaign, now) else None
+    last = max(campaign.generations)
+    state = campaign.generations[last]
+    if state.closed is None:
+        return None  # in flight: the bus redelivers what was not finished
+    if isinstance(event, GenerationClosed) and (
+        event.generation != last or _all_dead_lettered(history, state.candidates)
+    ):
+        return None  # (all dead-lettered: the librarian said it stalled; a resume tries again)
+    if _finish_reason(history, campaign, now) is not None:
+        return None
+    return last + 1
+
+
+def decide_planner(
+    history: History,
+    event: Event,
+    out: Reactions,
+    *,
+    now: datetime,
+    spaces: Sequence[Space] = (),
+    first_points: Sequence[Proposal] = (),
+    known: set[str] | frozenset[str] = frozenset(),
+    avoid: Sequence[dict[str, Any]] = (),
+) -> None:
+    """React to CampaignStarted, CampaignResumed or GenerationClosed: open a generation
+    (with `spaces` searched, `known` keys and `avoid` regions skipped), finish the
+    campaign, say it stalled, or do nothing."""
+    campaign = history.campaigns.get(event.campaign_id)
+    if campaign is None or campaign.finished is not None:
+        return
+    generation = generation_to_open(history, event, now)
+    if generation is not None:
+        _open(history, campaign, generation, out, spaces, first_points, known, avoid)
+        return
+    if not campaign.generations:
+        decide_deadline(history, event.campaign_id, out, now=now)
+        return
+    last = max(campaign.generations)
+    state = campaign.generations[last]
+    if state.closed is None:
+        return
+    if isinstance(event, GenerationClosed) and event.generation != last:
+        return
+    reason = _finish_reason(history, campaign, now)
+    if reason is not None:
+        finish(history, campaign, reason, out)
+
+
+def decide_deadline(history: History, campaign_id: str, out: Reactions, *, now: datetime) -> None:
+    """Finish the campaign if its wall time (active time) is spent."""
+    campaign = history.campaigns.get(campaign_id)
+    if campaign is None or campaign.finished is not None or active_wall_left(campaign, now):
+        return
+    finish(history, campaign, WALL_TIME_REASON, out)
+
+
+def finish(history: History, campaign: Campaign, reason: str, out: Reactions) -> None:
+    """One CampaignFinished per campaign, whichever decision reaches it first."""
+    out.emit(
+        CampaignFinished,
+        campaign_id=campaign.started.campaign_id,
+        event_id=derived_event_id(campaign.started.event_id, "finished"),
+        reason=reason,
+        summary=summary(history, campaign),
+    )
+
+
+def active_wall_left(campaign: Campaign, now: datetime) -> bool:
+    return campaign.active_seconds(now) < campaign.spec.budget.wall_seconds()
+
+
+def _all_dead_lettered(history: History, candidate_ids: list[str]) -> bool:
+    candidates = [history.candidates[cid] for cid in candidate_ids]
+    counted = [c for c in candidates if not c.duplicate]
+    return bool(counted) and all(c.failed_undelivered for c in counted)
+
+
+def _scope(history: History, campaign: Campaign) -> list[Candidate]:
+    spec = campaign.spec
+    return history.scope_candidates(spec.problem, spec.target, spec.dtype)
+
+
+def _open(
+    history: History,
+    campaign: Campaign,
+    generation: int,
+    out: Reactions,
+    spaces: Sequence[Space],
+    first_points: Sequence[Proposal],
+    known: set[str] | frozenset[str],
+    avoid: Sequence[dict[str, Any]],
+) -> None:
+    spec = campaign.spec
+    remaining = spec.budget.candidates - spent_candidates(history, campaign)
+    count = min(spec.search.per_generation, remaining)
+    if spec.writer.kind == "llm" and generation > 0:
+        _vary(history, campaign, generation, count, out)
+        return
+    if spec.writer.kind == "llm":  # generation 0: the templates' best points seed the archive
+        proposals = [p for p in first_points if p.key not in known][:count]
+        if not proposals:  # no template, no seed: the LLM writes from the problem alone
+            _write(history, campaign, count, out)
+            return
+    elif not spaces:
+        stall(
+            out,
+            "no_design_space",
+            f"no design space to search for {spec.problem} on {spec.target} ({spec.dtype}): "
+            "no template, seed kernel or fusion space takes it",
+        )
+        return
+    else:  # seed kernels as they are first, then the search fills the generation
+        proposals = [p for p in first_points if p.key not in known][:count]
+        if len(proposals) < count:
+            taken = {p.key for p in proposals}
+            proposals += TemplateSearch(spaces, spec.search.seed).propose(
+                _scope(history, campaign),
+                count - len(proposals),
+                generation,
+                lambda p: p.key in known or p.key in taken or _avoided(p, list(avoid)),
+            )
+    _propose(
+        history,
+        campaign,
+        generation,
+        [{"template": p.template, "params": p.params, "param_key": p.key} for p in proposals],
+        "nothing new to try in the design space",
+        out,
+    )
+
+
+def _vary(
+    history: History, campaign: Campaign, generation: int, count: int, out: Reactions
+) -> None:
+    spec = campaign.spec
+    campaign_id = campaign.started.campaign_id
+    chosen = variations(
+        history.campaign_candidates(campaign_id), count, generation, spec.search.seed
+    )
+    _propose(
+        history,
+        campaign,
+        generation,
+        [
+            {
+                "template": LLM_TEMPLATE,
+                "params": {"family": v.family},
+                "param_key": v.key(campaign_id, generation),
+                "operator": v.operator,
+                "parents": v.parents,
+            }
+            for v in chosen
+        ],
+        "no parent to vary: every kernel so far failed before writing",
+        out,
+    )
+
+
+def _write(history: History, campaign: Campaign, count: int, out: Reactions) -> None:
+    campaign_id = campaign.started.campaign_id
+    _propose(
+        history,
+        campaign,
+        0,
+        [
+            {
+                "template": LLM_TEMPLATE,
+                "params": {"family": v.family},
+                "param_key": v.key(campaign_id, 0),
+                "operator": v.operator,
+                "parents": [],
+            }
+            for v in blank_page(count)
+        ],
+        "nothing to write",
+        out,
+    )
 
 
 def _propose(
@@ -180,7 +360,7 @@ def _propose(
 ) -> None:
     """Open the generation with these candidates, or finish the campaign if there are none."""
     if not candidates:
-        out.emit(CampaignFinished, reason=reason_if_none, summary=summary(history, campaign))
+        finish(history, campaign, reason_if_none, out)
         return
     spec = campaign.spec
     campaign_id = campaign.started.campaign_id
@@ -212,14 +392,13 @@ def spent_candidates(history: History, campaign: Campaign) -> int:
     )
 
 
-def _finish_reason(history: History, campaign: Campaign) -> str | None:
+def _finish_reason(history: History, campaign: Campaign, now: datetime) -> str | None:
     spec = campaign.spec
     spent = spent_candidates(history, campaign)
     if spent >= spec.budget.candidates:
         return f"budget reached: {spent} candidates"
-    elapsed = time.time() - campaign.started.ts.timestamp()
-    if elapsed >= spec.budget.wall_seconds():
-        return f"wall time reached: {elapsed:.0f} s"
+    if not active_wall_left(campaign, now):
+        return WALL_TIME_REASON
     best = history.best(campaign.started.campaign_id)
     if best and best.benchmark and best.benchmark.roofline_fraction >= spec.budget.stop_at_roofline:
         return (

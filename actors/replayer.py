@@ -10,7 +10,7 @@ from bus.connection import Client
 from eventstore.queries import replay
 
 
-class NotYetRecorded(RuntimeError):
+class NotYetRecorded(TimeoutError):
     """The event being handled has not reached the store yet; retry later."""
 
 

@@ -1,6 +1,10 @@
 """Competing work consumers: explicit acks, `in_progress()` while busy, bounded deliveries.
 
-A message that fails on its last allowed delivery goes to the dead-letter callback
+A failure is transient or permanent. Transient causes (the bus or a service away, a
+role restarting, the store not yet holding the event being handled: timeouts,
+connection errors, 5xx answers) are retried with backoff for `transient_window`
+seconds (minutes); any other error is retried `max_deliver` times in a few seconds, and
+a `PoisonMessage` not at all. A message given up on goes to the dead-letter callback
 with the reason and is then terminated; one whose handler died with its process on
 the last delivery is reported by the server's max-deliveries advisory instead
 (`watch_exhausted`). Either way nothing is dropped silently.
@@ -21,6 +25,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
+from bus.service import ServiceError
 from bus.streams import ensure_consumer, work_consumer_config
 from bus.subjects import STREAM
 
@@ -43,6 +48,22 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 
 class PoisonMessage(Exception):
     """Raised by a handler for a message no retry can fix: it is dead-lettered at once."""
+
+
+def is_transient(error: BaseException) -> bool:
+    """A failure that waiting can cure: something on the bus is away or behind."""
+    if isinstance(error, ServiceError):
+        return error.code >= 500
+    return isinstance(error, (TimeoutError, ConnectionError, *_TRANSIENT))
+
+
+def deliveries_for(window: float, backoff: float, max_backoff: float) -> int:
+    """How many deliveries retrying with capped exponential backoff takes to span `window`."""
+    deliveries, waited = 1, 0.0
+    while waited < window:
+        waited += min(backoff * 2 ** (deliveries - 1), max_backoff)
+        deliveries += 1
+    return deliveries
 
 
 @dataclass(frozen=True)
@@ -72,10 +93,18 @@ class WorkConsumer:
         ack_wait: float = 30.0,
         grace: float = 10.0,
         retry_backoff: float = 0.5,
+        max_backoff: float = 15.0,
+        transient_window: float = 600.0,
     ) -> None:
         self.durable = durable
+        self._transient_deliveries = max(
+            max_deliver, deliveries_for(transient_window, retry_backoff, max_backoff)
+        )
         self.config: ConsumerConfig = work_consumer_config(
-            durable, filter_subjects, max_deliver=max_deliver, ack_wait=ack_wait
+            durable,
+            filter_subjects,
+            max_deliver=self._transient_deliveries,
+            ack_wait=ack_wait,
         )
         self._js = js
         self._handler = handler
@@ -84,6 +113,7 @@ class WorkConsumer:
         self._ack_wait = ack_wait
         self._grace = grace
         self._retry_backoff = retry_backoff
+        self._max_backoff = max_backoff
 
     async def run(self, stop: asyncio.Event) -> None:
         """Handle messages one at a time until `stop` is set."""
@@ -124,15 +154,24 @@ class WorkConsumer:
         if error is None:
             await message.ack()
             return
-        await self._failed(
-            message, f"{type(error).__name__}: {error}", isinstance(error, PoisonMessage)
-        )
+        await self._failed(message, error)
 
-    async def _failed(self, message: Msg, reason: str, poison: bool) -> None:
+    async def _failed(self, message: Msg, error: BaseException) -> None:
+        reason = f"{type(error).__name__}: {error}"
         delivered = message.metadata.num_delivered
-        if not poison and delivered < self._max_deliver:
-            log.warning("handler failed; will retry", consumer=self.durable, reason=reason)
-            await message.nak(delay=min(self._retry_backoff * 2 ** (delivered - 1), 30.0))
+        poison = isinstance(error, PoisonMessage)
+        transient = is_transient(error)
+        allowed = self._transient_deliveries if transient else self._max_deliver
+        if not poison and delivered < allowed:
+            log.warning(
+                "handler failed; will retry",
+                consumer=self.durable,
+                reason=reason,
+                transient=transient,
+                delivery=delivered,
+            )
+            delay = min(self._retry_backoff * 2 ** (delivered - 1), self._max_backoff)
+            await message.nak(delay=delay)
             return
         if not poison:
             reason = f"{reason} (gave up after {delivered} deliveries)"

@@ -31,6 +31,7 @@ from actors.campaign import (
     Seed,
     load_campaign,
     validate,
+    with_overrides,
 )
 from actors.history import History
 from actors.planner import summary
@@ -42,7 +43,14 @@ from bus.subjects import campaign_filter
 from eventstore.authority import CLI
 from eventstore.codec import InvalidEvent, decode
 from eventstore.emitter import Emitter
-from eventstore.events import ActorRef, CampaignResumed, CampaignStarted, Event, new_event
+from eventstore.events import (
+    ActorRef,
+    CampaignResumed,
+    CampaignStalled,
+    CampaignStarted,
+    Event,
+    new_event,
+)
 from eventstore.queries import replay
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.user_spaces import SpaceError
@@ -68,7 +76,7 @@ RUN_HELP = (
     '  name = "softmax-demo"   problem = "softmax" (or "ops.py:NAME")   target = "cpu"\n\n'
     '  dtype = "fp32" (cuda also takes "bf16" and "fp16")\n\n'
     "  shapes = [[4096, 4096]]   (the first is timed; default: the problem's)\n\n"
-    '  \\[budget] candidates = 40, wall_time = "30m", stop_at_roofline = 0.95\n\n'
+    '  \\[budget] candidates = 40, wall_time = "30m" (active time), stop_at_roofline = 0.95\n\n'
     "  \\[search] per_generation = 8, seed = 1\n\n"
     '  \\[writer] kind = "template", or "llm" with base_url, model, api_key_env\n\n'
     '  \\[seed] sources = ["my_kernel.c"]   (verified and timed first, then tuned)\n\n'
@@ -92,7 +100,16 @@ def run(
     problem: str | None = typer.Option(None, help="Problem, when no campaign file is given."),
     target: str = typer.Option("cpu", help="Device target: cpu or cuda (no file)."),
     dtype: str = typer.Option("fp32", help="Element type: fp32, bf16 or fp16 (no file)."),
-    budget: int = typer.Option(40, min=1, help="Candidates to evaluate at most (no file)."),
+    budget: int | None = typer.Option(
+        None, min=1, help="Candidates to evaluate at most (default 40; overrides the file)."
+    ),
+    wall_time: str | None = typer.Option(
+        None, help="Active time at most, e.g. 90s or 30m (default 30m; overrides the file)."
+    ),
+    shapes: str | None = typer.Option(
+        None, help="Shapes, e.g. 4096x4096 or 512x2048,64x64; the first is timed (overrides)."
+    ),
+    name: str | None = typer.Option(None, help="Campaign name (overrides the file)."),
     per_generation: int = typer.Option(8, min=1, help="Candidates per generation (no file)."),
     seed: int = typer.Option(1, help="Search seed (no file)."),
     seed_source: list[Path] = typer.Option(
@@ -106,7 +123,12 @@ def run(
     tls_ca: Path | None = TLS_CA,
     as_json: bool = JSON,
 ) -> None:
-    spec = _spec(campaign_file, problem, target, dtype, budget, per_generation, seed)
+    spec = _spec(campaign_file, problem, target, dtype, per_generation, seed)
+    try:
+        spec = with_overrides(spec, budget=budget, wall_time=wall_time, shapes=shapes, name=name)
+    except CampaignError as exc:
+        raise UserError(str(exc)) from None
+    _check_problem(spec)
     spec = _with_seeds(spec, seed_source)
     folder = resolve_home(home)
     url = nats_url(nats, folder)
@@ -121,6 +143,10 @@ def run(
         raise typer.Exit(130)
     if as_json:
         print(to_json(outcome))
+    if "stalled" in outcome:  # said even with --json: the one line a script needs
+        stalled = outcome["stalled"]
+        print(f"campaign stalled ({stalled['cause']}): {stalled['detail']}", file=sys.stderr)
+        raise typer.Exit(3)
 
 
 def _spec(
@@ -128,7 +154,6 @@ def _spec(
     problem: str | None,
     target: str,
     dtype: str,
-    budget: int,
     per_gen: int,
     seed: int,
 ) -> CampaignSpec:
@@ -143,12 +168,19 @@ def _spec(
                     problem=problem,
                     target=target,
                     dtype=dtype,
-                    budget=Budget(candidates=budget),
+                    budget=Budget(),
                     search=Search(per_generation=per_gen, seed=seed),
                 )
             )
+    except CampaignError as exc:
+        raise UserError(str(exc)) from None
+    return spec
+
+
+def _check_problem(spec: CampaignSpec) -> None:
+    try:
         loaded = load_problem(spec.problem)
-    except (CampaignError, ProblemLoadError) as exc:
+    except ProblemLoadError as exc:
         raise UserError(str(exc)) from None
     for shape in spec.shapes:
         if len(shape) != len(loaded.dims):
@@ -158,7 +190,6 @@ def _spec(
             raise UserError(f"shapes: {faults[0]}")
     if spec.dtype not in loaded.dtypes:
         raise UserError(f"dtype {spec.dtype!r}: {loaded.name} is defined for {loaded.dtypes}")
-    return spec
 
 
 def _with_seeds(spec: CampaignSpec, sources: list[Path]) -> CampaignSpec:
@@ -260,7 +291,7 @@ async def follow_campaign(
             console.print(f"campaign {campaign_id}: resuming from its history")
         await Emitter(jetstream(nc)).emit(start)
         with Live(progress.table(), console=console, refresh_per_second=4, transient=True) as live:
-            while not progress.finished and not stop.is_set():
+            while not progress.finished and not progress.stalled(start) and not stop.is_set():
                 if swarm is not None:
                     swarm.check()
                 if hub_check is not None:
@@ -268,6 +299,10 @@ async def follow_campaign(
                 live.update(progress.table())
                 await asyncio.sleep(0.25)
         await subscription.stop()
+        stalled = progress.stalled(start)
+        if stalled is not None:
+            result = _result(progress.history, campaign_id, console, best_dir)
+            return {**result, "stalled": {"cause": stalled.cause, "detail": stalled.detail}}
         if not progress.finished:
             return None
         return _result(progress.history, campaign_id, console, best_dir)
@@ -294,6 +329,13 @@ class Progress:
     def finished(self) -> bool:
         campaign = self.history.campaigns.get(self.campaign_id)
         return campaign is not None and campaign.finished is not None
+
+    def stalled(self, start: Event) -> CampaignStalled | None:
+        """Why the campaign cannot go on, said after `start` (this run's start or resume)."""
+        campaign = self.history.campaigns.get(self.campaign_id)
+        if campaign is None or campaign.finished or start.event_id not in self.history.event_ids:
+            return None
+        return campaign.stalled
 
     def table(self) -> Table:
         table = Table(title=f"campaign {self.campaign_id}", show_header=False)
@@ -322,6 +364,27 @@ class Progress:
         )
         table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
         return table
+
+
+def _generations(history: History, campaign_id: str, console: Console) -> None:
+    """Each generation's outcome, and the lessons of the one before that it searched with."""
+    campaign = history.campaigns[campaign_id]
+    for number, generation in sorted(campaign.generations.items()):
+        used = [x for x in campaign.lessons if x.generation < number]
+        new = [x for x in used if x.generation == number - 1]
+        if used:
+            console.print(
+                f"generation {number} searched with {len(used)} lesson(s)"
+                + (", these new:" if new else ", none new")
+            )
+            for lesson in new:
+                console.print(f"  - {lesson.statement}")
+        candidates = [history.candidates[c] for c in generation.candidates]
+        best = max((c.speedup or 0.0 for c in candidates), default=0.0)
+        console.print(
+            f"generation {number}: {sum(c.settled for c in candidates)} of {len(candidates)} "
+            f"settled, best {best:.2f}x" + ("" if generation.closed else " (not closed)")
+        )
 
 
 def _result(
@@ -355,6 +418,7 @@ def _result(
             f"{c.benchmark.speedup:.2f}x",
             f"{c.benchmark.roofline_fraction:.0%}",
         )
+    _generations(history, campaign_id, console)
     console.print(board)
     console.print(
         f"evaluated {result['evaluated']}, duplicates avoided {result['duplicates_avoided']}, "

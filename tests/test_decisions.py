@@ -1,0 +1,298 @@
+"""The planner's and the librarian's decisions, driven from a recorded campaign's events:
+no NATS, no compiler, no device. Each decision is replayed at the event that caused it
+in the recording and must give what the swarm gave; variations of the log (a dead
+letter, a resume after a gap, a problem with no design space) check the rest."""
+
+from __future__ import annotations
+
+import io
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import msgspec
+import pytest
+from rich.console import Console
+
+from actors.history import History
+from actors.lessons import draw_lessons, parameter_effects
+from actors.librarian import decide_librarian
+from actors.planner import WALL_TIME_REASON, decide_deadline, decide_planner
+from actors.runtime import Reactions
+from actors.spaces import design_spaces
+from eventstore.events import (
+    ActorRef,
+    BenchmarkCompleted,
+    CampaignFinished,
+    CampaignResumed,
+    CampaignStalled,
+    CampaignStarted,
+    CandidateProposed,
+    DeadLettered,
+    Event,
+    GenerationClosed,
+    GenerationOpened,
+    KernelVerified,
+    LessonLearned,
+    new_event,
+)
+from ops.run_cmd import _generations
+from tests.decision_log import read_log, replay
+
+E = TypeVar("E", bound=Event)
+LOG = "softmax-two-generations.jsonl"
+PLANNER = ActorRef("planner", "planner-0", "test")
+LIBRARIAN = ActorRef("librarian", "librarian-0", "test")
+LIBRARIAN_REACTS_TO = (GenerationOpened, BenchmarkCompleted, DeadLettered)
+
+
+@pytest.fixture(scope="module")
+def log() -> list[Event]:
+    return read_log(LOG)
+
+
+def history_of(events: list[Event]) -> History:
+    history = History()
+    for position, event in enumerate(events, 1):
+        history.apply(position, event)
+    return history
+
+
+def shape_of(event: Event) -> dict[str, Any]:
+    """What a decision chose, without the envelope (ids, times, who)."""
+    data: dict[str, Any] = msgspec.to_builtins(event)
+    for envelope in ("event_id", "ts", "actor", "causation_id", "correlation_id", "summary"):
+        data.pop(envelope, None)
+    return data
+
+
+def planner_decision(history: History, event: Event, now: datetime | None = None) -> list[Event]:
+    campaign = history.campaigns[event.campaign_id]
+    spec = campaign.spec
+    scope = history.scope_candidates(spec.problem, spec.target, spec.dtype)
+    out = Reactions(event, PLANNER)
+    decide_planner(
+        history,
+        event,
+        out,
+        now=now or event.ts,
+        spaces=design_spaces(spec.problem, spec.target, spec.dtype),
+        known={c.proposal.param_key for c in scope},
+    )
+    return out.events
+
+
+def test_the_librarian_replayed_closes_each_generation_with_the_recorded_lessons(
+    log: list[Event],
+) -> None:
+    recorded = [shape_of(e) for e in log if isinstance(e, LessonLearned | GenerationClosed)]
+    decided: list[dict[str, Any]] = []
+    for history, event in replay(
+        [e for e in log if not isinstance(e, LessonLearned | GenerationClosed)]
+    ):
+        if isinstance(event, LIBRARIAN_REACTS_TO):
+            out = Reactions(event, LIBRARIAN)
+            decide_librarian(history, event, out)
+            for reaction in out.events:  # what the swarm stored, the next decision sees
+                history.apply(history.position + 1, reaction)
+            decided += [shape_of(e) for e in out.events]
+    assert decided == recorded
+    closed = [e for e in decided if e["type"] == "GenerationClosed"]
+    assert [c["generation"] for c in closed] == [0, 1]
+    assert all(c["settled"] == c["evaluated"] == 4 for c in closed)
+
+
+def test_the_planner_replayed_proposes_what_the_swarm_proposed_and_finishes_on_budget(
+    log: list[Event],
+) -> None:
+    decided: list[dict[str, Any]] = []
+    for history, event in replay(log):
+        if isinstance(event, CampaignStarted | GenerationClosed):
+            decided += [shape_of(e) for e in planner_decision(history, event)]
+    recorded = [
+        shape_of(e)
+        for e in log
+        if isinstance(e, GenerationOpened | CandidateProposed | CampaignFinished)
+    ]
+    assert decided == recorded
+    assert decided[-1] == {
+        "type": "CampaignFinished",
+        "campaign_id": "recorded",
+        "schema": 1,
+        "reason": "budget reached: 8 candidates",
+    }
+
+
+def test_generation_one_used_what_generation_zero_taught(log: list[Event]) -> None:
+    closed = next(e for e in log if isinstance(e, GenerationClosed) and e.generation == 0)
+    history = history_of(log[: log.index(closed) + 1])
+    lessons = {x.statement for x in draw_lessons(history, "recorded")}
+    assert any(s.startswith("best-so-far lineage: recorded:g0:") for s in lessons), lessons
+    proposed = [e for e in planner_decision(history, closed) if isinstance(e, CandidateProposed)]
+    earlier = {c.proposal.param_key for c in history.campaign_candidates("recorded")}
+    assert len(proposed) == 4 and not {p.param_key for p in proposed} & earlier
+
+
+def test_lesson_content_names_the_parameter_its_effect_and_its_evidence(
+    log: list[Event],
+) -> None:
+    history = history_of(log)
+    timed = [c for c in history.campaign_candidates("recorded") if c.benchmark]
+    assert len(timed) >= 4
+    # A parameter value with two or more samples and two or more others in its template.
+    template, name, value = next(
+        (c.proposal.template, k, v)
+        for c in timed
+        for k, v in sorted(c.proposal.params.items())
+        if 2
+        <= sum(
+            x.proposal.params.get(k) == v
+            for x in timed
+            if x.proposal.template == c.proposal.template
+        )
+        <= sum(x.proposal.template == c.proposal.template for x in timed) - 2
+    )
+    # Make that value clearly better: twice the speedup of the others.
+    for c in timed:
+        assert c.benchmark is not None
+        speedup = 4.0 if c.proposal.params.get(name) == value else 2.0
+        c.benchmark = msgspec.structs.replace(c.benchmark, speedup=speedup)
+    same = [c for c in timed if c.proposal.template == template]
+    with_value = [c for c in same if c.proposal.params[name] == value]
+    others = [c for c in same if c.proposal.params[name] != value]
+    effects = [
+        x
+        for x in parameter_effects(timed)
+        if x.data["param"] == name and x.data["value"] == value and x.data["template"] == template
+    ]
+    (lesson,) = effects
+    assert lesson.statement.startswith(f"{template}: {name}={value!r} gives 2.00x the speedup")
+    assert f"n={len(with_value)} vs {len(others)}" in lesson.statement
+    assert lesson.data["speedup_ratio"] == pytest.approx(2.0)
+    assert set(lesson.evidence_ids) == {c.benchmark.event_id for c in same if c.benchmark}
+
+
+def test_a_dead_letter_settles_its_candidate_as_failed_and_closes_the_generation(
+    log: list[Event],
+) -> None:
+    last_benchmark = next(e for e in log if isinstance(e, BenchmarkCompleted) and e.generation == 0)
+    verified = next(
+        e
+        for e in log
+        if isinstance(e, KernelVerified) and e.candidate_id == last_benchmark.candidate_id
+    )
+    gen0 = [
+        e
+        for e in log
+        if not isinstance(e, LessonLearned | GenerationClosed)
+        and getattr(e, "generation", 0) == 0
+        and e is not last_benchmark
+    ]
+    dead = dead_letter(verified, "kf-benchmarker-cpu", "RuntimeError: the harness broke")
+    history = history_of([*gen0, dead])
+    candidate = history.candidates[last_benchmark.candidate_id]
+    assert candidate.settled and candidate.failed_undelivered
+    assert history.rejections_by_stage("recorded") == {"dead_letter": 1}
+    out = Reactions(dead, LIBRARIAN)
+    decide_librarian(history, dead, out)
+    (closed,) = [e for e in out.events if isinstance(e, GenerationClosed)]
+    assert closed.generation == 0 and closed.settled == 4 and closed.evaluated == 4
+    assert not any(isinstance(e, CampaignStalled) for e in out.events)
+
+
+def test_a_generation_whose_every_candidate_was_dead_lettered_stalls_until_resumed(
+    log: list[Event],
+) -> None:
+    proposals = [e for e in log if isinstance(e, CandidateProposed) and e.generation == 0]
+    start = log[: log.index(proposals[-1]) + 1]
+    then = proposals[-1].ts + timedelta(seconds=10)  # the recording's clock, not today's
+    dead = [
+        at(dead_letter(p, "kf-kernel-writer", "ValueError: template broke"), then)
+        for p in proposals
+    ]
+    history = history_of([*start, *dead])
+    out = Reactions(dead[-1], LIBRARIAN)
+    decide_librarian(history, dead[-1], out)
+    stalled, closed = out.events[-2:]
+    assert isinstance(stalled, CampaignStalled) and isinstance(closed, GenerationClosed)
+    assert stalled.cause == "dead_lettered" and stalled.role == "kernel-writer"
+    assert "all 4 candidate(s)" in stalled.detail and "template broke" in stalled.detail
+    for reaction in out.events:
+        history.apply(history.position + 1, at(reaction, then))
+    assert history.campaigns["recorded"].stalled is not None
+    assert planner_decision(history, closed, then) == []  # not into the same wall again
+    resumed = at(
+        new_event(CampaignResumed, campaign_id="recorded", actor=PLANNER, cause=closed), then
+    )
+    history.apply(history.position + 1, resumed)
+    assert history.campaigns["recorded"].stalled is None
+    reopened = planner_decision(history, resumed, then)
+    assert isinstance(reopened[0], GenerationOpened) and reopened[0].generation == 1
+
+
+def test_no_design_space_stalls_the_campaign_with_its_reason(log: list[Event]) -> None:
+    started = log[0]
+    assert isinstance(started, CampaignStarted)
+    history = history_of([started])
+    out = Reactions(started, PLANNER)
+    decide_planner(history, started, out, now=started.ts, spaces=[])
+    (stalled,) = out.events
+    assert isinstance(stalled, CampaignStalled) and stalled.cause == "no_design_space"
+    assert "no design space to search for softmax on cpu" in stalled.detail
+
+
+def test_the_wall_time_is_active_time_and_finishes_the_campaign(log: list[Event]) -> None:
+    started = log[0]
+    assert isinstance(started, CampaignStarted)
+    opened = next(e for e in log if isinstance(e, GenerationOpened))
+    history = history_of(log[: log.index(opened) + 1])
+    campaign = history.campaigns["recorded"]
+    wall = campaign.spec.budget.wall_seconds()
+    before, after = started.ts + timedelta(seconds=wall - 1), started.ts + timedelta(seconds=wall)
+    out = Reactions(started, PLANNER)
+    decide_deadline(history, "recorded", out, now=before)
+    assert out.events == []
+    decide_deadline(history, "recorded", out, now=after)
+    (finished,) = out.events
+    assert isinstance(finished, CampaignFinished) and finished.reason == WALL_TIME_REASON
+    # A resume a day later: the gap is not counted, only the time the campaign ran.
+    ran = (opened.ts - started.ts).total_seconds()
+    resumed = msgspec.structs.replace(
+        new_event(CampaignResumed, campaign_id="recorded", actor=PLANNER),
+        ts=opened.ts + timedelta(days=1),
+    )
+    history.apply(history.position + 1, resumed)
+    assert campaign.active_seconds(resumed.ts + timedelta(seconds=5)) == pytest.approx(ran + 5)
+    out = Reactions(resumed, PLANNER)
+    decide_deadline(history, "recorded", out, now=resumed.ts + timedelta(seconds=wall - ran - 1))
+    assert out.events == []
+
+
+def at(event: E, ts: datetime) -> E:
+    return msgspec.structs.replace(event, ts=ts)
+
+
+def dead_letter(original: Event, consumer: str, reason: str) -> DeadLettered:
+    return new_event(
+        DeadLettered,
+        campaign_id=original.campaign_id,
+        actor=ActorRef(consumer.removeprefix("kf-"), "x", "test"),
+        consumer=consumer,
+        subject=f"kf.ev.{original.campaign_id}.{original.type}",
+        stream_seq=1,
+        deliveries=5,
+        reason=reason,
+        original_event_id=original.event_id,
+    )
+
+
+def test_the_run_shows_each_generation_and_the_lessons_it_searched_with(
+    log: list[Event],
+) -> None:
+    shown = io.StringIO()
+    _generations(history_of(log), "recorded", Console(file=shown, width=400))
+    lines = shown.getvalue().splitlines()
+    drawn = [e for e in log if isinstance(e, LessonLearned) and e.generation == 0]
+    assert lines[0].startswith("generation 0: 4 of 4 settled, best ")
+    assert lines[1] == f"generation 1 searched with {len(drawn)} lesson(s), these new:"
+    assert lines[2 : 2 + len(drawn)] == [f"  - {x.statement}" for x in drawn]
+    assert lines[2 + len(drawn)].startswith("generation 1: 4 of 4 settled, best ")

@@ -102,7 +102,9 @@ class Benchmarker(Actor):
             previous = (incumbent.source, tuple(incumbent.flags))
 
         def timed() -> BenchmarkResult | Rejection:
+            self.status("waiting for the host's benchmark lock")
             with HostTurn():
+                self.status("timing")
                 return compile_and_time(
                     event.target,
                     problem,

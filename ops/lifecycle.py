@@ -40,7 +40,10 @@ def run_until_stopped(body: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -
     try:
         asyncio.set_event_loop(loop)
         stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread():
+            signals = ()  # only the main thread receives signals (a test runs us in another)
+        for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         main = loop.create_task(body(stop))
         try:
@@ -48,7 +51,7 @@ def run_until_stopped(body: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -
         except (asyncio.CancelledError, ConnectStopped):
             raise Stopped() from None
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in signals:
                 loop.remove_signal_handler(sig)
             _cancel_the_rest(loop)
         return result

@@ -143,6 +143,7 @@ class LiveActors:
     def __init__(self, needed: Iterable[tuple[str, str | None]]) -> None:
         """`needed`: (role, target) pairs; target None for roles that serve any target."""
         self.needed = list(needed)
+        self.live_for = LIVE_FOR
         self.since = time.monotonic()
         self.last_seen: dict[tuple[str, str | None], float] = {}
         self.reported: set[str] = set()
@@ -153,12 +154,12 @@ class LiveActors:
                 self.last_seen[(role, target)] = time.monotonic()
 
     def missing(self) -> list[str]:
-        """Needed roles without a live instance for LIVE_FOR s (since we began to look)."""
+        """Needed roles not heard from for `live_for` s (counted from when we began)."""
         now = time.monotonic()
         return [
             role
             for role, target in self.needed
-            if now - self.last_seen.get((role, target), self.since) > LIVE_FOR
+            if now - self.last_seen.get((role, target), self.since) > self.live_for
         ]
 
     def newly_missing(self) -> tuple[list[str], list[str]]:

@@ -30,7 +30,7 @@ from actors.planner import summary
 from bus.auth import AuthError, ClientAuth
 from bus.connection import INTERACTIVE_WAIT, connect, jetstream
 from bus.follow import follow
-from bus.heartbeat import LIVE_FOR, collect, watch
+from bus.heartbeat import collect, watch
 from bus.subjects import campaign_filter
 from eventstore.authority import CLI
 from eventstore.emitter import Emitter
@@ -353,7 +353,7 @@ async def _warn_missing(
     gone, back = live.newly_missing()
     for role in gone:
         detail = (
-            f"no live {role} for {spec.target} for {LIVE_FOR:.0f} s: the campaign cannot "
+            f"no live {role} for {spec.target} for {live.live_for:.0f} s: the campaign cannot "
             f"progress until one joins (kfactory actor {role} --target {spec.target} "
             f"--nats {url})"
         )

@@ -64,7 +64,7 @@ def test_every_command_stops_while_connecting(tmp_path: Path, sig: signal.Signal
         signalled = time.monotonic()
         for name, process in processes.items():
             left = max(EXITS_WITHIN - (time.monotonic() - signalled), 0.1)
-            out, err = process.communicate(timeout=left)
+            _, err = process.communicate(timeout=left)
             assert process.returncode in (0, 130), f"{name}: {process.returncode} {err}"
             assert "Traceback" not in err, f"{name}: {err}"
     finally:
@@ -85,7 +85,7 @@ def test_interactive_commands_give_up_on_an_unreachable_hub_in_one_line(tmp_path
         for name in ("sql", "events tail", "run")
     }
     for name, process in processes.items():
-        out, err = process.communicate(timeout=120)
+        _, err = process.communicate(timeout=120)
         assert process.returncode == 2, f"{name}: {err}"
         (line,) = err.strip().splitlines()
         assert line.startswith(

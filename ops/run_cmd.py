@@ -2,8 +2,9 @@
 
 On the embedded defaults it starts the hub (nats-server, recorder, SQL service) and
 the roles of its target in this process; with --nats it submits the campaign to a running swarm
-instead. It shows progress until the campaign finishes, then a leaderboard. Running the
-same command again resumes the campaign from its history.
+instead, starting here the roles that swarm lacks. It shows progress on stderr until the
+campaign finishes (and warns when a role it needs has no live instance), then the
+leaderboard on stdout. Running the same command again resumes the campaign.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ RUN_HELP = (
     "benchmarker, librarian; and the compiler for cuda). A cuda campaign on a host without "
     "a GPU compiles and checks its kernels here, then waits for a GPU host's verifier and "
     "benchmarker to join the bus. With --nats (or a `kfactory server` running for --home) the "
-    "campaign is handed to that swarm and followed from here.\n\n"
+    "campaign is handed to that swarm and followed from here; roles it lacks are named and "
+    "started here, unless --no-local-actors.\n\n"
+    "The leaderboard and summary (or --json) go to stdout; progress and diagnostics to "
+    "stderr (a line every 10 s when stderr is not a terminal).\n\n"
     "The same command run again resumes the campaign from its history: no candidate is "
     "evaluated twice. Ctrl-C stops cleanly.\n\n"
     "A campaign file (TOML), every field but problem optional:\n\n"

@@ -91,11 +91,13 @@ async def running_hub(
     tls: TlsFiles | None = None,
     ca_file: Path | None = None,
     external_auth: ClientAuth | None = None,
+    stop: asyncio.Event | None = None,
 ) -> AsyncIterator[Hub]:
     """Start the hub; on exit, record what has arrived, then stop everything.
 
     `ca_file` is the CA local clients verify the server's certificate with;
-    `external_auth` is how the hub joins an existing NATS (`nats_url`).
+    `external_auth` is how the hub joins an existing NATS (`nats_url`), which it waits
+    for as long as it takes, or until `stop` is set.
     """
     server = None
     supervising: asyncio.Task[None] | None = None
@@ -110,17 +112,20 @@ async def running_hub(
         hub_auth = admin_auth = external_auth or ClientAuth(None, ca_file)
     event_store = DuckDBEventStore(store or store_path(home))
     nc: Client | None = None
-    stop = asyncio.Event()
+    stop_recording = asyncio.Event()
     recording: asyncio.Task[None] | None = None
     try:
-        admin = await connect(nats_url, "kf-admin", auth=admin_auth)
+        wait = None if server is None else 30.0
+        admin = await connect(
+            nats_url, "kf-admin", wait_for_server=wait, stop=stop, auth=admin_auth
+        )
         try:  # only the admin manages the stream; before anyone publishes through us
             await ensure_events_stream(jetstream(admin))
         finally:
             await admin.close()
-        nc = await connect(nats_url, "kf-recorder", auth=hub_auth)
+        nc = await connect(nats_url, "kf-recorder", wait_for_server=wait, stop=stop, auth=hub_auth)
         recorder = Recorder(nc, event_store)
-        recording = asyncio.create_task(recorder.run(stop))
+        recording = asyncio.create_task(recorder.run(stop_recording))
         service = await serve_queries(nc, event_store)
         write_server_info(
             home,
@@ -147,7 +152,7 @@ async def running_hub(
             clear_server_info(home, os.getpid())
             await service.stop()
     finally:
-        stop.set()
+        stop_recording.set()
         if supervising is not None:
             supervising.cancel()
             with contextlib.suppress(BaseException):

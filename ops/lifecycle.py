@@ -34,8 +34,11 @@ class Stopped(Exception):
     """The command was stopped by SIGINT or SIGTERM before it finished."""
 
 
-def run_until_stopped(body: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
-    """Run `body(stop)`; raises Stopped if a signal cut it short (its result is lost)."""
+def run_until_stopped(
+    body: Callable[[asyncio.Event], Coroutine[Any, Any, T]], stopped: str = "stopped"
+) -> T:
+    """Run `body(stop)`; raises Stopped if a signal cut it short (its result is lost),
+    saying `stopped` on stderr first (the process may end before the caller can)."""
     loop = asyncio.new_event_loop()
     try:
         asyncio.set_event_loop(loop)
@@ -49,6 +52,7 @@ def run_until_stopped(body: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -
         try:
             result = loop.run_until_complete(_bounded(main, stop))
         except (asyncio.CancelledError, ConnectStopped):
+            print(f"kfactory: {stopped}", file=sys.stderr, flush=True)
             raise Stopped() from None
         finally:
             for sig in signals:
@@ -109,12 +113,13 @@ def _exit_now() -> None:
     os._exit(STOPPED)
 
 
-def run_command(body: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
+def run_command(
+    body: Callable[[asyncio.Event], Coroutine[Any, Any, T]], stopped: str = "stopped"
+) -> T:
     """`run_until_stopped` for a command: a stop ends the process with status 130."""
     import typer
 
     try:
-        return run_until_stopped(body)
+        return run_until_stopped(body, stopped)
     except Stopped:
-        print("kfactory: stopped", file=sys.stderr)
         raise typer.Exit(STOPPED) from None

@@ -117,7 +117,10 @@ def run(
     quiet_logs()
     settings = Settings(folder, verifiers, benchmarkers, as_json, not no_local_actors, tls_ca)
     try:
-        code = run_command(lambda stop: _main(stop, spec, url, auth, settings))
+        code = run_command(
+            lambda stop: _main(stop, spec, url, auth, settings),
+            "stopped; run the same command again to resume",
+        )
     except (ConnectionError, AuthError) as exc:
         raise UserError(str(exc)) from exc
     if code:
@@ -182,7 +185,7 @@ async def _main(
     if url is not None:
         result = await _in_front_of_swarm(stop, spec, url, auth or ClientAuth(), settings)
     else:
-        async with running_hub(settings.home) as hub:
+        async with running_hub(settings.home, stop=stop) as hub:
             console.print(f"hub {hub.url}; events in {hub.store.path}")
             async with running_swarm(
                 hub.url,

@@ -102,6 +102,7 @@ async def _serve(
         tls=tls,
         ca_file=ca_file,
         external_auth=external,
+        stop=stop,
     ) as hub:
         typer.echo(hub.url, err=False)  # stdout: a script reads the URL from here
         typer.echo(

@@ -221,7 +221,9 @@ class Benchmarker(Actor):
         dtype: str,
         shape: dict[str, int] | None,
     ) -> BenchmarkResult | Rejection:
+        self.status("waiting for the host's benchmark lock")
         with HostTurn():
+            self.status("timing")
             return builds.time(
                 problem,
                 calibration,

@@ -173,7 +173,7 @@ class History:
         campaign._touch(event)
         if isinstance(event, CampaignFinished):
             campaign.finished = event
-        elif isinstance(event, CampaignStalled):
+        elif isinstance(event, CampaignStalled) and event.blocks:
             campaign.stalled = event
         elif isinstance(event, DeadLettered):
             self._apply_dead_letter(event)

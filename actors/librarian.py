@@ -19,12 +19,12 @@ from actors.history import Candidate, History
 from actors.lessons import draw_lessons
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
-from actors.stalls import stall
 from bus.connection import Client
 from bus.service import RequestRefused, Service, request, serve
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,
+    CampaignStalled,
     CandidateDeduplicated,
     DeadLettered,
     Event,
@@ -211,11 +211,11 @@ def decide_librarian(history: History, event: Event, out: Reactions) -> None:
     if counted and len(given_up) == len(counted):
         reasons = sorted({c.dead_letter.reason for c in given_up if c.dead_letter})
         consumer = given_up[0].dead_letter.consumer if given_up[0].dead_letter else ""
-        stall(
-            out,
-            "dead_lettered",
-            f"generation {generation}: the work of all {len(given_up)} candidate(s) was "
-            f"given up on ({'; '.join(reasons)[:300]}); run the campaign again to resume",
+        out.emit(
+            CampaignStalled,
+            kind="dead_lettered",
+            detail=f"generation {generation}: the work of all {len(given_up)} candidate(s) "
+            f"was given up on ({'; '.join(reasons)[:300]}); run the campaign again to resume",
             role=consumer.removeprefix("kf-"),
             event_id=derived_event_id(opened, "stalled"),
         )

@@ -13,7 +13,7 @@ Every decision is a pure function of the history, the incoming event and plain i
 history, the librarian's answers, the design spaces) and retries with what the
 librarian knows. The wall time is active time: a deadline watcher finishes a campaign
 it drives as soon as that is spent, even mid-generation. A problem with no design space
-stalls the campaign (`CampaignStalled`, cause `no_design_space`) instead of failing.
+stalls the campaign (`CampaignStalled`, kind `no_design_space`) instead of failing.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
 from actors.search import Proposal, Space, TemplateSearch
 from actors.spaces import design_spaces, seed_points
-from actors.stalls import stall
 from actors.variation import LLM_TEMPLATE, blank_page, seeds, variations
 from bus.connection import Client, jetstream
 from eventstore.emitter import Emitter
@@ -40,6 +39,7 @@ from eventstore.events import (
     ActorRef,
     CampaignFinished,
     CampaignResumed,
+    CampaignStalled,
     CampaignStarted,
     CandidateProposed,
     Event,
@@ -275,10 +275,10 @@ def _open(
             _write(history, campaign, count, out)
             return
     elif not spaces:
-        stall(
-            out,
-            "no_design_space",
-            f"no design space to search for {spec.problem} on {spec.target} ({spec.dtype}): "
+        out.emit(
+            CampaignStalled,
+            kind="no_design_space",
+            detail=f"no design space to search for {spec.problem} on {spec.target} ({spec.dtype}): "
             "no template, seed kernel or fusion space takes it",
         )
         return

@@ -9,6 +9,10 @@ again yields the same events, which the bus and the store deduplicate.
 
 On SIGTERM or SIGINT the in-flight message is finished within a grace period or left
 for redelivery; nothing is acked that was not done.
+
+While it runs, the runtime publishes the actor's heartbeat (`bus/heartbeat.py`): what it
+serves, the event it is handling, and its state in words, which a handler sets with
+`self.status(...)` (for instance while it waits for the host's benchmark lock).
 """
 
 from __future__ import annotations
@@ -18,13 +22,17 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
+import time
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 import structlog
 
 from bus.auth import ClientAuth
-from bus.connection import Client, Msg, connect, jetstream
+from bus.connection import Client, ConnectStopped, Msg, connect, jetstream
 from bus.consumer import PoisonMessage, WorkConsumer
+from bus.heartbeat import Heartbeat, beat_until
 from bus.streams import wait_for_stream
 from bus.subjects import check_token, type_filters
 from eventstore.codec import InvalidEvent, decode
@@ -87,8 +95,17 @@ class Actor(abc.ABC):
     #: Short, because long handlers report progress every third of it: a worker that
     #: died is noticed (and its message redelivered) within this many seconds.
     ack_wait: float = 10.0
-    #: On SIGTERM, in-flight work gets this long to finish before it is left for redelivery.
-    shutdown_grace: float = 10.0
+    #: On SIGTERM, in-flight work gets this long to finish before it is left for
+    #: redelivery (short: every command stops within 2 s of a signal).
+    shutdown_grace: float = 0.5
+    #: The device this instance runs kernels on, for its heartbeat ("" if none).
+    device: str = ""
+    _report: Callable[[str], None] | None = None
+
+    def status(self, state: str) -> None:
+        """Say what this instance is doing now, in words (safe from any thread)."""
+        if self._report is not None:
+            self._report(state)
 
     @abc.abstractmethod
     async def handle(self, event: Event, out: Reactions) -> None:
@@ -119,8 +136,48 @@ class ActorRuntime:
         self._js = jetstream(nc)
         self._emitter = Emitter(self._js)
         self.handled = 0
+        self.job = ""
+        self.state = "starting"
+        self._changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def heartbeat(self) -> Heartbeat:
+        with self._lock:
+            job, state = self.job, self.state
+        return Heartbeat(
+            role=self.ref.role,
+            instance=self.ref.instance,
+            host=self.ref.host,
+            pid=os.getpid(),
+            target=self.actor.target or "",
+            device=self.actor.device,
+            job=job,
+            state=state,
+            handled=self.handled,
+            sent=time.time(),
+        )
+
+    def _set_state(self, state: str, job: str | None = None) -> None:
+        with self._lock:
+            self.state = state
+            if job is not None:
+                self.job = job
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._changed.set)
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.actor._report = self._set_state
+        beating = asyncio.create_task(beat_until(self.nc, self.heartbeat, self._changed, stop))
+        try:
+            await self._run(stop)
+        finally:
+            beating.cancel()
+            with contextlib.suppress(BaseException):
+                await beating
+
+    async def _run(self, stop: asyncio.Event) -> None:
         await wait_for_stream(self._js)
         types = [cls.__name__ for cls in self.actor.reacts_to]
         consumer = WorkConsumer(
@@ -147,6 +204,7 @@ class ActorRuntime:
         ):
             await self.actor.setup(self.nc, self.ref)
             log.info("actor started", reacts_to=types, consumer=consumer.durable)
+            self._set_state("idle")
             try:
                 await consumer.run(stop)
             finally:
@@ -156,7 +214,7 @@ class ActorRuntime:
                         self._emitter.emit(
                             new_event(ActorStopped, campaign_id=SYSTEM_CAMPAIGN, actor=self.ref)
                         ),
-                        timeout=5,
+                        timeout=1,
                     )
                 log.info("actor stopped", handled=self.handled)
 
@@ -166,11 +224,15 @@ class ActorRuntime:
         except InvalidEvent as exc:
             raise PoisonMessage(f"not a valid event: {exc}") from exc
         out = Reactions(event, self.ref)
-        with structlog.contextvars.bound_contextvars(campaign=event.campaign_id):
-            await self.actor.handle(event, out)
-            if out.events:
-                await self._emitter.emit_many(out.events)
-        self.handled += 1
+        self._set_state("working", _job(event))
+        try:
+            with structlog.contextvars.bound_contextvars(campaign=event.campaign_id):
+                await self.actor.handle(event, out)
+                if out.events:
+                    await self._emitter.emit_many(out.events)
+            self.handled += 1
+        finally:
+            self._set_state("idle", "")
 
     async def _dead_letter(self, message: Msg, reason: str) -> None:
         metadata = message.metadata
@@ -188,24 +250,33 @@ class ActorRuntime:
         )
 
 
+def _job(event: Event) -> str:
+    candidate = getattr(event, "candidate_id", None)
+    return f"{event.type} {candidate or event.campaign_id}"
+
+
 async def run_actor(
     actor: Actor,
     nats_url: str,
     instance: str | None = None,
-    handle_signals: bool = True,
+    stop: asyncio.Event | None = None,
     auth: ClientAuth | None = None,
 ) -> None:
-    """Run one actor until SIGTERM or SIGINT (the `kfactory actor` process body)."""
-    stop = asyncio.Event()
-    if handle_signals:
+    """Run one actor until `stop` is set (the `kfactory actor` process body); without
+    `stop`, until SIGTERM or SIGINT. Waits for the hub as long as it takes."""
+    if stop is None:
+        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    nc = await connect(nats_url, f"kf-{actor.role}", auth=auth)
+    try:
+        nc = await connect(nats_url, f"kf-{actor.role}", wait_for_server=None, stop=stop, auth=auth)
+    except ConnectStopped:
+        return
     try:
         await ActorRuntime(actor, nc, instance).run(stop)
     finally:
-        await nc.drain()
+        await nc.close()  # what it published was acked already: nothing to drain
 
 
 __all__ = ["Actor", "ActorRuntime", "PoisonMessage", "Reactions", "run_actor"]

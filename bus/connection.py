@@ -1,8 +1,10 @@
-"""Connections that outlive server restarts of any length.
+"""Connections that outlive server restarts of any length, and that a stop ends at once.
 
 nats-py gives up after 60 reconnect attempts (about two minutes) by default; every
-Kernel Factory connection retries forever instead, and also waits for a server that
-is not up yet when the process starts. `auth` gives the user's nkey seed and the CA
+Kernel Factory connection retries forever once connected. Before the first connection,
+actors wait for the hub as long as it takes (saying so every 30 s), while interactive
+commands give up after a few seconds with one line naming the URL. Setting `stop`, or
+cancelling the call, ends the wait at once. `auth` gives the user's nkey seed and the CA
 that signed the server's TLS certificate.
 """
 
@@ -15,23 +17,37 @@ import time
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.errors import NoServersError
 from nats.js import JetStreamContext
 
 from bus.auth import AuthError, ClientAuth
 
 log = structlog.get_logger("bus.connection")
 
+#: How often a process that waits for the hub forever says so.
+WAITING_LOG_EVERY = 30.0
+#: How long interactive commands (sql, events tail, run --nats, ps) wait for the hub.
+INTERACTIVE_WAIT = 10.0
+
+
+class ConnectStopped(Exception):
+    """The stop flag was set while connecting."""
+
 
 async def connect(
     url: str,
     name: str,
     *,
-    wait_for_server: float = 30.0,
+    wait_for_server: float | None = 30.0,
+    stop: asyncio.Event | None = None,
     reconnect_wait: float = 0.25,
     auth: ClientAuth | None = None,
 ) -> Client:
-    """Connect to `url` (comma-separated for a cluster), retrying for `wait_for_server` s."""
+    """Connect to `url` (comma-separated for a cluster).
+
+    Waits `wait_for_server` seconds for a server (None: forever, logging "waiting for the
+    hub at URL" every 30 s) and raises ConnectionError after that; raises ConnectStopped
+    as soon as `stop` is set, and AuthError when the server refuses the credentials.
+    """
 
     refused = asyncio.Event()
     last_error = ""
@@ -64,65 +80,86 @@ async def connect(
     context = auth.tls_context()
     if context is not None:
         secure["tls"] = context
-    deadline = time.monotonic() + wait_for_server
-    while True:
-        nc = Client()
-        connecting = asyncio.ensure_future(
-            nc.connect(
-                servers=[u.strip() for u in url.split(",") if u.strip()],
-                name=name,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
-                connect_timeout=2,
-                ping_interval=5,
-                max_outstanding_pings=3,
-                pending_size=64 * 1024 * 1024,
-                error_cb=on_error,
-                disconnected_cb=on_disconnected,
-                reconnected_cb=on_reconnected,
-                **secure,  # type: ignore[arg-type]
+    nc = Client()
+    connecting = asyncio.ensure_future(
+        nc.connect(
+            servers=[u.strip() for u in url.split(",") if u.strip()],
+            name=name,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,  # also retries the first connection, forever
+            reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
+            connect_timeout=2,
+            ping_interval=5,
+            max_outstanding_pings=3,
+            pending_size=64 * 1024 * 1024,
+            error_cb=on_error,
+            disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
+            **secure,  # type: ignore[arg-type]
+        )
+    )
+    watched = {connecting, asyncio.ensure_future(refused.wait())}
+    if stop is not None:
+        watched.add(asyncio.ensure_future(stop.wait()))
+    started = time.monotonic()
+    next_note = started + WAITING_LOG_EVERY
+    try:
+        while not connecting.done():
+            now = time.monotonic()
+            wake = next_note if wait_for_server is None else started + wait_for_server
+            await asyncio.wait(
+                watched, timeout=max(wake - now, 0.0), return_when=asyncio.FIRST_COMPLETED
             )
-        )
-        refusal = asyncio.ensure_future(refused.wait())
-        await asyncio.wait(
-            {connecting, refusal},
-            timeout=max(deadline - time.monotonic(), 0) + 5,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        refusal.cancel()
-        if not connecting.done() and not refused.is_set():  # e.g. a TLS handshake that fails
-            connecting.cancel()
-            with contextlib.suppress(BaseException):
-                await connecting
-            with contextlib.suppress(Exception):
-                await nc.close()
-            raise ConnectionError(f"could not connect to {url}: {last_error or 'timed out'}")
-        if refused.is_set():
-            connecting.cancel()
-            with contextlib.suppress(BaseException):
-                await connecting
-            with contextlib.suppress(Exception):
-                await nc.close()
-            raise AuthError(
-                f"{url} refused the connection: "
-                + (
-                    f"the credentials in {auth.seed_file} are not accepted"
-                    if auth.seed_file
-                    else "it requires credentials (--creds FILE, from `kfactory creds ROLE`)"
+            if connecting.done():
+                break
+            if refused.is_set():
+                raise AuthError(
+                    f"{url} refused the connection: "
+                    + (
+                        f"the credentials in {auth.seed_file} are not accepted"
+                        if auth.seed_file
+                        else "it requires credentials (--creds FILE, from `kfactory creds ROLE`)"
+                    )
                 )
-            )
-        try:
+            if stop is not None and stop.is_set():
+                raise ConnectStopped(f"stopped while connecting to {url}")
+            waited = time.monotonic() - started
+            if wait_for_server is not None and waited >= wait_for_server:
+                raise ConnectionError(
+                    f"no NATS server reachable at {url} after {wait_for_server:.0f} s"
+                    + (f" ({last_error})" if last_error else "")
+                )
+            if time.monotonic() >= next_note:
+                log.warning(f"waiting for the hub at {url}", client=name, waited_s=round(waited))
+                next_note += WAITING_LOG_EVERY
+        await connecting
+    except BaseException as exc:
+        connecting.cancel()
+        with contextlib.suppress(BaseException):
             await connecting
-            return nc
-        except (TimeoutError, NoServersError, OSError) as exc:
-            if time.monotonic() >= deadline:
-                raise ConnectionError(f"no NATS server reachable at {url}: {exc}") from exc
-            await asyncio.sleep(0.25)
+        with contextlib.suppress(Exception):
+            await nc.close()
+        if isinstance(exc, Exception) and not isinstance(
+            exc, (AuthError, ConnectStopped, ConnectionError)
+        ):
+            raise ConnectionError(f"could not connect to {url}: {exc}") from exc
+        raise
+    finally:
+        for waiter in watched - {connecting}:
+            waiter.cancel()
+    return nc
 
 
 def jetstream(nc: Client, timeout: float = 5.0) -> JetStreamContext:
     return nc.jetstream(timeout=timeout, publish_async_max_pending=20_000)
 
 
-__all__ = ["Client", "JetStreamContext", "Msg", "connect", "jetstream"]
+__all__ = [
+    "INTERACTIVE_WAIT",
+    "Client",
+    "ConnectStopped",
+    "JetStreamContext",
+    "Msg",
+    "connect",
+    "jetstream",
+]

@@ -79,6 +79,12 @@ class EmbeddedNatsServer:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def exit_code(self) -> int | None:
+        """The exit status of a child that died on its own (None while it runs or after
+        `stop()`)."""
+        return None if self._process is None else self._process.poll()
+
     def start(self, ready_timeout: float = 20.0) -> str:
         """Start the server and return its URL once it accepts connections."""
         if self.running:

@@ -79,15 +79,21 @@ class CampaignFinished(Event, tag=True, frozen=True):
 
 
 class CampaignStalled(Event, tag=True, frozen=True):
-    """The campaign cannot make progress, and why; it may resume if the cause goes away.
+    """The campaign cannot make progress, and why.
 
-    cause: `no_design_space`, `no_live_actor` (`role` names it) or `dead_lettered`
-    (every open candidate's work was given up on).
+    kind: `no_design_space` or `dead_lettered` (every candidate of the last generation was
+    given up on) block it until it is run again; `no_live_actor` (`role` names it) is a
+    warning: the campaign goes on when one joins.
     """
 
-    cause: str
+    kind: str
     detail: str
     role: str = ""
+
+    @property
+    def blocks(self) -> bool:
+        """Whether the campaign waits for a resume (else for an actor to join)."""
+        return self.kind != "no_live_actor"
 
 
 # --- the search --------------------------------------------------------------------

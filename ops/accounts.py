@@ -21,6 +21,7 @@ from bus.auth import (
     public_key,
     write_private,
 )
+from bus.heartbeat import HEARTBEAT_PREFIX, PING, role_subjects
 from bus.subjects import EVENTS_PREFIX, SERVICE_PREFIX, STREAM
 from eventstore.authority import ACTOR_ROLES, CLI, EMITS, RECORDER
 from eventstore.queries import SERVICE as STORE_SERVICE
@@ -85,7 +86,12 @@ def _consumers(role: str) -> list[str]:
 
 
 def _actor(role: str, key: str) -> Permissions:
-    publish = [*_events(EMITS[role]), f"{SERVICE_PREFIX}.>", f"{_API}.STREAM.INFO.{STREAM}"]
+    publish = [
+        *_events(EMITS[role]),
+        f"{SERVICE_PREFIX}.>",
+        f"{_API}.STREAM.INFO.{STREAM}",
+        role_subjects(role),  # its own role's heartbeats, no other's
+    ]
     for consumer in _consumers(role):
         publish += [
             f"{_API}.CONSUMER.DURABLE.CREATE.{STREAM}.{consumer}",
@@ -93,15 +99,16 @@ def _actor(role: str, key: str) -> Permissions:
             f"{_API}.CONSUMER.MSG.NEXT.{STREAM}.{consumer}",
             f"$JS.ACK.{STREAM}.{consumer}.>",
         ]
-    subscribe = [f"{inbox_prefix(key)}.>"]
+    subscribe = [f"{inbox_prefix(key)}.>", PING]
     service = _SERVICES_OF_ACTORS.get(role)
     if service is not None:  # the librarian answers its own questions
         subscribe += [f"{SERVICE_PREFIX}.{service}.>", "$SRV.>"]
     return Permissions(tuple(publish), tuple(subscribe), allow_responses=service is not None)
 
 
-def _follower(key: str, emits: tuple[str, ...]) -> Permissions:
-    """Reads the whole stream with ephemeral ordered consumers (the recorder, the CLI)."""
+def _follower(key: str, emits: tuple[str, ...], heartbeats: bool = False) -> Permissions:
+    """Reads the whole stream with ephemeral ordered consumers (the recorder, the CLI);
+    with `heartbeats`, also sees who is alive (`kfactory ps`, `kfactory run`)."""
     publish = [
         *_events(emits),
         f"{SERVICE_PREFIX}.>",
@@ -112,7 +119,11 @@ def _follower(key: str, emits: tuple[str, ...]) -> Permissions:
         f"{_API}.CONSUMER.INFO.{STREAM}.*",
         f"$JS.FC.{STREAM}.>",
     ]
-    return Permissions(tuple(publish), (f"{inbox_prefix(key)}.>",))
+    subscribe = [f"{inbox_prefix(key)}.>"]
+    if heartbeats:
+        publish.append(PING)
+        subscribe.append(f"{HEARTBEAT_PREFIX}.*.*")
+    return Permissions(tuple(publish), tuple(subscribe))
 
 
 def permissions(home: Path) -> dict[str, Permissions]:
@@ -123,7 +134,7 @@ def permissions(home: Path) -> dict[str, Permissions]:
         if user in ACTOR_ROLES:
             granted[key] = _actor(user, key)
         elif user == CLI:
-            granted[key] = _follower(key, EMITS[CLI])
+            granted[key] = _follower(key, EMITS[CLI], heartbeats=True)
         elif user == HUB:
             base = _follower(key, EMITS[RECORDER])
             granted[key] = Permissions(

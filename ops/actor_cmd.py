@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import typer
@@ -12,8 +11,9 @@ from actors.roles import ROLES
 from actors.runtime import run_actor
 from ops.errors import UserError
 from ops.home import client_auth_for, nats_url, resolve_home
+from ops.lifecycle import run_command
 from ops.options import CREDS, HOME, NATS, TLS_CA
-from ops.swarm import RUN_ON_THE_DEVICE
+from ops.swarm import RUN_ON_THE_DEVICE, create_actor
 
 
 def _roles_help() -> str:
@@ -55,10 +55,10 @@ def actor(
     missing = device_missing(target, spec.name) if spec.name in RUN_ON_THE_DEVICE else None
     if missing is not None:
         raise UserError(f"a {role} for {target} needs the device here: {missing}")
-    implementation = spec.create(target)
+    implementation = create_actor(spec, target)
     folder = resolve_home(home)
     url = nats_url(nats, folder)
     if url is None:
         raise UserError("no NATS URL: pass --nats nats://HOST:PORT (see `kfactory server`)")
     auth = client_auth_for(folder, role, creds, tls_ca)
-    asyncio.run(run_actor(implementation, url, instance, auth=auth))
+    run_command(lambda stop: run_actor(implementation, url, instance, stop, auth))

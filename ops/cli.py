@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "ops.creds_cmd",
     "ops.sql_cmd",
     "ops.events_cmd",
+    "ops.ps_cmd",
     "ops.actor_cmd",
     "ops.bench_cmd",
     "ops.run_cmd",

@@ -2,6 +2,9 @@
 file, and the read-only SQL service. `kfactory server` runs it in the foreground;
 `kfactory run` and the tests run it in-process.
 
+The embedded server's port is chosen once and kept in `<home>/nats/port`, so a restarted
+hub keeps its URL; if the nats-server child dies, the hub starts it again on that port.
+
 The embedded server always authenticates (unless `auth=False` on loopback): every user
 of `ops/accounts.py` gets its seed in the run folder on first start, and the server's
 configuration grants each only its own subjects. With `tls`, clients must use TLS.
@@ -17,15 +20,22 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
 from bus.auth import AuthError, ClientAuth, TlsFiles, is_loopback, server_config, write_private
 from bus.connection import Client, connect, jetstream
-from bus.server import EmbeddedNatsServer
+from bus.server import EmbeddedNatsServer, NatsServerError
 from bus.streams import ensure_events_stream
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.queries import serve_queries
 from eventstore.recorder import Recorder
 from ops.accounts import ADMIN, HUB, client_auth, ensure_credentials, permissions
 from ops.home import ServerInfo, clear_server_info, store_path, write_server_info
+
+log = structlog.get_logger("ops.hub")
+
+#: How often the hub looks whether its nats-server child is still there.
+SUPERVISE_EVERY = 0.5
 
 
 @dataclass
@@ -81,34 +91,41 @@ async def running_hub(
     tls: TlsFiles | None = None,
     ca_file: Path | None = None,
     external_auth: ClientAuth | None = None,
+    stop: asyncio.Event | None = None,
 ) -> AsyncIterator[Hub]:
     """Start the hub; on exit, record what has arrived, then stop everything.
 
     `ca_file` is the CA local clients verify the server's certificate with;
-    `external_auth` is how the hub joins an existing NATS (`nats_url`).
+    `external_auth` is how the hub joins an existing NATS (`nats_url`), which it waits
+    for as long as it takes, or until `stop` is set.
     """
     server = None
+    supervising: asyncio.Task[None] | None = None
     if nats_url is None:
         server = _embedded_server(home, listen, port, auth, tls)
-        await asyncio.to_thread(server.start)
+        await asyncio.to_thread(_start_on_kept_port, server, home)
         nats_url = server.url
+        supervising = asyncio.create_task(supervise(server))
     if server is not None and auth:
         hub_auth, admin_auth = client_auth(home, HUB, ca_file), client_auth(home, ADMIN, ca_file)
     else:
         hub_auth = admin_auth = external_auth or ClientAuth(None, ca_file)
     event_store = DuckDBEventStore(store or store_path(home))
     nc: Client | None = None
-    stop = asyncio.Event()
+    stop_recording = asyncio.Event()
     recording: asyncio.Task[None] | None = None
     try:
-        admin = await connect(nats_url, "kf-admin", auth=admin_auth)
+        wait = None if server is None else 30.0
+        admin = await connect(
+            nats_url, "kf-admin", wait_for_server=wait, stop=stop, auth=admin_auth
+        )
         try:  # only the admin manages the stream; before anyone publishes through us
             await ensure_events_stream(jetstream(admin))
         finally:
             await admin.close()
-        nc = await connect(nats_url, "kf-recorder", auth=hub_auth)
+        nc = await connect(nats_url, "kf-recorder", wait_for_server=wait, stop=stop, auth=hub_auth)
         recorder = Recorder(nc, event_store)
-        recording = asyncio.create_task(recorder.run(stop))
+        recording = asyncio.create_task(recorder.run(stop_recording))
         service = await serve_queries(nc, event_store)
         write_server_info(
             home,
@@ -135,16 +152,60 @@ async def running_hub(
             clear_server_info(home, os.getpid())
             await service.stop()
     finally:
-        stop.set()
+        stop_recording.set()
+        if supervising is not None:
+            supervising.cancel()
+            with contextlib.suppress(BaseException):
+                await supervising
         if recording is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(recording, 30)
         if nc is not None:
             with contextlib.suppress(Exception):
-                await nc.drain()
+                await asyncio.wait_for(nc.drain(), 1.0)
+            if not nc.is_closed:
+                await nc.close()
         event_store.close()
         if server is not None:
             await asyncio.to_thread(server.stop)
+
+
+def port_file(home: Path) -> Path:
+    return home / "nats" / "port"
+
+
+def _start_on_kept_port(server: EmbeddedNatsServer, home: Path) -> None:
+    """Start on the port this run folder kept (or on a free one, then kept)."""
+    kept = port_file(home)
+    if server.port <= 0:
+        with contextlib.suppress(OSError, ValueError):
+            server.port = int(kept.read_text().strip())
+    try:
+        server.start()
+    except NatsServerError as exc:
+        raise NatsServerError(
+            f"{exc} (the port {server.port} is kept in {kept}; free it, or remove that file "
+            "to take a new port and a new URL)"
+            if kept.exists()
+            else str(exc)
+        ) from exc
+    kept.write_text(f"{server.port}\n")
+
+
+async def supervise(server: EmbeddedNatsServer) -> None:
+    """Start the nats-server child again, on the same port and store, whenever it dies."""
+    while True:
+        await asyncio.sleep(SUPERVISE_EVERY)
+        code = server.exit_code
+        if code is None:
+            continue
+        log.warning("nats-server exited; restarting it", code=code, url=server.url)
+        try:
+            await asyncio.to_thread(server.start)
+            log.warning("nats-server restarted", url=server.url, pid=server.pid)
+        except NatsServerError as exc:
+            log.error("nats-server did not restart; trying again", error=str(exc))
+            await asyncio.sleep(2.0)
 
 
 def _embedded_server(

@@ -2,17 +2,19 @@
 
 On the embedded defaults it starts the hub (nats-server, recorder, SQL service) and
 the roles of its target in this process; with --nats it submits the campaign to a running swarm
-instead. It shows progress until the campaign finishes, then a leaderboard. Running the
-same command again resumes the campaign from its history.
+instead, starting here the roles that swarm lacks. It shows progress on stderr until the
+campaign finishes (and warns when a role it needs has no live instance), then the
+leaderboard on stdout. Running the same command again resumes the campaign.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
+import contextlib
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +38,12 @@ from actors.campaign import (
 from actors.history import History
 from actors.planner import summary
 from actors.spaces import design_spaces
-from bus.auth import ClientAuth
-from bus.connection import connect, jetstream
-from bus.follow import Msg, follow
+from bus.auth import AuthError, ClientAuth
+from bus.connection import INTERACTIVE_WAIT, connect, jetstream
+from bus.follow import follow
+from bus.heartbeat import collect, watch
 from bus.subjects import campaign_filter
 from eventstore.authority import CLI
-from eventstore.codec import InvalidEvent, decode
 from eventstore.emitter import Emitter
 from eventstore.events import (
     ActorRef,
@@ -55,12 +57,17 @@ from eventstore.queries import replay
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.user_spaces import SpaceError
 from ops.errors import UserError
-from ops.home import client_auth_for, nats_url, resolve_home, running_server
+from ops.home import client_auth_for, nats_url, resolve_home
 from ops.hub import running_hub
+from ops.lifecycle import STOPPED, run_command
 from ops.logging import quiet_logs
 from ops.options import CREDS, HOME, JSON, NATS, TLS_CA
-from ops.output import to_json
-from ops.swarm import Swarm, running_swarm
+from ops.output import console, to_json
+from ops.progress import LINE_EVERY, LiveActors, Progress
+from ops.swarm import Swarm, needed_roles, running_swarm
+
+#: The exit status of a campaign that cannot go on (it said why).
+STALLED = 3
 
 RUN_HELP = (
     "Run a campaign: search for the fastest correct kernel of a problem.\n\n"
@@ -69,7 +76,10 @@ RUN_HELP = (
     "benchmarker, librarian; and the compiler for cuda). A cuda campaign on a host without "
     "a GPU compiles and checks its kernels here, then waits for a GPU host's verifier and "
     "benchmarker to join the bus. With --nats (or a `kfactory server` running for --home) the "
-    "campaign is handed to that swarm and followed from here.\n\n"
+    "campaign is handed to that swarm and followed from here; roles it lacks are named and "
+    "started here, unless --no-local-actors.\n\n"
+    "The leaderboard and summary (or --json) go to stdout; progress and diagnostics to "
+    "stderr (a line every 10 s when stderr is not a terminal).\n\n"
     "The same command run again resumes the campaign from its history: no candidate is "
     "evaluated twice. Ctrl-C stops cleanly.\n\n"
     "A campaign file (TOML), every field but problem optional:\n\n"
@@ -122,6 +132,11 @@ def run(
     creds: Path | None = CREDS,
     tls_ca: Path | None = TLS_CA,
     as_json: bool = JSON,
+    no_local_actors: bool = typer.Option(
+        False,
+        "--no-local-actors",
+        help="In front of a running server, start no missing role here; only name them.",
+    ),
 ) -> None:
     spec = _spec(campaign_file, problem, target, dtype, per_generation, seed)
     try:
@@ -132,21 +147,28 @@ def run(
     spec = _with_seeds(spec, seed_source)
     folder = resolve_home(home)
     url = nats_url(nats, folder)
-    if url is None and running_server(folder) is not None:
-        raise UserError(f"a server already owns {folder}")
     auth = client_auth_for(folder, "cli", creds, tls_ca) if url is not None else None
     quiet_logs()
-    console = Console(stderr=True, quiet=as_json)
-    outcome = asyncio.run(_main(spec, folder, url, auth, verifiers, benchmarkers, console))
-    if outcome is None:
-        console.print("stopped; run the same command again to resume")
-        raise typer.Exit(130)
-    if as_json:
-        print(to_json(outcome))
-    if "stalled" in outcome:  # said even with --json: the one line a script needs
-        stalled = outcome["stalled"]
-        print(f"campaign stalled ({stalled['cause']}): {stalled['detail']}", file=sys.stderr)
-        raise typer.Exit(3)
+    settings = Settings(folder, verifiers, benchmarkers, as_json, not no_local_actors, tls_ca)
+    try:
+        code = run_command(
+            lambda stop: _main(stop, spec, url, auth, settings),
+            "stopped; run the same command again to resume",
+        )
+    except (ConnectionError, AuthError) as exc:
+        raise UserError(str(exc)) from exc
+    if code:
+        raise typer.Exit(code)
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    verifiers: int
+    benchmarkers: int
+    as_json: bool
+    local_actors: bool
+    tls_ca: Path | None
 
 
 def _spec(
@@ -205,50 +227,109 @@ def _with_seeds(spec: CampaignSpec, sources: list[Path]) -> CampaignSpec:
 
 
 async def _main(
+    stop: asyncio.Event,
     spec: CampaignSpec,
-    home: Path,
     url: str | None,
     auth: ClientAuth | None,
-    verifiers: int,
-    benchmarkers: int,
-    console: Console,
-) -> dict[str, Any] | None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    settings: Settings,
+) -> int:
+    """Run or follow the campaign, print its result; the exit status."""
+    console = diagnostics()
+    best_dir = settings.home / "best"
     if url is not None:
-        return await follow_campaign(
-            spec, url, auth or ClientAuth(), None, stop, console, best_dir=home / "best"
-        )
-    async with running_hub(home) as hub:
-        console.print(f"hub {hub.url}; events in {hub.store.path}")
-        async with running_swarm(
-            hub.url,
-            target=spec.target,
-            verifiers=verifiers,
-            benchmarkers=benchmarkers,
-            auth=hub.auth,
-        ) as swarm:
-            if swarm.device_missing is not None:
-                console.print(
-                    f"no {spec.target} device here ({swarm.device_missing}): kernels are "
-                    "compiled and checked here, then wait for a device host to join the bus. "
-                    "For that, run the hub where the device host reaches it (`kfactory server "
-                    "--listen 0.0.0.0`, then this command with --nats), and on the device "
-                    f"host:\n  kfactory actor verifier --target {spec.target} --nats URL\n"
-                    f"  kfactory actor benchmarker --target {spec.target} --nats URL"
-                )
-            return await follow_campaign(
-                spec,
+        result = await _in_front_of_swarm(stop, spec, url, auth or ClientAuth(), settings)
+    else:
+        async with running_hub(settings.home, stop=stop) as hub:
+            console.print(f"hub {hub.url}; events in {hub.store.path}")
+            async with running_swarm(
                 hub.url,
-                hub.auth("cli"),
-                swarm,
-                stop,
-                console,
-                hub.check,
-                best_dir=home / "best",
+                target=spec.target,
+                verifiers=settings.verifiers,
+                benchmarkers=settings.benchmarkers,
+                auth=hub.auth,
+            ) as swarm:
+                if swarm.device_missing is not None:
+                    console.print(
+                        f"no {spec.target} device here ({swarm.device_missing}): kernels are "
+                        "compiled and checked here, then wait for a device host to join the "
+                        "bus. For that, run the hub where the device host reaches it "
+                        "(`kfactory server --listen 0.0.0.0`, then this command with --nats), "
+                        "and on the device host:\n"
+                        f"  kfactory actor verifier --target {spec.target} --nats URL\n"
+                        f"  kfactory actor benchmarker --target {spec.target} --nats URL"
+                    )
+                result = await follow_campaign(
+                    spec, hub.url, hub.auth("cli"), swarm, stop, console, hub.check, best_dir
+                )
+    if result is None:
+        console.print("stopped; run the same command again to resume")
+        if settings.as_json:
+            print(to_json({"campaign_id": spec.campaign_id, "stopped": True}), flush=True)
+        return STOPPED
+    if settings.as_json:
+        print(to_json(result), flush=True)
+    else:
+        _print_results(result)
+    if "stalled" in result:  # said even with --json: the one line a script needs
+        stalled = result["stalled"]
+        console.print(f"campaign stalled ({stalled['kind']}): {stalled['detail']}")
+        return STALLED
+    return 0
+
+
+async def _in_front_of_swarm(
+    stop: asyncio.Event, spec: CampaignSpec, url: str, auth: ClientAuth, settings: Settings
+) -> dict[str, Any] | None:
+    """Follow the campaign on a running swarm; start here the roles it lacks (unless
+    told not to), and say which those are either way."""
+    console = diagnostics()
+    best_dir = settings.home / "best"
+    nc = await connect(url, "kfactory-run", wait_for_server=INTERACTIVE_WAIT, stop=stop, auth=auth)
+    try:
+        beats = await collect(nc)
+    finally:
+        await nc.close()
+    live = {(beat.role, beat.target) for beat, _ in beats.values()}
+    missing = [
+        role
+        for role, target in needed_roles(spec.target)
+        if not any(r == role and (target is None or t == target) for r, t in live)
+    ]
+    if not missing:
+        return await follow_campaign(spec, url, auth, None, stop, console, best_dir=best_dir)
+    if not settings.local_actors:
+        console.print(
+            f"the swarm at {url} has no live {', '.join(missing)} (--no-local-actors): the "
+            "campaign waits until they join, e.g. on a host with the credentials:\n"
+            + "\n".join(
+                f"  kfactory actor {role} --target {spec.target} --nats {url}" for role in missing
             )
+        )
+        return await follow_campaign(spec, url, auth, None, stop, console, best_dir=best_dir)
+    console.print(f"the swarm at {url} has no live {', '.join(missing)}: starting them here")
+
+    def role_auth(role: str) -> ClientAuth:
+        return client_auth_for(settings.home, role, None, settings.tls_ca)
+
+    async with running_swarm(
+        url,
+        target=spec.target,
+        verifiers=settings.verifiers,
+        benchmarkers=settings.benchmarkers,
+        auth=role_auth,
+        only=missing,
+    ) as swarm:
+        if swarm.device_missing is not None and {"verifier", "benchmarker"} & set(missing):
+            console.print(
+                f"no {spec.target} device here ({swarm.device_missing}): the device's roles "
+                "still have to join from a host that has it"
+            )
+        return await follow_campaign(spec, url, auth, swarm, stop, console, best_dir=best_dir)
+
+
+def diagnostics() -> Console:
+    """Where progress and diagnostics go: stderr, never wrapped mid-line."""
+    return Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 
 async def follow_campaign(
@@ -261,7 +342,9 @@ async def follow_campaign(
     hub_check: Callable[[], None] | None = None,
     best_dir: Path | None = None,
 ) -> dict[str, Any] | None:
-    nc = await connect(url, "kfactory-run", auth=auth)
+    """Start (or resume) the campaign and show its progress until it finishes; its
+    result, or None if stopped first."""
+    nc = await connect(url, "kfactory-run", wait_for_server=INTERACTIVE_WAIT, stop=stop, auth=auth)
     try:
         history = History()
         campaign_id = spec.campaign_id
@@ -273,7 +356,10 @@ async def follow_campaign(
             return _result(history, campaign_id, console, best_dir)
         progress = Progress(history, campaign_id)
         subscription = await follow(nc, campaign_filter(campaign_id), progress.on_message)
+        live = LiveActors(needed_roles(spec.target))
+        stop_watching = await watch(nc, live.seen)
         actor = ActorRef.here(CLI)
+        emitter = Emitter(jetstream(nc))
         start: Event
         if known is None:
             start = new_event(
@@ -289,107 +375,95 @@ async def follow_campaign(
         else:
             start = new_event(CampaignResumed, campaign_id=campaign_id, actor=actor)
             console.print(f"campaign {campaign_id}: resuming from its history")
-        await Emitter(jetstream(nc)).emit(start)
-        with Live(progress.table(), console=console, refresh_per_second=4, transient=True) as live:
-            while not progress.finished and not progress.stalled(start) and not stop.is_set():
+        await emitter.emit(start)
+        terminal = console.is_terminal
+        shown = Live(progress.table(), console=console, refresh_per_second=4) if terminal else None
+        last_line = time.monotonic()
+        with shown or contextlib.nullcontext():
+            while not progress.finished and progress.stalled(start) is None and not stop.is_set():
                 if swarm is not None:
                     swarm.check()
                 if hub_check is not None:
                     hub_check()
-                live.update(progress.table())
+                await _warn_missing(live, spec, url, console, emitter, actor)
+                if shown is not None:
+                    shown.update(progress.table())
+                elif time.monotonic() - last_line >= LINE_EVERY:
+                    console.print(progress.line())
+                    last_line = time.monotonic()
                 await asyncio.sleep(0.25)
+        await stop_watching()
         await subscription.stop()
         stalled = progress.stalled(start)
         if stalled is not None:
             result = _result(progress.history, campaign_id, console, best_dir)
-            return {**result, "stalled": {"cause": stalled.cause, "detail": stalled.detail}}
+            return {**result, "stalled": {"kind": stalled.kind, "detail": stalled.detail}}
         if not progress.finished:
             return None
+        if shown is None:
+            console.print(progress.line())
         return _result(progress.history, campaign_id, console, best_dir)
     finally:
         await nc.close()
 
 
-class Progress:
-    """The campaign's events as they arrive, applied to a history of its own."""
-
-    def __init__(self, history: History, campaign_id: str) -> None:
-        self.history = history
-        self.campaign_id = campaign_id
-        self.started = time.monotonic()
-
-    async def on_message(self, message: Msg) -> None:
-        try:
-            event = decode(message.data)
-        except InvalidEvent:
-            return
-        self.history.apply(self.history.position + 1, event)
-
-    @property
-    def finished(self) -> bool:
-        campaign = self.history.campaigns.get(self.campaign_id)
-        return campaign is not None and campaign.finished is not None
-
-    def stalled(self, start: Event) -> CampaignStalled | None:
-        """Why the campaign cannot go on, said after `start` (this run's start or resume)."""
-        campaign = self.history.campaigns.get(self.campaign_id)
-        if campaign is None or campaign.finished or start.event_id not in self.history.event_ids:
-            return None
-        return campaign.stalled
-
-    def table(self) -> Table:
-        table = Table(title=f"campaign {self.campaign_id}", show_header=False)
-        campaign = self.history.campaigns.get(self.campaign_id)
-        if campaign is None:
-            table.add_row("starting", "")
-            return table
-        candidates = self.history.campaign_candidates(self.campaign_id)
-        best = self.history.best(self.campaign_id)
-        table.add_row("generation", str(max(campaign.generations, default=0)))
-        table.add_row(
-            "candidates settled",
-            f"{sum(c.settled for c in candidates)} of {len(candidates)} proposed "
-            f"(budget {campaign.spec.budget.candidates})",
+async def _warn_missing(
+    live: LiveActors,
+    spec: CampaignSpec,
+    url: str,
+    console: Console,
+    emitter: Emitter,
+    actor: ActorRef,
+) -> None:
+    """Say so (on screen and in a CampaignStalled event) when a role the campaign needs
+    has had no live instance for a while, and when it is back."""
+    gone, back = live.newly_missing()
+    for role in gone:
+        detail = (
+            f"no live {role} for {spec.target} for {live.live_for:.0f} s: the campaign cannot "
+            f"progress until one joins (kfactory actor {role} --target {spec.target} "
+            f"--nats {url})"
         )
-        waiting = sum(c.waiting_for_device for c in candidates)
-        if waiting:
-            table.add_row(
-                "waiting for the device",
-                f"{waiting} compiled and checked, not yet run on a {campaign.spec.target} worker",
+        console.print(f"warning: {detail}")
+        await emitter.emit(
+            new_event(
+                CampaignStalled,
+                campaign_id=spec.campaign_id,
+                actor=actor,
+                kind="no_live_actor",
+                detail=detail,
+                role=role,
             )
-        table.add_row("best speedup", f"{best.speedup:.2f}x" if best and best.speedup else "-")
-        rejected = self.history.rejections_by_stage(self.campaign_id)
-        table.add_row(
-            "rejected by stage", ", ".join(f"{k} {v}" for k, v in rejected.items()) or "-"
         )
-        table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
-        return table
+    for role in back:
+        console.print(f"a {role} is live again")
 
 
-def _generations(history: History, campaign_id: str, console: Console) -> None:
-    """Each generation's outcome, and the lessons of the one before that it searched with."""
+def _generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
+    """Each generation's outcome, and the lessons of earlier ones that it searched with."""
     campaign = history.campaigns[campaign_id]
+    rows: list[dict[str, Any]] = []
     for number, generation in sorted(campaign.generations.items()):
-        used = [x for x in campaign.lessons if x.generation < number]
-        new = [x for x in used if x.generation == number - 1]
-        if used:
-            console.print(
-                f"generation {number} searched with {len(used)} lesson(s)"
-                + (", these new:" if new else ", none new")
-            )
-            for lesson in new:
-                console.print(f"  - {lesson.statement}")
         candidates = [history.candidates[c] for c in generation.candidates]
-        best = max((c.speedup or 0.0 for c in candidates), default=0.0)
-        console.print(
-            f"generation {number}: {sum(c.settled for c in candidates)} of {len(candidates)} "
-            f"settled, best {best:.2f}x" + ("" if generation.closed else " (not closed)")
+        used = [x for x in campaign.lessons if x.generation < number]
+        rows.append(
+            {
+                "generation": number,
+                "proposed": len(candidates),
+                "settled": sum(c.settled for c in candidates),
+                "best_speedup": max((c.speedup or 0.0 for c in candidates), default=0.0),
+                "closed": generation.closed is not None,
+                "lessons_used": len(used),
+                "new_lessons": [x.statement for x in used if x.generation == number - 1],
+            }
         )
+    return rows
 
 
 def _result(
     history: History, campaign_id: str, console: Console, best_dir: Path | None = None
 ) -> dict[str, Any]:
+    """The campaign's summary and its ten fastest kernels (the best also written to a file)."""
     campaign = history.campaigns[campaign_id]
     result = {"campaign_id": campaign_id, **summary(history, campaign)}
     winner = history.best(campaign_id)
@@ -400,34 +474,71 @@ def _result(
         console.print(f"best kernel written to {path}")
     if campaign.finished is not None:
         result["finished"] = campaign.finished.reason
+    result["generations"] = _generations(history, campaign_id)
     timed = sorted(
         (c for c in history.campaign_candidates(campaign_id) if c.benchmark),
         key=lambda c: c.speedup or 0.0,
         reverse=True,
     )
+    result["leaderboard"] = [
+        {
+            "rank": rank,
+            "candidate": c.candidate_id,
+            "template": c.proposal.template,
+            "median_ms": c.benchmark.median_ns / 1e6,
+            "speedup": c.benchmark.speedup,
+            "roofline_fraction": c.benchmark.roofline_fraction,
+        }
+        for rank, c in enumerate(timed[:10], 1)
+        if c.benchmark is not None
+    ]
+    return result
+
+
+def _print_results(result: dict[str, Any]) -> None:
+    """The leaderboard and the summary, on stdout (`kfactory run > out.txt` keeps them)."""
+    out = console()
+    campaign_id = result["campaign_id"]
     board = Table(title=f"leaderboard: {campaign_id}")
     for column in ("rank", "candidate", "template", "median ms", "speedup", "roofline"):
         board.add_column(column)
-    for rank, c in enumerate(timed[:10], 1):
-        assert c.benchmark is not None
+    for row in result["leaderboard"]:
+        candidate = str(row["candidate"])
         board.add_row(
-            str(rank),
-            c.candidate_id.rsplit(":", 2)[-2] + ":" + c.candidate_id.rsplit(":", 1)[-1],
-            c.proposal.template,
-            f"{c.benchmark.median_ns / 1e6:.3f}",
-            f"{c.benchmark.speedup:.2f}x",
-            f"{c.benchmark.roofline_fraction:.0%}",
+            str(row["rank"]),
+            candidate.rsplit(":", 2)[-2] + ":" + candidate.rsplit(":", 1)[-1],
+            row["template"],
+            f"{row['median_ms']:.3f}",
+            f"{row['speedup']:.2f}x",
+            f"{row['roofline_fraction']:.0%}",
         )
-    _generations(history, campaign_id, console)
-    console.print(board)
-    console.print(
+    for row in result["generations"]:
+        if row["lessons_used"]:
+            new = row["new_lessons"]
+            out.print(
+                f"generation {row['generation']} searched with {row['lessons_used']} lesson(s)"
+                + (", these new:" if new else ", none new"),
+                markup=False,
+            )
+            for statement in new:
+                out.print(f"  - {statement}", markup=False, highlight=False)
+        out.print(
+            f"generation {row['generation']}: {row['settled']} of {row['proposed']} settled, "
+            f"best {row['best_speedup']:.2f}x" + ("" if row["closed"] else " (not closed)"),
+            markup=False,
+        )
+    out.print(board)
+    finished = result.get("finished")
+    out.print(
         f"evaluated {result['evaluated']}, duplicates avoided {result['duplicates_avoided']}, "
         f"rejected by stage {result['rejected_by_stage'] or '{}'}"
-        + (f"; finished: {campaign.finished.reason}" if campaign.finished else "")
+        + (f"; finished: {finished}" if finished else ""),
+        markup=False,
+        highlight=False,
     )
-    if sys.stderr.isatty():
-        console.print(
+    if sys.stdout.isatty():
+        out.print(
             f'inspect: kfactory sql "SELECT type, count(*) FROM events '
-            f"WHERE campaign_id = '{campaign_id}' GROUP BY type\""
+            f"WHERE campaign_id = '{campaign_id}' GROUP BY type\"",
+            markup=False,
         )
-    return result

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from pathlib import Path
 
 import structlog
@@ -14,6 +13,7 @@ from bus.auth import AuthError, ClientAuth, TlsFiles
 from ops.errors import UserError
 from ops.home import resolve_home, running_server
 from ops.hub import running_hub
+from ops.lifecycle import run_command
 from ops.options import CREDS, HOME, TLS_CA
 
 log = structlog.get_logger("ops.server")
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
             "With --tls-cert and --tls-key clients must use TLS (give them the CA with "
             "--tls-ca).\n\n"
             "Examples:\n\n"
-            "  kfactory server                                  # 127.0.0.1, random port\n\n"
+            "  kfactory server                            # 127.0.0.1, a port kept in HOME\n\n"
             "  kfactory server --listen 0.0.0.0 --port 4222 --tls-cert hub.pem "
             "--tls-key hub.key --tls-ca ca.pem   # a hub for other hosts\n\n"
             "  kfactory server --nats nats://n1:4222,nats://n2:4222   # record from a cluster"
@@ -43,7 +43,13 @@ def register(app: typer.Typer) -> None:
 def server(
     home: Path | None = HOME,
     listen: str = typer.Option("127.0.0.1", help="Address the embedded nats-server binds."),
-    port: int = typer.Option(-1, help="Port of the embedded nats-server (-1: a free one)."),
+    port: int = typer.Option(
+        -1,
+        help=(
+            "Port of the embedded nats-server (-1: the one kept in HOME/nats/port, else a "
+            "free one, then kept there so a restarted server keeps its URL)."
+        ),
+    ),
     nats: str | None = typer.Option(
         None, "--nats", help="Join this NATS (cluster) instead of embedding a server."
     ),
@@ -67,12 +73,17 @@ def server(
             raise UserError(f"no such file: {path}")
     external = ClientAuth(creds, tls_ca) if nats is not None else None
     try:
-        asyncio.run(_serve(folder, nats, listen, port, not no_auth, tls, tls_ca, external))
+        run_command(
+            lambda stop: _serve(
+                stop, folder, nats, listen, port, not no_auth, tls, tls_ca, external
+            )
+        )
     except AuthError as exc:
         raise UserError(str(exc)) from exc
 
 
 async def _serve(
+    stop: asyncio.Event,
     home: Path,
     nats_url: str | None,
     listen: str,
@@ -82,10 +93,6 @@ async def _serve(
     ca_file: Path | None,
     external: ClientAuth | None,
 ) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     async with running_hub(
         home,
         nats_url=nats_url,
@@ -95,8 +102,9 @@ async def _serve(
         tls=tls,
         ca_file=ca_file,
         external_auth=external,
+        stop=stop,
     ) as hub:
-        typer.echo(hub.url, err=False)
+        typer.echo(hub.url, err=False)  # stdout: a script reads the URL from here
         typer.echo(
             f"kfactory server: recording into {hub.store.path} "
             f"({hub.store.last_position} events)"

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from bus.auth import AuthError, ClientAuth
-from bus.connection import connect
+from bus.connection import INTERACTIVE_WAIT, connect
 from eventstore.duckdb_store import (
     DEFAULT_QUERY_TIMEOUT,
     DuckDBEventStore,
@@ -22,6 +22,7 @@ from eventstore.queries import QueryFailed, StoreUnavailable, query
 from eventstore.sql_guard import SqlRefused
 from ops.errors import UserError
 from ops.home import client_auth_for, nats_url, resolve_home, store_path
+from ops.lifecycle import run_command
 from ops.options import CREDS, HOME, NATS, TLS_CA
 from ops.output import print_rows
 
@@ -71,7 +72,9 @@ def sql(
     try:
         if url is not None:
             auth = client_auth_for(folder, "cli", creds, tls_ca)
-            result = asyncio.run(_over_bus(url, statement, max_rows, timeout, auth))
+            result = run_command(
+                lambda stop: _over_bus(stop, url, statement, max_rows, timeout, auth)
+            )
         else:
             result = _on_file(store_path(folder), statement, max_rows, timeout)
     except SqlRefused as exc:
@@ -86,9 +89,9 @@ def sql(
 
 
 async def _over_bus(
-    url: str, statement: str, max_rows: int, timeout: float, auth: ClientAuth
+    stop: asyncio.Event, url: str, statement: str, max_rows: int, timeout: float, auth: ClientAuth
 ) -> QueryResult:
-    nc = await connect(url, "kfactory-sql", wait_for_server=5, auth=auth)
+    nc = await connect(url, "kfactory-sql", wait_for_server=INTERACTIVE_WAIT, stop=stop, auth=auth)
     try:
         return await query(nc, statement, max_rows, timeout)
     finally:

@@ -4,16 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 
 from actors.devices import device_missing
-from actors.roles import ROLES
-from actors.runtime import ActorRuntime
+from actors.roles import ROLES, Role
+from actors.runtime import Actor, ActorRuntime
 from bus.auth import ClientAuth
 from bus.connection import connect
 
 RUN_ON_THE_DEVICE = ("verifier", "benchmarker")
+
+
+def device_label(target: str) -> str:
+    """The device a verifier or benchmarker of `target` uses here, for its heartbeat."""
+    if target == "cuda":
+        from gpu_workers.cuda.device import device_index, probe
+
+        return f"{probe().name or 'cuda'} (GPU {device_index() or 0})"
+    from gpu_workers.cpu.calibrate import cpu_model
+
+    return cpu_model()
+
+
+def create_actor(role: Role, target: str) -> Actor:
+    actor = role.create(target)
+    if role.name in RUN_ON_THE_DEVICE:
+        actor.device = device_label(target)
+    return actor
 
 
 @dataclass
@@ -30,6 +48,15 @@ class Swarm:
                 raise RuntimeError(f"the {task.get_name()} actor stopped: {task.exception()!r}")
 
 
+def needed_roles(target: str) -> list[tuple[str, str | None]]:
+    """(role, target) of every role a campaign on `target` needs (target None: any)."""
+    return [
+        (role.name, target if role.targets is not None else None)
+        for role in ROLES.values()
+        if role.targets is None or target in role.targets
+    ]
+
+
 @contextlib.asynccontextmanager
 async def running_swarm(
     url: str,
@@ -38,10 +65,11 @@ async def running_swarm(
     verifiers: int = 1,
     benchmarkers: int = 1,
     auth: Callable[[str], ClientAuth] | None = None,
+    only: Collection[str] | None = None,
 ) -> AsyncIterator[Swarm]:
-    """Start every role for `target` (several verifiers/benchmarkers if asked); stop them on
-    exit. Without the device, the roles that run kernels are left to hosts that have it.
-    `auth` gives each role's credentials (by role name)."""
+    """Start every role for `target` (several verifiers/benchmarkers if asked), or `only`
+    those named; stop them on exit. Without the device, the roles that run kernels are
+    left to hosts that have it. `auth` gives each role's credentials (by role name)."""
     counts = {"verifier": verifiers, "benchmarker": benchmarkers}
     missing = device_missing(target)
     stop = asyncio.Event()
@@ -51,12 +79,14 @@ async def running_swarm(
         for role in ROLES.values():
             if role.targets is not None and target not in role.targets:
                 continue
+            if only is not None and role.name not in only:
+                continue
             if role.name in RUN_ON_THE_DEVICE and device_missing(target, role.name) is not None:
                 continue
             for index in range(counts.get(role.name, 1)):
                 credentials = auth(role.name) if auth is not None else None
                 nc = await connect(url, f"kf-{role.name}", auth=credentials)
-                runtime = ActorRuntime(role.create(target), nc, f"{role.name}-{index}")
+                runtime = ActorRuntime(create_actor(role, target), nc, f"{role.name}-{index}")
                 runtimes.append(runtime)
                 tasks.append(asyncio.create_task(runtime.run(stop), name=role.name))
         yield Swarm(runtimes, tasks, missing)

@@ -214,7 +214,7 @@ def test_a_generation_whose_every_candidate_was_dead_lettered_stalls_until_resum
     decide_librarian(history, dead[-1], out)
     stalled, closed = out.events[-2:]
     assert isinstance(stalled, CampaignStalled) and isinstance(closed, GenerationClosed)
-    assert stalled.cause == "dead_lettered" and stalled.role == "kernel-writer"
+    assert stalled.kind == "dead_lettered" and stalled.role == "kernel-writer"
     assert "all 4 candidate(s)" in stalled.detail and "template broke" in stalled.detail
     for reaction in out.events:
         history.apply(history.position + 1, at(reaction, then))
@@ -236,7 +236,7 @@ def test_no_design_space_stalls_the_campaign_with_its_reason(log: list[Event]) -
     out = Reactions(started, PLANNER)
     decide_planner(history, started, out, now=started.ts, spaces=[])
     (stalled,) = out.events
-    assert isinstance(stalled, CampaignStalled) and stalled.cause == "no_design_space"
+    assert isinstance(stalled, CampaignStalled) and stalled.kind == "no_design_space"
     assert "no design space to search for softmax on cpu" in stalled.detail
 
 

@@ -148,7 +148,7 @@ async def test_every_candidate_dead_lettered_settles_them_failed_and_stalls_the_
         began = time.monotonic()
         result = await run_campaign(hub, spec, timeout=90)
         took = time.monotonic() - began
-    assert result["stalled"]["cause"] == "dead_lettered", result
+    assert result["stalled"]["kind"] == "dead_lettered", result
     assert "this writer is broken" in result["stalled"]["detail"]
     assert result["rejected_by_stage"] == {"dead_letter": 3}
     assert took < 30, f"the stall took {took:.1f} s to be said"
@@ -172,7 +172,7 @@ def test_a_problem_with_no_design_space_stops_the_run_with_the_reason(tmp_path: 
     assert done.returncode == 3, done.stderr
     assert "campaign stalled (no_design_space): no design space to search for" in done.stderr
     result = json.loads(done.stdout)
-    assert result["campaign_id"] == "swig" and result["stalled"]["cause"] == "no_design_space"
+    assert result["campaign_id"] == "swig" and result["stalled"]["kind"] == "no_design_space"
     assert took < 60, f"the run took {took:.1f} s to say it stalled"
     started = kfactory(
         "sql",

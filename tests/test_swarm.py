@@ -169,6 +169,7 @@ def test_two_verifier_processes_split_the_work_and_lose_none(tmp_path: Path) -> 
             "--nats",
             url,
             "--json",
+            "--no-local-actors",  # the actors above may still be starting: start none here
             env=env,
         )
         out, err = run.communicate(timeout=500)

@@ -1,0 +1,125 @@
+"""Running a command's event loop so that SIGINT and SIGTERM end it within 2 s.
+
+The command's body gets a `stop` event, set by the first signal, and winds down on its
+own. If it is still running `STOP_GRACE` s later it is cancelled, whatever it was doing
+(connecting, starting the hub, waiting for a reply). Work handed to threads (a compile,
+a benchmark) cannot be cancelled: a stopped command does not wait for those threads,
+which is where `asyncio.run` used to hang for minutes after SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from bus.connection import ConnectStopped
+
+T = TypeVar("T")
+
+#: After a signal, the body has this long to finish before it is cancelled.
+STOP_GRACE = 1.2
+#: And this long more to unwind from the cancellation, before the process just exits.
+UNWIND_GRACE = 0.6
+#: The exit status of a command stopped by a signal.
+STOPPED = 130
+
+
+class Stopped(Exception):
+    """The command was stopped by SIGINT or SIGTERM before it finished."""
+
+
+def run_until_stopped(
+    body: Callable[[asyncio.Event], Coroutine[Any, Any, T]], stopped: str = "stopped"
+) -> T:
+    """Run `body(stop)`; raises Stopped if a signal cut it short (its result is lost),
+    saying `stopped` on stderr first (the process may end before the caller can)."""
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        stop = asyncio.Event()
+        signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread():
+            signals = ()  # only the main thread receives signals (a test runs us in another)
+        for sig in signals:
+            loop.add_signal_handler(sig, stop.set)
+        main = loop.create_task(body(stop))
+        try:
+            result = loop.run_until_complete(_bounded(main, stop))
+        except (asyncio.CancelledError, ConnectStopped):
+            print(f"kfactory: {stopped}", file=sys.stderr, flush=True)
+            raise Stopped() from None
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            _cancel_the_rest(loop)
+        return result
+    finally:
+        _close(loop, stopped=stop.is_set())
+
+
+async def _bounded(main: asyncio.Task[T], stop: asyncio.Event) -> T:
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({main, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not main.done():
+            await asyncio.wait({main}, timeout=STOP_GRACE)
+        if not main.done():
+            main.cancel()
+            await asyncio.wait({main}, timeout=UNWIND_GRACE)
+        if not main.done():
+            print("kfactory: did not stop within 2 s of the signal; exiting", file=sys.stderr)
+            _exit_now()
+        return main.result()
+    finally:
+        stopping.cancel()
+
+
+def _cancel_the_rest(loop: asyncio.AbstractEventLoop) -> None:
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=UNWIND_GRACE))
+
+
+def _close(loop: asyncio.AbstractEventLoop, stopped: bool) -> None:
+    with contextlib.suppress(Exception):
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    executor = getattr(loop, "_default_executor", None)
+    if executor is not None:
+        executor.shutdown(wait=not stopped, cancel_futures=True)
+    asyncio.set_event_loop(None)
+    loop.close()
+    if stopped and _busy_threads():
+        # A compile or benchmark still running in a worker thread: the interpreter would
+        # wait for it at exit. Its work was left for redelivery; nothing is lost.
+        _exit_now()
+
+
+def _busy_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+
+
+def _exit_now() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(STOPPED)
+
+
+def run_command(
+    body: Callable[[asyncio.Event], Coroutine[Any, Any, T]], stopped: str = "stopped"
+) -> T:
+    """`run_until_stopped` for a command: a stop ends the process with status 130."""
+    import typer
+
+    try:
+        return run_until_stopped(body, stopped)
+    except Stopped:
+        raise typer.Exit(STOPPED) from None

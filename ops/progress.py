@@ -1,0 +1,170 @@
+"""What `kfactory run` shows while a campaign runs: its progress (a live table on a
+terminal, else a line every 10 s), and which roles it needs have no live instance."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rich.table import Table
+
+from actors.history import History
+from bus.follow import Msg
+from bus.heartbeat import LIVE_FOR, Heartbeat
+from eventstore.codec import InvalidEvent, decode
+from eventstore.events import CampaignStalled, Event
+
+#: Without a terminal, a progress line this often.
+LINE_EVERY = 10.0
+
+
+class Progress:
+    """The campaign's events as they arrive, applied to a history of its own."""
+
+    def __init__(self, history: History, campaign_id: str) -> None:
+        self.history = history
+        self.campaign_id = campaign_id
+        self.started = time.monotonic()
+
+    async def on_message(self, message: Msg) -> None:
+        try:
+            event = decode(message.data)
+        except InvalidEvent:
+            return
+        self.history.apply(self.history.position + 1, event)
+
+    def stalled(self, start: Event) -> CampaignStalled | None:
+        """Why the campaign cannot go on, if it said so after `start` (this run's start or
+        resume): the run then ends and says why."""
+        campaign = self.history.campaigns.get(self.campaign_id)
+        if campaign is None or campaign.finished or start.event_id not in self.history.event_ids:
+            return None
+        return campaign.stalled
+
+    @property
+    def finished(self) -> bool:
+        campaign = self.history.campaigns.get(self.campaign_id)
+        return campaign is not None and campaign.finished is not None
+
+    def counts(self) -> Counts:
+        campaign = self.history.campaigns.get(self.campaign_id)
+        candidates = self.history.campaign_candidates(self.campaign_id)
+        settled = sum(c.settled for c in candidates)
+        budget = campaign.spec.budget.candidates if campaign else 0
+        best = self.history.best(self.campaign_id)
+        elapsed = time.monotonic() - self.started
+        left = max(budget - settled, 0)
+        return Counts(
+            generation=max(campaign.generations, default=0) if campaign else 0,
+            proposed=len(candidates),
+            settled=settled,
+            budget=budget,
+            verified=sum(bool(c.verified) for c in candidates),
+            benchmarking=sum(bool(c.verified and not c.settled) for c in candidates),
+            waiting_for_device=sum(c.waiting_for_device for c in candidates),
+            best_speedup=best.speedup if best else None,
+            elapsed_s=elapsed,
+            eta_s=elapsed / settled * left if settled and left else None,
+        )
+
+    def line(self) -> str:
+        c = self.counts()
+        waiting = f"waiting for the device {c.waiting_for_device}, " if c.waiting_for_device else ""
+        return (
+            f"campaign {self.campaign_id}: generation {c.generation}, "
+            f"settled {c.settled} of {c.proposed} proposed (budget {c.budget}), "
+            f"verified {c.verified}, benchmarking {c.benchmarking}, {waiting}"
+            f"best {c.best}, elapsed {_duration(c.elapsed_s)}, ETA {c.eta}"
+        )
+
+    def table(self) -> Table:
+        table = Table(title=f"campaign {self.campaign_id}", show_header=False)
+        campaign = self.history.campaigns.get(self.campaign_id)
+        if campaign is None:
+            table.add_row("starting", "")
+            return table
+        c = self.counts()
+        table.add_row("generation", str(c.generation))
+        table.add_row(
+            "candidates settled", f"{c.settled} of {c.proposed} proposed (budget {c.budget})"
+        )
+        table.add_row("verified / benchmarking", f"{c.verified} / {c.benchmarking}")
+        if c.waiting_for_device:
+            table.add_row(
+                "waiting for the device",
+                f"{c.waiting_for_device} compiled and checked, not yet run on a "
+                f"{campaign.spec.target} worker",
+            )
+        table.add_row("best speedup", c.best)
+        rejected = self.history.rejections_by_stage(self.campaign_id)
+        table.add_row(
+            "rejected by stage", ", ".join(f"{k} {v}" for k, v in rejected.items()) or "-"
+        )
+        table.add_row("elapsed", _duration(c.elapsed_s))
+        table.add_row("ETA", c.eta)
+        return table
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Where a campaign stands: generation, candidates by state, best so far, time."""
+
+    generation: int
+    proposed: int
+    settled: int
+    budget: int
+    verified: int
+    benchmarking: int
+    waiting_for_device: int
+    best_speedup: float | None
+    elapsed_s: float
+    eta_s: float | None
+    """At the pace so far, until the candidate budget is spent (None: no pace yet)."""
+
+    @property
+    def best(self) -> str:
+        return f"{self.best_speedup:.2f}x" if self.best_speedup else "-"
+
+    @property
+    def eta(self) -> str:
+        return _duration(self.eta_s) if self.eta_s is not None else "-"
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class LiveActors:
+    """The roles a campaign needs, and when each was last heard from."""
+
+    def __init__(self, needed: Iterable[tuple[str, str | None]]) -> None:
+        """`needed`: (role, target) pairs; target None for roles that serve any target."""
+        self.needed = list(needed)
+        self.live_for = LIVE_FOR
+        self.since = time.monotonic()
+        self.last_seen: dict[tuple[str, str | None], float] = {}
+        self.reported: set[str] = set()
+
+    async def seen(self, beat: Heartbeat, _received: float) -> None:
+        for role, target in self.needed:
+            if beat.role == role and (target is None or beat.target == target):
+                self.last_seen[(role, target)] = time.monotonic()
+
+    def missing(self) -> list[str]:
+        """Needed roles not heard from for `live_for` s (counted from when we began)."""
+        now = time.monotonic()
+        return [
+            role
+            for role, target in self.needed
+            if now - self.last_seen.get((role, target), self.since) > self.live_for
+        ]
+
+    def newly_missing(self) -> tuple[list[str], list[str]]:
+        """Roles missing that were not reported yet, and roles back since reported."""
+        missing = set(self.missing())
+        new = sorted(missing - self.reported)
+        back = sorted(self.reported - missing)
+        self.reported = missing
+        return new, back

@@ -1,0 +1,93 @@
+"""Every command stops on SIGINT or SIGTERM, in every state: here while it connects to a
+hub that is not there (the figures in the note come from a script, not from here)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+UNREACHABLE = "nats://127.0.0.1:1"
+COMMANDS = {
+    "actor": ["actor", "verifier", "--nats", UNREACHABLE],
+    "run": ["run", "--problem", "softmax", "--nats", UNREACHABLE],
+    "sql": ["sql", "SELECT 1", "--nats", UNREACHABLE],
+    "events tail": ["events", "tail", "--nats", UNREACHABLE],
+    "events show": ["events", "show", "--nats", UNREACHABLE],
+    "ps": ["ps", "--nats", UNREACHABLE],
+    "server --nats": ["server", "--nats", UNREACHABLE],
+}
+#: Generous: on a loaded 2-core host the interpreter alone takes seconds to exit.
+EXITS_WITHIN = 15.0
+
+
+def _handles_sigterm(pid: int) -> bool:
+    """Whether the process installed its SIGTERM handler: its event loop is running."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_every_command_stops_while_connecting(tmp_path: Path, sig: signal.Signals) -> None:
+    # All at once, so the whole matrix costs one interpreter start on this machine.
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *args, "--home", str(tmp_path / name)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, args in COMMANDS.items()
+    }
+    try:
+        deadline = time.monotonic() + 120
+        for name, process in processes.items():
+            while not _handles_sigterm(process.pid):
+                assert process.poll() is None, f"{name} ended early: {process.communicate()}"
+                assert time.monotonic() < deadline, f"{name} never got to its event loop"
+                time.sleep(0.05)
+        time.sleep(0.5)  # into the connection attempts
+        for process in processes.values():
+            process.send_signal(sig)
+        signalled = time.monotonic()
+        for name, process in processes.items():
+            left = max(EXITS_WITHIN - (time.monotonic() - signalled), 0.1)
+            _, err = process.communicate(timeout=left)
+            assert process.returncode in (0, 130), f"{name}: {process.returncode} {err}"
+            assert "Traceback" not in err, f"{name}: {err}"
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_interactive_commands_give_up_on_an_unreachable_hub_in_one_line(tmp_path: Path) -> None:
+    processes = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *COMMANDS[name], "--home", str(tmp_path / name)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("sql", "events tail", "run")
+    }
+    for name, process in processes.items():
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 2, f"{name}: {err}"
+        (line,) = err.strip().splitlines()
+        assert line.startswith(
+            f"kfactory: error: no NATS server reachable at {UNREACHABLE} after 10 s"
+        ), f"{name}: {err}"

@@ -474,7 +474,7 @@ def _result(
         console.print(f"best kernel written to {path}")
     if campaign.finished is not None:
         result["finished"] = campaign.finished.reason
-    result["generations"] = _generations(history, campaign_id)
+    result["by_generation"] = _generations(history, campaign_id)
     timed = sorted(
         (c for c in history.campaign_candidates(campaign_id) if c.benchmark),
         key=lambda c: c.speedup or 0.0,
@@ -512,7 +512,7 @@ def _print_results(result: dict[str, Any]) -> None:
             f"{row['speedup']:.2f}x",
             f"{row['roofline_fraction']:.0%}",
         )
-    for row in result["generations"]:
+    for row in result["by_generation"]:
         if row["lessons_used"]:
             new = row["new_lessons"]
             out.print(

@@ -72,6 +72,9 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     min_runs: int = 30
     min_seconds: float = 0.5
     max_seconds: float = 60.0
+    baseline_every: int = 3
+    """The baseline is timed in every n-th round (still over the whole window): at 30
+    rounds it gets 10 samples, and the campaign pools every candidate's."""
 
 
 class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):

@@ -291,6 +291,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             min_seconds=job.min_seconds,
             max_seconds=job.max_seconds,
             progress=files.write_progress,
+            baseline_every=job.baseline_every,
         )
         cpu_after = kernel.process.cpu_seconds()
         if incumbent is not None:

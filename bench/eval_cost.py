@@ -1,8 +1,8 @@
 """Where one evaluation's time goes: verify, then time, one kernel as a campaign does.
 
-Usage:
-  .venv/bin/python bench/eval_cost.py [--problem softmax] [--shape rows=4096,cols=4096]
-                                      [--repeats 2]
+Usage (the tree measured is the one on PYTHONPATH; --label names the measurement):
+  PYTHONPATH=$PWD .venv/bin/python bench/eval_cost.py --label after [--problem softmax]
+      [--shape rows=4096,cols=4096] [--repeats 2]
 
 Each repeat evaluates `kernels/examples/PROBLEM.c` the way the verifier and benchmarker
 actors do (`gpu_workers.verifier.verify`, then `gpu_workers.benchmarker.benchmark` at the
@@ -26,6 +26,7 @@ Prints a table; writes bench/results/eval_cost.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -38,22 +39,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import kernels
+from actors.devices import calibration_for
+from gpu_workers import runner_files
+from gpu_workers.benchmarker import benchmark
+from gpu_workers.cpu import protocol as p
+from gpu_workers.cpu import timing_run
+from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.compiler import default_cache_dir
+from gpu_workers.sandbox import scrubbed_env
+from gpu_workers.verifier import judge_runs, new_seed, plan_trials, precheck
+from kernels.loading import load_problem
+from kernels.spec import Problem
 
-from actors.devices import calibration_for  # noqa: E402
-from gpu_workers import runner_files  # noqa: E402
-from gpu_workers.benchmarker import benchmark  # noqa: E402
-from gpu_workers.cpu import protocol as p  # noqa: E402
-from gpu_workers.cpu import timing_run  # noqa: E402
-from gpu_workers.cpu.backend import CpuBackend  # noqa: E402
-from gpu_workers.cpu.compiler import default_cache_dir  # noqa: E402
-from gpu_workers.sandbox import scrubbed_env  # noqa: E402
-from gpu_workers.verifier import judge_runs, new_seed, plan_trials, precheck  # noqa: E402
-from kernels.loading import load_problem  # noqa: E402
-from kernels.spec import Problem  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results"
+RESULTS = Path(__file__).resolve().parent / "results"
 FLAGS = ("-O3", "-march=native", "-fopenmp")
 
 
@@ -137,7 +136,7 @@ def timing_phases(
     if reply.rejection is not None:
         raise SystemExit(f"the example was rejected while timed: {reply.rejection.message}")
     phases: dict[str, float] = {}
-    for (text, at), (_, until) in zip(marks, marks[1:], strict=False):
+    for (text, at), (_, until) in itertools.pairwise(marks):
         name = phase_of(text)
         phases[name] = phases.get(name, 0.0) + until - at
     return phases
@@ -165,7 +164,7 @@ def one_evaluation(problem: Problem, shape: dict[str, int], source: str) -> dict
         lambda: plan_trials(problem, "fp32", seed)
     )
     outcome, run_seconds = _timed(lambda: backend.run_trials(problem, build, trials))
-    start = driver_start_seconds()
+    start = statistics.median(driver_start_seconds() for _ in range(3))
     phases["verify: driver start (python, sandbox, imports)"] = start
     phases["verify: trials on the kernel host, arrays in and out"] = run_seconds - start
     _, references = _timed(lambda: [problem.expected(t.inputs) for t in trials])
@@ -186,13 +185,28 @@ def one_evaluation(problem: Problem, shape: dict[str, int], source: str) -> dict
         raise SystemExit(f"the example was rejected while timed: {result}")
     inside = timing_phases(problem, backend, build, shape, calibration.llc_bytes)
     phases["bench: driver start (python, sandbox, imports)"] = start
-    scale = (bench_seconds - start) / max(sum(inside.values()), 1e-9)
-    for name, seconds in inside.items():  # the in-process split, scaled to the real run
-        phases[name] = seconds * scale
+    phases.update(inside)  # one timing run, split in this process with the driver's code
+    phases["bench: repeated timing runs (busy host) and the rest"] = max(
+        0.0, bench_seconds - start - sum(inside.values())
+    )
     phases["bench: timing attempts"] = float(result.timing_attempts)
+    phases["bench: baseline samples per run"] = float(result.baseline.runs)
     phases["total (verify + bench)"] = (
-        sum(v for k, v in phases.items() if k.startswith(("verify", "bench:", "timing:")))
-        - phases["bench: timing attempts"]
+        run_seconds
+        + bench_seconds
+        + sum(
+            v
+            for k, v in phases.items()
+            if k.startswith(
+                (
+                    "verify: compile",
+                    "verify: input",
+                    "verify: float64",
+                    "verify: comp",
+                    "bench: compile",
+                )
+            )
+        )
     )
     return phases
 
@@ -206,7 +220,8 @@ def main() -> None:
     args = parser.parse_args()
     problem = load_problem(args.problem)
     shape = {k: int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
-    source = (ROOT / "kernels" / "examples" / f"{args.problem}.c").read_text()
+    tree = Path(kernels.__file__).resolve().parent.parent  # the tree on PYTHONPATH
+    source = (tree / "kernels" / "examples" / f"{args.problem}.c").read_text()
     runs = []
     for i in range(args.repeats):
         runs.append(one_evaluation(problem, shape, source))
@@ -218,7 +233,11 @@ def main() -> None:
     print(f"{'phase':<78} {'s':>7} {'share':>6}")
     for name in names:
         seconds = table[name]
-        share = "" if "attempts" in name or name.startswith("total") else f"{seconds / total:6.1%}"
+        share = (
+            ""
+            if not name.startswith(("verify", "bench: d", "bench: c", "bench: r", "timing"))
+            else f"{seconds / total:6.1%}"
+        )
         print(f"{name:<78} {seconds:7.2f} {share:>6}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "eval_cost.json"

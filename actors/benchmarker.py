@@ -11,6 +11,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import msgspec
+
 from actors.campaign import CampaignSpec
 from actors.devices import calibration_for, compile_and_time, recalibrate
 from actors.librarian import ask_kernel
@@ -134,6 +136,10 @@ class Benchmarker(Actor):
                     "roofline_ns": result.roofline_ns,
                     "incumbent": incumbent.candidate_id if incumbent and previous else None,
                     "speedup_vs_incumbent": result.speedup_vs_incumbent,
+                    "head_to_head": msgspec.to_builtins(result.head_to_head),
+                    "q1_ns": result.kernel.q1_ns,
+                    "q3_ns": result.kernel.q3_ns,
+                    "baseline_iqr_ns": result.baseline.iqr_ns,
                     "judged_calls": list(result.judged_calls),
                     "rechecked": list(result.rechecked),
                     "handshake_ns": result.handshake_ns,

@@ -58,7 +58,6 @@ OUTLIER_MAGNITUDE = 1e6
 ShapeDrawer = Callable[[np.random.Generator], tuple[dict[str, int], ...]]
 
 
-
 class _Dtypes(Mapping[str, type[Any]]):
     """fp32, bf16 and fp16; ml_dtypes (a second to import) is loaded only for bf16."""
 
@@ -66,7 +65,7 @@ class _Dtypes(Mapping[str, type[Any]]):
         if name == "bf16":
             import ml_dtypes
 
-            return ml_dtypes.bfloat16  # type: ignore[no-any-return]
+            return ml_dtypes.bfloat16
         return {"fp32": np.float32, "fp16": np.float16}[name]
 
     def __iter__(self) -> Iterator[str]:

@@ -21,10 +21,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from actors.best_kernels import describe, file_name, write_kernel
+from actors.best_kernels import describe, file_name, ranked, write_kernel
 from actors.campaign import Budget, CampaignError, CampaignSpec, Search, load_campaign, validate
 from actors.history import History
 from actors.planner import summary
+from actors.ranking import campaign_baseline, speedup_over
 from bus.auth import ClientAuth
 from bus.connection import connect, jetstream
 from bus.follow import Msg, follow
@@ -304,25 +305,27 @@ def _result(
         console.print(f"best kernel written to {path}")
     if campaign.finished is not None:
         result["finished"] = campaign.finished.reason
-    timed = sorted(
-        (c for c in history.campaign_candidates(campaign_id) if c.benchmark),
-        key=lambda c: c.speedup or 0.0,
-        reverse=True,
-    )
+    timed = ranked(history, campaign_id)  # the best, then by own median time
+    baseline = campaign_baseline(history.campaign_candidates(campaign_id))
     board = Table(title=f"leaderboard: {campaign_id}")
-    for column in ("rank", "candidate", "template", "median ms", "speedup", "roofline"):
+    for column in ("rank", "candidate", "template", "params", "median ms", "IQR ms", "speedup"):
         board.add_column(column)
+    board.add_column("roofline")
     for rank, c in enumerate(timed[:10], 1):
         assert c.benchmark is not None
         board.add_row(
             str(rank),
             c.candidate_id.rsplit(":", 2)[-2] + ":" + c.candidate_id.rsplit(":", 1)[-1],
             c.proposal.template,
+            " ".join(f"{k}={v}" for k, v in c.proposal.params.items()),
             f"{c.benchmark.median_ns / 1e6:.3f}",
-            f"{c.benchmark.speedup:.2f}x",
+            f"{c.benchmark.iqr_ns / 1e6:.3f}",
+            f"{speedup_over(c, baseline) or c.benchmark.speedup:.2f}x",
             f"{c.benchmark.roofline_fraction:.0%}",
         )
     console.print(board)
+    if baseline is not None:
+        console.print(f"campaign baseline: {baseline.words()}")
     console.print(
         f"evaluated {result['evaluated']}, duplicates avoided {result['duplicates_avoided']}, "
         f"rejected by stage {result['rejected_by_stage'] or '{}'}"

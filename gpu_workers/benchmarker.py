@@ -27,7 +27,7 @@ from gpu_workers.results import (
     SandboxReport,
     TimingStats,
 )
-from gpu_workers.verifier import DeviceBackend, bits, check_outputs, new_seed, trial_seed
+from gpu_workers.verifier import DeviceBackend, bits, compare_outputs, new_seed, trial_seed
 from kernels.spec import Arrays, Cost, Problem
 
 MIN_RUNS = 30
@@ -56,6 +56,10 @@ class JudgedCall:
     poison_bits: int
     seed: int | None
     """The seed `inputs` were drawn from, where they came from the problem's generator."""
+    expected: Arrays | None = None
+    scales: Arrays | None = None
+    """The float64 reference of `inputs` and its error scale, where already computed (the
+    re-check pool); None: computed here."""
 
 
 def judge_calls(problem: Problem, dtype: str, calls: list[JudgedCall]) -> Rejection | None:
@@ -78,7 +82,7 @@ def judge_calls(problem: Problem, dtype: str, calls: list[JudgedCall]) -> Reject
                     f"({changed.size} elements)",
                     evidence={**context, "input": arg.name, "first_flat_index": str(changed[0])},
                 )
-        rejection, _ = check_outputs(
+        rejection, _ = compare_outputs(
             problem,
             tolerance,
             call.inputs,
@@ -86,6 +90,8 @@ def judge_calls(problem: Problem, dtype: str, calls: list[JudgedCall]) -> Reject
             call.poison_bits,
             stage="recheck",
             context=context,
+            expected=call.expected,
+            scales=call.scales,
         )
         if rejection is not None:
             return rejection

@@ -63,6 +63,9 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     recheck_seed: int | None
     """Re-check every distribution at this shape after timing, from this seed (None: not
     in this run)."""
+    recheck_pool: str | None = None
+    """The worker's secret pool of re-check inputs with their references
+    (`gpu_workers.recheck_pool`); None: drawn and referenced afresh in this run."""
     rotate_bytes: int
     judged_calls: int = 3
     """How many kernel calls (warm-up included), chosen at random, have their outputs

@@ -40,13 +40,12 @@ from pathlib import Path
 from typing import Any
 
 import kernels
-from actors.devices import calibration_for
+from actors.devices import calibration_for, cpu_backend
 from gpu_workers import runner_files
 from gpu_workers.benchmarker import benchmark
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu import timing_run
 from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.cpu.compiler import default_cache_dir
 from gpu_workers.sandbox import scrubbed_env
 from gpu_workers.verifier import judge_runs, new_seed, plan_trials, precheck
 from kernels.loading import load_problem
@@ -125,6 +124,7 @@ def timing_phases(
         rotate_bytes=2 * llc,
         min_runs=30,
         min_seconds=0.5,
+        **pool_of(backend),
     )
     with tempfile.TemporaryDirectory() as workdir, progress_marks() as marks:
         cwd = os.getcwd()
@@ -142,6 +142,12 @@ def timing_phases(
     return phases
 
 
+def pool_of(backend: CpuBackend) -> dict[str, str]:
+    """The worker's re-check pool, where this tree's back end keeps one."""
+    pool = getattr(backend, "recheck_pool", None)
+    return {"recheck_pool": str(pool.folder)} if pool is not None else {}
+
+
 def timing_run_fresh_library(backend: CpuBackend) -> Path:
     from gpu_workers.cpu.trusted_build import fresh_inputs_library
 
@@ -156,7 +162,7 @@ def one_evaluation(problem: Problem, shape: dict[str, int], source: str) -> dict
         compiled, phases["verify: compile + static (cold cache)"] = _timed(
             lambda: precheck(problem, cold_backend, source, FLAGS, "fp32")
         )
-    backend = CpuBackend(cache_dir=default_cache_dir())
+    backend = cpu_backend()  # the workers' own: long-lived, as in a campaign
     build = precheck(problem, backend, source, FLAGS, "fp32").build
     assert compiled.build is not None and build is not None
     seed = new_seed()

@@ -142,7 +142,7 @@ def timing_phases(
     return phases
 
 
-def pool_of(backend: CpuBackend) -> dict[str, str]:
+def pool_of(backend: CpuBackend) -> dict[str, Any]:
     """The worker's re-check pool, where this tree's back end keeps one."""
     pool = getattr(backend, "recheck_pool", None)
     return {"recheck_pool": str(pool.folder)} if pool is not None else {}

@@ -66,12 +66,10 @@ def best(
         print(to_json(written if top > 1 else written[0]))
         return
     for item in written:
-        iqr = (item["q3_ns"] - item["q1_ns"]) / 1e6 if item["q1_ns"] is not None else None
-        spread = f" (IQR {iqr:.4f})" if iqr is not None else ""
         speedup = item["speedup_vs_campaign_baseline"] or item["speedup"]
         print(
-            f"{item['path']}: {item['candidate_id']}, {item['median_ns'] / 1e6:.4f} ms"
-            f"{spread}, {speedup:.3f}x"
+            f"{item['path']}: {item['candidate_id']}, {item['median_ns'] / 1e6:.4f} ms "
+            f"(IQR {item['iqr_ns'] / 1e6:.4f}), {speedup:.3f}x"
         )
     if baseline is not None:
         print(f"campaign baseline: {baseline.words()}")

@@ -174,9 +174,11 @@ def one_evaluation(problem: Problem, shape: dict[str, int], source: str) -> dict
     phases["verify: driver start (python, sandbox, imports)"] = start
     phases["verify: trials on the kernel host, arrays in and out"] = run_seconds - start
     _, references = _timed(lambda: [problem.expected(t.inputs) for t in trials])
-    (rejection, _, _), judging = _timed(
+    judgement, judging = _timed(
         lambda: judge_runs(problem, problem.tolerances["fp32"], trials, outcome.runs)
     )
+    # a (rejection, reports, worst) tuple, or a record with `rejection` in newer trees
+    rejection = judgement[0] if isinstance(judgement, tuple) else judgement.rejection
     if rejection is not None:
         raise SystemExit(f"the example was rejected: {rejection.message}")
     phases["verify: float64 references"] = references

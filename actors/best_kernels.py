@@ -7,15 +7,16 @@ from pathlib import Path
 from typing import Any
 
 from actors.history import Candidate, History
+from actors.ranking import CampaignBaseline, leaderboard, speedup_over
 from gpu_workers.atomic_file import write_atomically
 
 EXTENSIONS = {"cpu": ".c", "cuda": ".cu"}
 
 
 def ranked(history: History, campaign_id: str) -> list[Candidate]:
-    """Timed candidates with a kernel, fastest first (by recorded speedup)."""
-    timed = [c for c in history.campaign_candidates(campaign_id) if c.benchmark and c.written]
-    return sorted(timed, key=lambda c: c.speedup or 0.0, reverse=True)
+    """Timed kernels at the campaign's shape: the best (promoted head to head) first, then
+    the others by their own median time (`actors.ranking.leaderboard`)."""
+    return [c for c in leaderboard(history.campaign_candidates(campaign_id)) if c.written]
 
 
 def kernel_text(candidate: Candidate) -> str:
@@ -42,7 +43,10 @@ def write_kernel(candidate: Candidate, path: Path) -> Path:
     return path
 
 
-def describe(candidate: Candidate, path: Path | None) -> dict[str, Any]:
+def describe(
+    candidate: Candidate, path: Path | None, baseline: CampaignBaseline | None = None
+) -> dict[str, Any]:
+    """A kernel's figures; with the campaign's `baseline`, its speedup over that too."""
     written, timed = candidate.written, candidate.benchmark
     assert written is not None and timed is not None
     return {
@@ -57,5 +61,10 @@ def describe(candidate: Candidate, path: Path | None) -> dict[str, Any]:
         "baseline": timed.baseline,
         "baseline_ns": timed.baseline_ns,
         "roofline_fraction": timed.roofline_fraction,
+        "q1_ns": timed.evidence.get("q1_ns"),
+        "q3_ns": timed.evidence.get("q3_ns"),
+        "head_to_head": timed.evidence.get("head_to_head"),
+        "campaign_baseline": baseline.as_dict() if baseline else None,
+        "speedup_vs_campaign_baseline": speedup_over(candidate, baseline),
         "path": str(path) if path else None,
     }

@@ -52,7 +52,7 @@ def backend_for(target: str) -> CpuBackend | CudaBackend:
 
 @cache
 def cpu_backend() -> CpuBackend:
-    return CpuBackend(cache_dir=default_cache_dir())
+    return CpuBackend(cache_dir=default_cache_dir(), recheck_pool=True)
 
 
 @cache

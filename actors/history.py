@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from actors.campaign import CampaignSpec, decode_config
+from actors.ranking import best_of
 from eventstore.events import (
     BenchmarkCompleted,
     CampaignFinished,
@@ -257,8 +258,8 @@ class History:
         ]
 
     def best(self, campaign_id: str) -> Candidate | None:
-        timed = [c for c in self.campaign_candidates(campaign_id) if c.benchmark]
-        return max(timed, key=lambda c: c.speedup or 0.0, default=None)
+        """The incumbent: promoted only by a head-to-head win (`actors.ranking`)."""
+        return best_of(self.campaign_candidates(campaign_id))
 
     def generation_settled(self, campaign_id: str, generation: int) -> bool:
         state = self.campaigns[campaign_id].generations.get(generation)

@@ -2,7 +2,9 @@
 
 - `candidates`: one row per candidate, through all its stages (proposal, kernel,
   compile, verdict, benchmark or rejection, duplicate);
-- `leaderboard`: timed candidates ranked by speedup within their campaign;
+- `leaderboard`: timed candidates ranked by their own median time within their campaign
+  and shape; `speedup` is over the campaign's baseline (the median of its candidates'
+  baseline medians, `campaign_baseline_ns`), `own_baseline_speedup` the recorded one;
 - `lessons`: every lesson with the ids of the events it cites;
 - `rejections`: one row per rejected candidate (stage, reason, first message line);
 - `steps`: one row per event that has a cause, with the seconds from cause to effect
@@ -51,6 +53,8 @@ SELECT
     CAST({first}('baseline_ns', 'BenchmarkCompleted') AS DOUBLE) AS baseline_ns,
     CAST({first}('speedup', 'BenchmarkCompleted') AS DOUBLE) AS speedup,
     CAST({first}('roofline_fraction', 'BenchmarkCompleted') AS DOUBLE) AS roofline_fraction,
+    CAST(arg_min(e.payload->'evidence'->'shape', e.position)
+        FILTER (WHERE e.type = 'BenchmarkCompleted') AS VARCHAR) AS shape,
     {first}('device', 'BenchmarkCompleted') AS device,
     {first}('duplicate_of', 'CandidateDeduplicated') AS duplicate_of,
     CASE
@@ -70,12 +74,15 @@ GROUP BY e.campaign_id, e.payload->>'candidate_id'
 
 _LEADERBOARD = """
 SELECT
-    rank() OVER (PARTITION BY campaign_id ORDER BY speedup DESC) AS rank,
-    campaign_id, problem, target, dtype, candidate_id, generation, template, params,
-    median_ns, iqr_ns, baseline, baseline_ns, speedup, roofline_fraction, device,
-    source_hash, flags, source
+    rank() OVER (PARTITION BY campaign_id, shape ORDER BY median_ns) AS rank,
+    campaign_id, problem, target, dtype, shape, candidate_id, generation, template, params,
+    median_ns, iqr_ns, baseline, baseline_ns,
+    median(baseline_ns) OVER (PARTITION BY campaign_id, shape) AS campaign_baseline_ns,
+    median(baseline_ns) OVER (PARTITION BY campaign_id, shape) / median_ns AS speedup,
+    speedup AS own_baseline_speedup,
+    roofline_fraction, device, source_hash, flags, source
 FROM {candidates}
-WHERE speedup IS NOT NULL
+WHERE median_ns IS NOT NULL
 """
 
 _LESSONS = """

@@ -1,6 +1,8 @@
 """The timing loop every runner shares: the kernel, the baseline and the incumbent called
 in turn on the same input set, warmed up first, the order rotated each round so no
-contender always runs right after another (or always cold)."""
+contender always runs right after another (or always cold). The baseline, often many
+times slower than the kernel and pooled over a whole campaign, may join only every n-th
+round: its samples still spread evenly over the whole timed window."""
 
 from __future__ import annotations
 
@@ -34,9 +36,11 @@ def interleave(
     min_seconds: float,
     max_seconds: float,
     progress: Callable[[str], None],
+    baseline_every: int = 1,
 ) -> Samples:
     """Warm up (`warmup` calls and `warmup_seconds`), then time rounds until `min_runs`
-    and `min_seconds` are both reached, or `max_seconds` with at least 3 runs."""
+    and `min_seconds` are both reached, or `max_seconds` with at least 3 runs. The
+    baseline is called in every `baseline_every`-th round (the first one included)."""
     samples = Samples()
     progress("warm-up")
     warm_started = time.perf_counter()
@@ -46,15 +50,17 @@ def interleave(
     ):
         i = len(samples.kernel_warmup_ns) % input_sets
         samples.kernel_warmup_ns.append(kernel(i))
-        baseline(i)
+        if (len(samples.kernel_warmup_ns) - 1) % baseline_every == 0:
+            baseline(i)
         if incumbent is not None:
             incumbent(i)
         if len(samples.kernel_warmup_ns) >= MAX_WARMUP_CALLS:
             break
     progress("timing")
-    contenders = [(kernel, samples.kernel_ns), (baseline, samples.baseline_ns)]
+    everyone = [(kernel, samples.kernel_ns), (baseline, samples.baseline_ns)]
     if incumbent is not None:
-        contenders.append((incumbent, samples.incumbent_ns))
+        everyone.append((incumbent, samples.incumbent_ns))
+    without_baseline = [c for c in everyone if c[0] is not baseline]
     started = time.perf_counter()
     round_index = 0
     while True:
@@ -64,7 +70,10 @@ def interleave(
         if elapsed >= max_seconds and len(samples.kernel_ns) >= 3:
             break
         i = round_index % input_sets
-        first = round_index % len(contenders)
+        with_baseline = round_index % baseline_every == 0
+        contenders = everyone if with_baseline else without_baseline
+        turn = round_index // baseline_every if with_baseline else round_index
+        first = turn % len(contenders)
         for slot in range(len(contenders)):
             call, into = contenders[(slot + first) % len(contenders)]
             into.append(call(i))

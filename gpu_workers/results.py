@@ -159,6 +159,21 @@ class HostCalibration(msgspec.Struct, frozen=True, kw_only=True):
         return self.peak_gflops_by_dtype.get(dtype, self.peak_fp32_gflops)
 
 
+class HeadToHead(msgspec.Struct, frozen=True, kw_only=True):
+    """A kernel against the incumbent in one interleaved run (two when they were within
+    noise): the kernel's time over the incumbent's, paired round by round."""
+
+    ratio_median: float
+    ratio_q1: float
+    ratio_q3: float
+    rounds: int
+    remeasured: bool
+    """The first run's ratios straddled 1 (q1 <= 1 <= q3): both were timed again and
+    the rounds of the two runs pooled."""
+    faster: bool
+    """The kernel beat the incumbent: its pooled median ratio is below 1."""
+
+
 class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     problem: str
     target: str
@@ -194,3 +209,5 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     kernel_cpu_seconds: float | None = None
     """CPU time the kernel's process used while warmed up and timed (all its threads)."""
     sandbox: SandboxReport | None = None
+    head_to_head: HeadToHead | None = None
+    """Whether it beat the incumbent, head to head (None without an incumbent)."""

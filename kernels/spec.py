@@ -11,11 +11,10 @@ it with a constraint (`cols == 2 * half`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -63,12 +62,39 @@ OUTLIER_MAGNITUDE = 1e6
 
 ShapeDrawer = Callable[[np.random.Generator], tuple[dict[str, int], ...]]
 
-DTYPES: dict[str, type[Any]] = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}
+
+class _Dtypes(Mapping[str, type[Any]]):
+    """fp32, bf16 and fp16; ml_dtypes (a second to import) is loaded only for bf16."""
+
+    def __getitem__(self, name: str) -> type[Any]:
+        if name == "bf16":
+            import ml_dtypes
+
+            return ml_dtypes.bfloat16
+        return {"fp32": np.float32, "fp16": np.float16}[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("fp32", "bf16", "fp16"))
+
+    def __len__(self) -> int:
+        return 3
+
+
+DTYPES: Mapping[str, type[Any]] = _Dtypes()
 """Element types, by the name campaigns use. Kernels take and return arrays of one dtype."""
 
 
 class ProblemError(ValueError):
     """The problem itself is wrong (its reference, its shapes), never the kernel."""
+
+
+def finfo(dtype: str) -> Any:
+    """The limits of an element type (ml_dtypes' finfo knows bf16, numpy's the others)."""
+    if dtype == "bf16":
+        import ml_dtypes
+
+        return ml_dtypes.finfo(DTYPES[dtype])
+    return np.finfo(DTYPES[dtype])
 
 
 @dataclass(frozen=True)
@@ -292,7 +318,7 @@ def to_dtype(values: Array, dtype: str) -> Array:
     (a finite input stays a finite number in the kernel's type, never an overflowed
     infinity); infinities and NaN that were drawn on purpose are kept."""
     np_dtype = DTYPES[dtype]
-    largest = float(ml_dtypes.finfo(np_dtype).max)
+    largest = float(finfo(dtype).max)
     clipped = np.clip(values, -largest, largest)
     infinite = np.isinf(values)
     if infinite.any():
@@ -398,7 +424,7 @@ def fill(
         return _sprinkle_specials(rng.standard_normal(shape, dtype=f32), specials, rng)
     if distribution == "mixed":
         return _mixed(rng.standard_normal(shape, dtype=f32), rng)
-    info = ml_dtypes.finfo(DTYPES[dtype])
+    info = finfo(dtype)
     top = min(float(info.max) / 2, limit if limit is not None else math.inf)
     smallest_normal = float(info.smallest_normal)
     raw = rng.integers(0, 1 << 32, shape, dtype=np.uint32)  # mantissa, sign, 8 spare bits

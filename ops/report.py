@@ -19,6 +19,7 @@ from pygments.lexers import CLexer, CudaLexer
 from actors.best_kernels import kernel_text, ranked
 from actors.campaign_overview import evaluation_order
 from actors.history import Candidate, History
+from actors.ranking import CampaignBaseline, campaign_baseline, speedup_over
 from actors.story import Rebuilt
 from eventstore.events import Event, HostCalibrated
 from kernels.loading import load_problem
@@ -34,8 +35,9 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
     history, campaign_id = rebuilt.history, rebuilt.campaign_id
     campaign = history.campaigns[campaign_id]
     board = ranked(history, campaign_id)
+    baseline = campaign_baseline(history.campaign_candidates(campaign_id))
     cited = _cited_events(rebuilt, history, campaign_id)
-    curve = _curve_figure(history, campaign_id)
+    curve = _curve_figure(history, campaign_id, baseline)
     roofline, roofline_note = _roofline_figure(board, calibrations)
     winner = board[0] if board else None
     return _TEMPLATES.get_template("report.html.j2").render(
@@ -48,7 +50,8 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
         curve_html=curve.to_html(full_html=False, include_plotlyjs=True, div_id="curve"),
         roofline_html=roofline.to_html(full_html=False, include_plotlyjs=False, div_id="roofline"),
         roofline_note=roofline_note,
-        board=[_board_row(rank, c) for rank, c in enumerate(board, 1)],
+        board=[_board_row(rank, c, baseline) for rank, c in enumerate(board, 1)],
+        baseline=baseline.words() if baseline else "none timed",
         lessons=campaign.lessons,
         cited=cited,
         rejections=_rejection_table(history.campaign_candidates(campaign_id)),
@@ -58,12 +61,14 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
     )
 
 
-def _curve_figure(history: History, campaign_id: str) -> go.Figure:
+def _curve_figure(
+    history: History, campaign_id: str, baseline: CampaignBaseline | None
+) -> go.Figure:
     order = evaluation_order(history, campaign_id)
     start = history.campaigns[campaign_id].started.ts
     best, xs, seconds, ys = 0.0, [], [], []
     for count, c in enumerate(order, 1):
-        best = max(best, c.speedup or 0.0)
+        best = max(best, speedup_over(c, baseline) or 0.0)
         verdict = c.benchmark or c.rejected or c.verified
         assert verdict is not None
         xs.append(count)
@@ -77,7 +82,7 @@ def _curve_figure(history: History, campaign_id: str) -> go.Figure:
     figure.add_trace(
         go.Scatter(x=seconds, y=ys, mode="lines+markers", line=line, name="time"), 1, 2
     )
-    figure.update_yaxes(title_text="best speedup so far (x baseline)", row=1, col=1)
+    figure.update_yaxes(title_text="best speedup so far (x campaign baseline)", row=1, col=1)
     figure.update_xaxes(title_text="evaluations", row=1, col=1)
     figure.update_xaxes(title_text="seconds", row=1, col=2)
     figure.update_layout(height=380, showlegend=False, margin={"t": 40, "b": 40})
@@ -143,7 +148,7 @@ def _roofline_figure(
     return figure, note
 
 
-def _board_row(rank: int, c: Candidate) -> dict[str, Any]:
+def _board_row(rank: int, c: Candidate, baseline: CampaignBaseline | None) -> dict[str, Any]:
     assert c.benchmark is not None and c.written is not None
     b = c.benchmark
     return {
@@ -153,7 +158,7 @@ def _board_row(rank: int, c: Candidate) -> dict[str, Any]:
         "params": ", ".join(f"{k}={v}" for k, v in c.proposal.params.items()),
         "median_ms": b.median_ns / 1e6,
         "iqr_ms": b.iqr_ns / 1e6,
-        "speedup": b.speedup,
+        "speedup": speedup_over(c, baseline) or b.speedup,
         "roofline": b.roofline_fraction,
         "source": kernel_text(c),
         "event_id": b.event_id,

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from actors.best_kernels import describe, file_name, write_kernel
+from actors.best_kernels import describe, file_name, ranked, write_kernel
 from actors.campaign import (
     Budget,
     CampaignError,
@@ -37,6 +37,7 @@ from actors.campaign import (
 )
 from actors.history import History
 from actors.planner import summary
+from actors.ranking import campaign_baseline, speedup_over
 from actors.spaces import design_spaces
 from bus.auth import AuthError, ClientAuth
 from bus.connection import INTERACTIVE_WAIT, connect, jetstream
@@ -475,18 +476,21 @@ def _result(
     if campaign.finished is not None:
         result["finished"] = campaign.finished.reason
     result["by_generation"] = _generations(history, campaign_id)
-    timed = sorted(
-        (c for c in history.campaign_candidates(campaign_id) if c.benchmark),
-        key=lambda c: c.speedup or 0.0,
-        reverse=True,
+    timed = ranked(history, campaign_id)  # the best, then by own median time
+    baseline = campaign_baseline(history.campaign_candidates(campaign_id))
+    result["campaign_baseline"] = (
+        {**baseline.as_dict(), "words": baseline.words()} if baseline else None
     )
     result["leaderboard"] = [
         {
             "rank": rank,
             "candidate": c.candidate_id,
             "template": c.proposal.template,
+            "params": dict(c.proposal.params),
             "median_ms": c.benchmark.median_ns / 1e6,
-            "speedup": c.benchmark.speedup,
+            "iqr_ms": c.benchmark.iqr_ns / 1e6,
+            "speedup": speedup_over(c, baseline),
+            "own_baseline_speedup": c.benchmark.speedup,
             "roofline_fraction": c.benchmark.roofline_fraction,
         }
         for rank, c in enumerate(timed[:10], 1)
@@ -500,16 +504,19 @@ def _print_results(result: dict[str, Any]) -> None:
     out = console()
     campaign_id = result["campaign_id"]
     board = Table(title=f"leaderboard: {campaign_id}")
-    for column in ("rank", "candidate", "template", "median ms", "speedup", "roofline"):
+    for column in ("rank", "candidate", "template", "params", "median ms", "IQR ms", "speedup"):
         board.add_column(column)
     for row in result["leaderboard"]:
         candidate = str(row["candidate"])
+        speedup = row["speedup"] if row["speedup"] is not None else row["own_baseline_speedup"]
         board.add_row(
             str(row["rank"]),
             candidate.rsplit(":", 2)[-2] + ":" + candidate.rsplit(":", 1)[-1],
             row["template"],
+            " ".join(f"{k}={v}" for k, v in row["params"].items()),
             f"{row['median_ms']:.3f}",
-            f"{row['speedup']:.2f}x",
+            f"{row['iqr_ms']:.3f}",
+            f"{speedup:.2f}x",
             f"{row['roofline_fraction']:.0%}",
         )
     for row in result["by_generation"]:
@@ -528,6 +535,8 @@ def _print_results(result: dict[str, Any]) -> None:
             markup=False,
         )
     out.print(board)
+    if result["campaign_baseline"] is not None:
+        out.print(f"campaign baseline: {result['campaign_baseline']['words']}", markup=False)
     finished = result.get("finished")
     out.print(
         f"evaluated {result['evaluated']}, duplicates avoided {result['duplicates_avoided']}, "

@@ -23,6 +23,7 @@ from gpu_workers.benchmarker import (
 )
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
+from gpu_workers.recheck_pool import SETS
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from kernels.builtin import BUILTIN
 from kernels.spec import Cost
@@ -121,7 +122,8 @@ def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
     assert isinstance(result, BenchmarkResult), result
     assert result.kernel.runs >= MIN_RUNS
     assert result.timed_seconds >= MIN_SECONDS
-    assert result.baseline.runs == result.kernel.runs
+    assert result.baseline.runs == -(-result.kernel.runs // 3)  # every third round
+    assert result.head_to_head is not None and result.head_to_head.rounds >= MIN_RUNS
     assert result.incumbent is not None
     assert abs(result.incumbent.runs - result.kernel.runs) <= 1
     assert result.kernel.q1_ns <= result.kernel.median_ns <= result.kernel.q3_ns
@@ -150,6 +152,34 @@ def test_a_kernel_that_stops_working_after_verification_fails_the_recheck(
     result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
     assert isinstance(result, Rejection)
     assert (result.stage, result.reason) == ("recheck", "unwritten")
+
+
+def test_the_recheck_pool_keeps_its_references_and_still_catches_a_wrong_kernel(
+    kf_cache: Path, calibration: HostCalibration
+) -> None:
+    backend = CpuBackend(cache_dir=kf_cache / "cpu-kernels", recheck_pool=True)
+    assert backend.recheck_pool is not None
+    pool = backend.recheck_pool.folder
+    softmax = BUILTIN["softmax"]
+    good = _build(backend, (EXAMPLES / "softmax.c").read_text())
+    result = benchmark(softmax, backend, good, calibration, shape=SMALL)
+    assert isinstance(result, BenchmarkResult), result
+    assert result.rechecked == softmax.distributions
+    sets = {p.parent: p.stat().st_mtime_ns for p in pool.rglob("seed")}
+    per_distribution = {folder.parent.name for folder in sets}
+    assert per_distribution == set(softmax.distributions)
+    assert len(sets) <= SETS * len(softmax.distributions)
+    assert pool.stat().st_mode & 0o077 == 0  # private to the worker
+    # right on the timed (normal) inputs, wrong only on the pool's nonfinite sets
+    bad = _build(backend, planted("evidence_ignores_nan"))
+    rejected = benchmark(softmax, backend, bad, calibration, shape=SMALL)
+    assert isinstance(rejected, Rejection)
+    assert (rejected.stage, rejected.reason) == ("recheck", "lost_non_finite")
+    assert "nonfinite inputs" in rejected.evidence["when"]
+    # the sets drawn before were reused as they were, references and all
+    assert all((f / "seed").stat().st_mtime_ns == stamp for f, stamp in sets.items())
+    backend.recheck_pool.close()
+    assert not pool.exists()
 
 
 def test_memoizing_never_pays_since_every_timed_call_has_fresh_inputs(

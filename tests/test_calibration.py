@@ -1,5 +1,5 @@
 """Ceilings that are true: a host is calibrated only when it is quiet; a measurement taken
-while other work ran is used for the run that asked for it, marked, and never cached; and
+while other work ran is marked and kept for a few minutes only; and
 recalibrating measures afresh instead of reading the cache. The contention is real: CPU
 burning processes on every core while the calibration runs."""
 
@@ -18,7 +18,12 @@ import msgspec
 import pytest
 
 from actors import devices
-from gpu_workers.calibration_cache import QUIET_CORES, is_quiet
+from gpu_workers.calibration_cache import (
+    CONTENDED_KEPT_SECONDS,
+    QUIET_CORES,
+    contended_path,
+    is_quiet,
+)
 from gpu_workers.cpu import calibrate
 from gpu_workers.cpu.calibrate import CalibrationSizes, calibration_path, load_or_calibrate
 from gpu_workers.results import HostCalibration
@@ -65,14 +70,20 @@ def _planted(path: Path, *, busy: float | None) -> HostCalibration:
     return planted
 
 
-def test_a_contended_measurement_is_returned_marked_and_never_cached(tmp_path: Path) -> None:
+def test_a_contended_measurement_is_marked_and_kept_for_minutes_only(tmp_path: Path) -> None:
     with burning_every_core():
         busy = load_or_calibrate(tmp_path, attempts=2, backoff_s=0.1, sizes=SMALL)
     assert busy.host_contention_cores is not None
     assert busy.host_contention_cores > QUIET_CORES
     assert not is_quiet(busy)
-    assert "contended" in busy.method and "not kept" in busy.method
+    assert "contended" in busy.method and "kept for minutes only" in busy.method
     assert not calibration_path(tmp_path).exists()
+    beside = contended_path(calibration_path(tmp_path))
+    # every process of the next minutes reads it back instead of measuring again
+    assert load_or_calibrate(tmp_path, attempts=1, sizes=SMALL) == busy
+    expired = time.time() - CONTENDED_KEPT_SECONDS - 1
+    os.utime(beside, (expired, expired))
+    assert load_or_calibrate(tmp_path, attempts=1, sizes=SMALL).measured_at != busy.measured_at
 
 
 def test_only_a_quiet_calibration_is_read_back_and_force_measures_afresh(tmp_path: Path) -> None:

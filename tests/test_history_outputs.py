@@ -99,11 +99,11 @@ def test_views_answer_the_readme_questions_without_the_payload_layout(home: Path
             [CAMPAIGN_ID],
         ).fetchone()
         top = conn.execute(
-            "SELECT candidate_id, speedup FROM leaderboard WHERE rank = 1 AND campaign_id = ?",
+            "SELECT candidate_id, median_ns FROM leaderboard WHERE rank = 1 AND campaign_id = ?",
             [CAMPAIGN_ID],
         ).fetchone()
         best = conn.execute(
-            "SELECT max(CAST(payload->>'speedup' AS DOUBLE)) FROM events "
+            "SELECT min(CAST(payload->>'median_ns' AS DOUBLE)) FROM events "
             "WHERE type = 'BenchmarkCompleted' AND campaign_id = ?",
             [CAMPAIGN_ID],
         ).fetchone()

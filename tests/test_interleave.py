@@ -59,3 +59,40 @@ def test_without_an_incumbent_it_stops_at_the_time_cap_after_three_runs() -> Non
     )
     assert len(samples.kernel_ns) == 3 and samples.incumbent_ns == []
     assert samples.baseline_ns == [7, 7, 7]
+
+
+def test_the_baseline_joins_every_nth_round_spread_over_the_whole_window() -> None:
+    calls: list[str] = []
+
+    def contender(name: str) -> Callable[[int], int]:
+        def call(i: int) -> int:
+            calls.append(name)
+            return 1
+
+        return call
+
+    samples = interleave(
+        contender("kernel"),
+        contender("baseline"),
+        contender("incumbent"),
+        1,
+        warmup=3,
+        warmup_seconds=0.0,
+        min_runs=9,
+        min_seconds=0.0,
+        max_seconds=60.0,
+        progress=lambda _: None,
+        baseline_every=3,
+    )
+    assert len(samples.kernel_ns) == len(samples.incumbent_ns) == 9
+    assert len(samples.baseline_ns) == 3
+    warm, timed = calls[:7], calls[7:]  # three warm-up rounds, the baseline in the first
+    assert warm.count("baseline") == 1 and warm.count("kernel") == 3
+    rounds, current = [], []
+    for name in timed:
+        current.append(name)
+        if len(current) == (3 if len(rounds) % 3 == 0 else 2):
+            rounds.append(current)
+            current = []
+    assert ["baseline" in r for r in rounds] == [True, False, False] * 3
+    assert {r[0] for r in rounds} == {"kernel", "baseline", "incumbent"}  # order rotates

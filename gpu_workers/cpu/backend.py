@@ -15,6 +15,7 @@ from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel, nan_safe
 from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.cpu.trusted_build import fresh_inputs_library, kernel_host
+from gpu_workers.recheck_pool import RecheckPool
 from gpu_workers.results import Mechanism, Rejection, SandboxReport
 from gpu_workers.runner_files import expect_reply, write_request
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
@@ -56,7 +57,11 @@ class CpuBackend:
         verify_limits: Limits = VERIFY_LIMITS,
         bench_limits: Limits = BENCH_LIMITS,
         dtype: str = "fp32",
+        recheck_pool: bool = False,
     ) -> None:
+        """`recheck_pool`: keep the re-check's inputs and references for every kernel this
+        back end times (a long-lived worker's), in a secret pool (`gpu_workers.recheck_pool`)."""
+        self.recheck_pool = RecheckPool() if recheck_pool else None
         self.cache_dir = cache_dir
         self.verify_limits = verify_limits
         self.bench_limits = bench_limits
@@ -171,6 +176,7 @@ class CpuBackend:
             seed=seed,
             seeds=seeds,
             recheck_seed=recheck_seed,
+            recheck_pool=str(self.recheck_pool.folder) if self.recheck_pool else None,
             rotate_bytes=rotate_bytes,
             min_runs=min_runs,
             min_seconds=min_seconds,

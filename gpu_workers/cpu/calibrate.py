@@ -1,5 +1,5 @@
 """Measure this host's ceilings (bandwidth, fp32 peak) on a quiet host and cache them per
-host; a measurement taken while other work ran is used once and never cached."""
+host; a measurement taken while other work ran is kept for a few minutes only."""
 
 from __future__ import annotations
 
@@ -127,9 +127,9 @@ def measure(
     if quiet:
         verdict = f"a quiet host ({busy:.2f} cores of other work)"
     elif busy is None:
-        verdict = "contention unknown: not kept"
+        verdict = "contention unknown: kept for minutes only"
     else:
-        verdict = f"contended ({busy:.2f} cores of other work at best): not kept"
+        verdict = f"contended ({busy:.2f} cores of other work at best): kept for minutes only"
     return msgspec.structs.replace(
         best,
         sgemm_gflops=sgemm,

@@ -51,6 +51,9 @@ COMMAND = struct.Struct(f"<II{MAX_ARRAYS}Q{MAX_DIMS}q{MAX_GUARDS}Q{MAX_GUARDS}Q"
 REPLY = struct.Struct("<IIq")
 HELLO = struct.Struct(f"<I{len(MECHANISMS)}i")
 PID = struct.Struct("<q")
+STOP_SECONDS = 10.0
+"""How long every thread may take to show it has stopped: on a host loaded several times
+over (a shared 2-core CI machine), a thread can wait over a second for a core first."""
 HOST_ENV = {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores", "GOMP_SPINCOUNT": "10000"}
 """The kernel's whole environment, the same whenever a kernel runs: nothing in it says
 whether a call is verified or timed."""
@@ -326,7 +329,7 @@ class KernelProcess:
             os.kill(self.pid, signal.SIGSTOP)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + STOP_SECONDS
         tasks = Path(f"/proc/{self.pid}/task")
         while time.monotonic() < deadline:
             try:
@@ -336,7 +339,9 @@ class KernelProcess:
             if all(state in "TtZX" for state in states):
                 return
             time.sleep(0)
-        raise RuntimeError(f"the kernel's process {self.pid} did not stop within 1 s")
+        raise RuntimeError(
+            f"the kernel's process {self.pid} did not stop within {STOP_SECONDS:g} s"
+        )
 
     def _wait(self, timeout: float) -> int | None:
         if self.exit_status is not None:

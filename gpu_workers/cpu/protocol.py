@@ -63,6 +63,9 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     recheck_seed: int | None
     """Re-check every distribution at this shape after timing, from this seed (None: not
     in this run)."""
+    recheck_pool: str | None = None
+    """The worker's secret pool of re-check inputs with their references
+    (`gpu_workers.recheck_pool`); None: drawn and referenced afresh in this run."""
     rotate_bytes: int
     judged_calls: int = 3
     """How many kernel calls (warm-up included), chosen at random, have their outputs
@@ -72,6 +75,9 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     min_runs: int = 30
     min_seconds: float = 0.5
     max_seconds: float = 60.0
+    baseline_every: int = 3
+    """The baseline is timed in every n-th round (still over the whole window): at 30
+    rounds it gets 10 samples, and the campaign pools every candidate's."""
 
 
 class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +31,7 @@ from gpu_workers.cpu.kernel_process import (
     kernel_process,
 )
 from gpu_workers.interleave import Call, interleave
+from gpu_workers.recheck_pool import entry
 from gpu_workers.results import Rejection
 from gpu_workers.verifier import trial_seed
 from kernels.loading import load_problem
@@ -232,13 +234,29 @@ def _judge_and_recheck(
             if any(f.done() and f.result() is not None for f in pending):
                 break
             seed = trial_seed(job.recheck_seed, index, distribution)
+            files.write_progress(f"re-check after timing: {distribution} inputs at {job.shape}")
+            inputs, expected, scales, seed = _recheck_inputs(problem, job, distribution, seed)
             what = f"re-check after timing: {distribution} inputs at {job.shape}, seed {seed}"
             files.write_progress(what)
-            inputs = problem.generate(job.shape, distribution, seed, job.dtype)
             call = kernel.run_once(inputs, what, seed)
+            call.expected, call.scales = expected, scales
             pending.append(judges.submit(judge_calls, problem, job.dtype, [call]))
             rechecked.append(distribution)
         return next((r for f in pending if (r := f.result()) is not None), None)
+
+
+def _recheck_inputs(
+    problem: Problem, job: p.BenchJob, distribution: str, seed: int
+) -> tuple[Arrays, Arrays | None, Arrays | None, int]:
+    """One distribution's re-check inputs, their reference and scale (None: the judge
+    computes them), and the seed they were drawn from: a set of the worker's secret pool,
+    chosen by `seed` (filled here on first use), or drawn afresh from `seed`."""
+    if job.recheck_pool is None:
+        return problem.generate(job.shape, distribution, seed, job.dtype), None, None, seed
+    pooled = entry(Path(job.recheck_pool), problem, job.shape, job.dtype, distribution, seed)
+    if not pooled.ready:
+        pooled.fill(problem, job.shape, distribution, job.dtype)
+    return pooled.inputs(problem), pooled.expected(problem), pooled.scales(problem), pooled.seed
 
 
 def bench(job: p.BenchJob) -> p.BenchReply:
@@ -291,6 +309,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             min_seconds=job.min_seconds,
             max_seconds=job.max_seconds,
             progress=files.write_progress,
+            baseline_every=job.baseline_every,
         )
         cpu_after = kernel.process.cpu_seconds()
         if incumbent is not None:

@@ -1,0 +1,149 @@
+"""A campaign's truer best: kernels ranked by their own time at the campaign's shape, the
+baseline as one campaign-level figure, and promotion only by a head-to-head run.
+
+Each candidate's speedup is a ratio over its own baseline samples, which drift by tens of
+percent over a campaign on a shared host; ranking by it can put a slower kernel first.
+Here:
+- the leaderboard sorts timed kernels by their own median (IQR beside it) at the
+  campaign's shape, and states every speedup against the campaign's baseline: the median
+  of all its candidates' baseline medians, reported with their spread;
+- the best (the incumbent new kernels are timed against) changes only when a kernel beat
+  it in a head-to-head interleaved run (`evidence["head_to_head"]`, written by
+  `gpu_workers.benchmarker.head_to_head`, which re-measures both when they are within
+  noise). A kernel timed against another incumbent, or none, replaces the best only when
+  its own time is faster beyond both kernels' noise.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from actors.history import Candidate
+
+
+@dataclass(frozen=True)
+class CampaignBaseline:
+    """The baseline of a campaign: the median of its candidates' baseline medians."""
+
+    name: str
+    median_ns: float
+    q1_ns: float
+    q3_ns: float
+    candidates: int
+
+    @property
+    def spread(self) -> float:
+        """(q3 - q1) / median of the candidates' baseline medians."""
+        return (self.q3_ns - self.q1_ns) / self.median_ns if self.median_ns else 0.0
+
+    def words(self) -> str:
+        return (
+            f"{self.name} {self.median_ns / 1e6:.3f} ms (median of {self.candidates} "
+            f"candidates' medians, IQR {self.q1_ns / 1e6:.3f}-{self.q3_ns / 1e6:.3f} ms)"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "median_ns": self.median_ns,
+            "q1_ns": self.q1_ns,
+            "q3_ns": self.q3_ns,
+            "iqr_ns": self.q3_ns - self.q1_ns,
+            "candidates": self.candidates,
+        }
+
+
+def _shape_key(candidate: Candidate) -> str:
+    assert candidate.benchmark is not None
+    shape = candidate.benchmark.evidence.get("shape") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(dict(shape).items()))
+
+
+def at_campaign_shape(candidates: list[Candidate]) -> list[Candidate]:
+    """Timed candidates at the shape most of them were timed at (a campaign times at one
+    shape; times at two shapes never compete)."""
+    timed = [c for c in candidates if c.benchmark is not None]
+    if not timed:
+        return []
+    shape, _ = Counter(_shape_key(c) for c in timed).most_common(1)[0]
+    return [c for c in timed if _shape_key(c) == shape]
+
+
+def campaign_baseline(candidates: list[Candidate]) -> CampaignBaseline | None:
+    """One baseline figure for the campaign, with its spread over candidates."""
+    timed = at_campaign_shape(candidates)
+    if not timed:
+        return None
+    medians = [c.benchmark.baseline_ns for c in timed if c.benchmark is not None]
+    q1, median, q3 = np.percentile(np.asarray(medians, dtype=np.float64), [25, 50, 75])
+    name = timed[0].benchmark.baseline if timed[0].benchmark is not None else ""
+    return CampaignBaseline(name, float(median), float(q1), float(q3), len(medians))
+
+
+def by_own_time(candidates: list[Candidate]) -> list[Candidate]:
+    """Timed kernels at the campaign's shape, fastest own median first."""
+    return sorted(
+        at_campaign_shape(candidates),
+        key=lambda c: c.benchmark.median_ns if c.benchmark is not None else float("inf"),
+    )
+
+
+def beat_in_head_to_head(challenger: Candidate, incumbent: Candidate) -> bool | None:
+    """What the challenger's head-to-head run against `incumbent` decided; None when it
+    was not timed against that kernel."""
+    assert challenger.benchmark is not None
+    evidence = challenger.benchmark.evidence
+    versus = evidence.get("head_to_head")
+    if evidence.get("incumbent") != incumbent.candidate_id or not isinstance(versus, dict):
+        return None
+    return bool(versus.get("faster"))
+
+
+def clearly_faster(challenger: Candidate, incumbent: Candidate) -> bool:
+    """Own medians apart by more than both kernels' half IQRs (no head-to-head to go by)."""
+    a, b = challenger.benchmark, incumbent.benchmark
+    assert a is not None and b is not None
+    return a.median_ns + a.iqr_ns / 2 < b.median_ns - b.iqr_ns / 2
+
+
+def _timed_at(candidate: Candidate) -> datetime:
+    assert candidate.benchmark is not None
+    return candidate.benchmark.ts
+
+
+def best_of(candidates: list[Candidate]) -> Candidate | None:
+    """The campaign's best, in the order kernels were timed: the first timed kernel, then
+    each kernel that beat the best of its time head to head (or, timed against another
+    kernel, is clearly faster by its own time)."""
+    timed = sorted(at_campaign_shape(candidates), key=_timed_at)
+    best: Candidate | None = None
+    for challenger in timed:
+        if best is None:
+            best = challenger
+            continue
+        verdict = beat_in_head_to_head(challenger, best)
+        if verdict is None:
+            verdict = clearly_faster(challenger, best)
+        if verdict:
+            best = challenger
+    return best
+
+
+def leaderboard(candidates: list[Candidate]) -> list[Candidate]:
+    """The best first, then every other kernel at the campaign's shape by its own time."""
+    best = best_of(candidates)
+    rest = [c for c in by_own_time(candidates) if c is not best]
+    return ([best] if best is not None else []) + rest
+
+
+def speedup_over(candidate: Candidate, baseline: CampaignBaseline | None) -> float | None:
+    """The campaign baseline's median over the kernel's own median."""
+    if candidate.benchmark is None or baseline is None or candidate.benchmark.median_ns <= 0:
+        return None
+    return baseline.median_ns / candidate.benchmark.median_ns

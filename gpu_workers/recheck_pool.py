@@ -1,0 +1,108 @@
+"""A campaign's secret pool of re-check inputs, with their float64 references.
+
+After timing, a kernel is re-checked on every distribution at the timed shape. At a
+campaign's shape (16 M elements for softmax 4096x4096) drawing those inputs and computing
+their float64 references costs more than the timing itself, and is the same work for
+every candidate. The pool keeps, for each distribution, `SETS` input sets drawn from seeds
+no one is told, each with its reference and error scale, as .npy files in one private
+folder the worker creates (mode 0700) and removes. Each re-check draws, per distribution,
+one set from its own secret seed.
+
+Why this keeps the rule: a kernel cannot predict which inputs it gets. Its process sees
+an empty read-only root and may open nothing (seccomp), so it can neither read the pool
+nor leave anything for a later kernel; every kernel's outputs are judged on the whole
+set; and it never learns which set it was given. The set's seed is reported with the
+re-check, so a failure can be replayed exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from kernels.spec import Arrays, Problem
+
+SETS = 2
+"""Input sets per distribution; each re-check draws one of them at random."""
+SEED_FILE = "seed"
+
+
+class PoolEntry:
+    """One input set of one distribution: inputs, references and scales, memory-mapped."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @property
+    def ready(self) -> bool:
+        return (self.folder / SEED_FILE).is_file()
+
+    @property
+    def seed(self) -> int:
+        return int((self.folder / SEED_FILE).read_text())
+
+    def _load(self, kind: str, names: list[str]) -> Arrays:
+        return {n: np.load(self.folder / f"{kind}-{n}.npy", mmap_mode="r") for n in names}
+
+    def inputs(self, problem: Problem) -> Arrays:
+        return self._load("in", [a.name for a in problem.inputs])
+
+    def expected(self, problem: Problem) -> Arrays:
+        return self._load("expected", [a.name for a in problem.outputs])
+
+    def scales(self, problem: Problem) -> Arrays:
+        return self._load("scale", [a.name for a in problem.outputs])
+
+    def fill(self, problem: Problem, shape: dict[str, int], distribution: str, dtype: str) -> None:
+        """Draw the set from a fresh secret seed, with its reference, in a folder of its own
+        renamed into place when complete (a reader never sees half a set; of two drivers
+        filling the same set, the first to finish wins)."""
+        seed = secrets.randbits(63)
+        inputs = problem.generate(shape, distribution, seed, dtype)
+        expected = problem.expected(inputs)
+        scales = problem.scales(inputs, expected)
+        self.folder.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}-", dir=self.folder.parent))
+        for kind, arrays in (("in", inputs), ("expected", expected), ("scale", scales)):
+            for name, array in arrays.items():
+                np.save(partial / f"{kind}-{name}.npy", np.asarray(array))
+        (partial / SEED_FILE).write_text(str(seed))
+        try:
+            os.rename(partial, self.folder)
+        except OSError:  # filled meanwhile by another driver: keep theirs
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _save_atomically(path: Path, array: np.ndarray) -> None:
+    partial = path.with_name(path.name + f".{os.getpid()}.tmp")
+    with open(partial, "wb") as out:
+        np.save(out, array)
+    os.replace(partial, path)
+
+
+def entry(
+    folder: Path, problem: Problem, shape: dict[str, int], dtype: str, distribution: str, draw: int
+) -> PoolEntry:
+    """The set `draw` picks (modulo SETS) for one distribution of a problem, at one shape
+    and dtype."""
+    spec = hashlib.sha256(problem.load_spec.encode()).hexdigest()[:16]
+    dims = "x".join(f"{k}{v}" for k, v in sorted(shape.items()))
+    return PoolEntry(folder / spec / f"{dims}-{dtype}" / distribution / str(draw % SETS))
+
+
+class RecheckPool:
+    """The pool's folder, private to this worker and removed with it."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="kf-recheck-pool-"))  # mode 0700
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
+
+    def close(self) -> None:
+        self._cleanup()

@@ -1,0 +1,232 @@
+"""A truer best, from recorded events alone (no timing here): kernels ranked by their own
+time at the campaign's shape, one campaign-level baseline, promotion by head-to-head."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from actors.best_kernels import ranked
+from actors.campaign import Budget, CampaignSpec
+from actors.history import History
+from actors.ranking import best_of, campaign_baseline, speedup_over
+from eventstore.codec import encode
+from eventstore.duckdb_store import DuckDBEventStore
+from eventstore.events import (
+    ActorRef,
+    BenchmarkCompleted,
+    CampaignStarted,
+    CandidateProposed,
+    Event,
+    GenerationOpened,
+    KernelVerified,
+    KernelWritten,
+    new_event,
+)
+from eventstore.store import Recorded
+from gpu_workers.benchmarker import TimingRun, head_to_head, paired_ratios, within_noise
+
+CAMPAIGN = "ranked"
+ACTOR = ActorRef(role="benchmarker", instance="benchmarker-0", host="test")
+SHAPE = {"rows": 4096, "cols": 4096}
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Recorder:
+    """A campaign's events, applied to a History as the actors would see them."""
+
+    def __init__(self) -> None:
+        self.history = History()
+        self.events: list[Event] = []
+        spec = CampaignSpec(problem="softmax", target="cpu", budget=Budget(candidates=8))
+        self.started = self.emit(
+            new_event(
+                CampaignStarted,
+                campaign_id=CAMPAIGN,
+                actor=ACTOR,
+                name=CAMPAIGN,
+                problem="softmax",
+                target="cpu",
+                config=spec.to_config(),
+            )
+        )
+        self.opened = self.emit(
+            new_event(
+                GenerationOpened,
+                campaign_id=CAMPAIGN,
+                actor=ACTOR,
+                cause=self.started,
+                generation=0,
+                planned=8,
+            )
+        )
+
+    def emit(self, event: Event) -> Event:
+        # Distinct, increasing timestamps: the order the benchmarker recorded them in.
+        event = type(event)(**{**_fields(event), "ts": START + timedelta(seconds=len(self.events))})
+        self.history.apply(len(self.events) + 1, event)
+        self.events.append(event)
+        return event
+
+    def timed(
+        self,
+        name: str,
+        median_ms: float,
+        baseline_ms: float,
+        *,
+        iqr_ms: float = 0.1,
+        versus: str | None = None,
+        faster: bool | None = None,
+        shape: dict[str, int] = SHAPE,
+    ) -> str:
+        """A candidate that was written, verified and timed with these figures."""
+        candidate_id = f"{CAMPAIGN}:g0:{name}"
+        work = {"problem": "softmax", "target": "cpu", "candidate_id": candidate_id}
+        proposed = self.emit(
+            new_event(
+                CandidateProposed,
+                campaign_id=CAMPAIGN,
+                actor=ACTOR,
+                cause=self.opened,
+                generation=0,
+                template="softmax_rows",
+                params={"threads": len(self.events)},
+                **work,
+            )
+        )
+        digest = f"{len(self.events):064x}"
+        written = self.emit(
+            new_event(
+                KernelWritten,
+                campaign_id=CAMPAIGN,
+                actor=ACTOR,
+                cause=proposed,
+                generation=0,
+                source_hash=digest,
+                source=f"/* {name} */",
+                flags=["-O3"],
+                writer="template",
+                **work,
+            )
+        )
+        verified = self.emit(
+            new_event(
+                KernelVerified,
+                campaign_id=CAMPAIGN,
+                actor=ACTOR,
+                cause=written,
+                generation=0,
+                source_hash=digest,
+                max_rel_err=1e-7,
+                trials=72,
+                **work,
+            )
+        )
+        evidence: dict[str, Any] = {"shape": shape, "incumbent": None}
+        if versus is not None:
+            ratio = 0.97 if faster else 1.03
+            evidence["incumbent"] = f"{CAMPAIGN}:g0:{versus}"
+            evidence["head_to_head"] = {"ratio_median": ratio, "faster": faster}
+        self.emit(
+            new_event(
+                BenchmarkCompleted,
+                campaign_id=CAMPAIGN,
+                actor=ACTOR,
+                cause=verified,
+                generation=0,
+                source_hash=digest,
+                median_ns=median_ms * 1e6,
+                iqr_ns=iqr_ms * 1e6,
+                baseline="numpy float32",
+                baseline_ns=baseline_ms * 1e6,
+                speedup=baseline_ms / median_ms,
+                roofline_fraction=0.5,
+                evidence=evidence,
+                **work,
+            )
+        )
+        return candidate_id
+
+
+def _fields(event: Event) -> dict[str, Any]:
+    return {f: getattr(event, f) for f in event.__struct_fields__}
+
+
+def ids(candidates: list[Any]) -> list[str]:
+    return [c.candidate_id.rsplit(":", 1)[-1] for c in candidates]
+
+
+def noisy_baselines() -> Recorder:
+    """c2 has the highest recorded speedup only because its own baseline ran slow; c1 is
+    the fastest kernel and beat the incumbent head to head."""
+    log = Recorder()
+    log.timed("c0", median_ms=10.0, baseline_ms=100.0)  # 10x
+    log.timed("c1", median_ms=8.0, baseline_ms=60.0, versus="c0", faster=True)  # 7.5x
+    log.timed("c2", median_ms=9.0, baseline_ms=120.0, versus="c1", faster=False)  # 13.3x
+    return log
+
+
+def test_the_fastest_own_time_wins_where_the_speedup_ranking_would_not() -> None:
+    log = noisy_baselines()
+    candidates = log.history.campaign_candidates(CAMPAIGN)
+    by_recorded_speedup = max(candidates, key=lambda c: c.speedup or 0.0)
+    assert ids([by_recorded_speedup]) == ["c2"]  # what the old ranking picked
+    assert ids([log.history.best(CAMPAIGN)]) == ["c1"]
+    assert ids(ranked(log.history, CAMPAIGN)) == ["c1", "c2", "c0"]
+    baseline = campaign_baseline(candidates)
+    assert baseline is not None and baseline.median_ns == 100e6 and baseline.candidates == 3
+    assert (baseline.q1_ns, baseline.q3_ns) == (80e6, 110e6)
+    speedups = [speedup_over(c, baseline) for c in ranked(log.history, CAMPAIGN)]
+    assert speedups == [100 / 8, 100 / 9, 100 / 10]  # one baseline: the order of own times
+
+
+def test_a_faster_looking_kernel_that_lost_head_to_head_is_not_promoted() -> None:
+    log = noisy_baselines()
+    log.timed("c3", median_ms=7.9, baseline_ms=100.0, versus="c1", faster=False)
+    assert ids([log.history.best(CAMPAIGN)]) == ["c1"]
+    assert ids(ranked(log.history, CAMPAIGN)) == ["c1", "c3", "c2", "c0"]
+
+
+def test_without_a_head_to_head_only_a_clear_margin_promotes() -> None:
+    log = noisy_baselines()
+    log.timed("c3", median_ms=7.95, baseline_ms=100.0, iqr_ms=0.2, versus="c0", faster=True)
+    assert ids([log.history.best(CAMPAIGN)]) == ["c1"]  # timed against an older best: noise
+    log.timed("c4", median_ms=6.0, baseline_ms=100.0, versus="c0", faster=True)
+    assert ids([log.history.best(CAMPAIGN)]) == ["c4"]  # far beyond both IQRs
+
+
+def test_kernels_timed_at_another_shape_do_not_compete() -> None:
+    log = noisy_baselines()
+    log.timed("small", median_ms=0.5, baseline_ms=4.0, shape={"rows": 64, "cols": 64})
+    assert ids(ranked(log.history, CAMPAIGN)) == ["c1", "c2", "c0"]
+    assert ids([best_of(log.history.campaign_candidates(CAMPAIGN))]) == ["c1"]
+
+
+def test_the_leaderboard_view_ranks_by_own_time_over_one_baseline(tmp_path: Path) -> None:
+    log = noisy_baselines()
+    store = DuckDBEventStore(tmp_path / "events.duckdb")
+    store.append([Recorded(e, encode(e)) for e in log.events])
+    store.close()  # the store creates the views
+    conn = duckdb.connect(str(tmp_path / "events.duckdb"), read_only=True)
+    try:
+        rows = conn.execute(
+            "SELECT rank, candidate_id, speedup, own_baseline_speedup, campaign_baseline_ns "
+            "FROM leaderboard ORDER BY rank"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert [(r[0], r[1].rsplit(":", 1)[-1]) for r in rows] == [(1, "c1"), (2, "c2"), (3, "c0")]
+    assert [round(r[2], 6) for r in rows] == [round(100 / 8, 6), round(100 / 9, 6), 10.0]
+    assert rows[1][3] == 120 / 9 and {r[4] for r in rows} == {100e6}
+
+
+def test_head_to_head_pairs_rounds_and_calls_a_straddle_noise() -> None:
+    clear = TimingRun(kernel_ns=[90, 91, 92, 89], incumbent_ns=[100, 100, 101, 100])
+    versus = head_to_head(paired_ratios(clear), remeasured=False)
+    assert versus.faster and not within_noise(versus) and versus.rounds == 4
+    close = TimingRun(kernel_ns=[95, 104, 97, 102], incumbent_ns=[100, 100, 100, 100])
+    versus = head_to_head(paired_ratios(close), remeasured=False)
+    assert versus.faster and within_noise(versus)  # looks faster, but not in most rounds

@@ -114,12 +114,15 @@ def _exit_now() -> None:
 
 
 def run_command(
-    body: Callable[[asyncio.Event], Coroutine[Any, Any, T]], stopped: str = "stopped"
+    body: Callable[[asyncio.Event], Coroutine[Any, Any, T]],
+    stopped: str = "stopped",
+    stopped_status: int = STOPPED,
 ) -> T:
-    """`run_until_stopped` for a command: a stop ends the process with status 130."""
+    """`run_until_stopped` for a command: a stop cut short ends the process with
+    `stopped_status` (130; 0 for a server, whose normal end is a signal)."""
     import typer
 
     try:
         return run_until_stopped(body, stopped)
     except Stopped:
-        raise typer.Exit(STOPPED) from None
+        raise typer.Exit(stopped_status) from None

@@ -76,7 +76,8 @@ def server(
         run_command(
             lambda stop: _serve(
                 stop, folder, nats, listen, port, not no_auth, tls, tls_ca, external
-            )
+            ),
+            stopped_status=0,  # a server's normal end is a signal: what it got is recorded
         )
     except AuthError as exc:
         raise UserError(str(exc)) from exc

@@ -11,7 +11,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from kernels import shape_rules
@@ -218,7 +217,7 @@ def _outputs(
                 f"{where}: the {what} returns {arg.name} of shape {value.shape}; the "
                 f"signature says {arg.name}[{', '.join(arg.dims)}] = {want} {at}"
             )
-        if value.dtype.kind != "f" and value.dtype != ml_dtypes.bfloat16:
+        if value.dtype.kind != "f" and value.dtype.name != "bfloat16":  # ml_dtypes' bf16
             raise ProblemLoadError(
                 f"{where}: the {what} returns {arg.name} as {value.dtype}, not floats {at}"
             )

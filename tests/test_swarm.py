@@ -67,7 +67,8 @@ def outcomes_per_candidate(home: Path, campaign: str) -> list[dict[str, object]]
 
 def test_a_campaign_finds_a_verified_kernel_faster_than_numpy_and_learns(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    run = kfactory("run", str(campaign_file(tmp_path, "e2e")), "--home", str(home), "--json")
+    spec = campaign_file(tmp_path, "e2e", budget=4, per_generation=2)  # two generations
+    run = kfactory("run", str(spec), "--home", str(home), "--json")
     out, err = run.communicate(timeout=400)
     assert run.returncode == 0, err
     result = json.loads(out)
@@ -104,7 +105,7 @@ def test_a_campaign_finds_a_verified_kernel_faster_than_numpy_and_learns(tmp_pat
 
 def test_a_killed_run_resumes_without_evaluating_any_candidate_twice(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    spec = campaign_file(tmp_path, "resume", budget=8, per_generation=4)
+    spec = campaign_file(tmp_path, "resume", budget=4, per_generation=2)
     first = kfactory("run", str(spec), "--home", str(home), start_new_session=True)
     deadline = time.monotonic() + 240
     verified = 0
@@ -137,7 +138,7 @@ def test_a_killed_run_resumes_without_evaluating_any_candidate_twice(tmp_path: P
         "SELECT count(*) AS n, count(DISTINCT payload->>'param_key') AS keys FROM events "
         "WHERE campaign_id = 'resume' AND type = 'CandidateProposed'",
     )
-    assert proposed[0]["n"] == proposed[0]["keys"] == 8
+    assert proposed[0]["n"] == proposed[0]["keys"] == 4
 
 
 @pytest.mark.slow  # a whole campaign with actor processes: about 65 s

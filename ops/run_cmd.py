@@ -37,7 +37,7 @@ from actors.campaign import (
 )
 from actors.history import History
 from actors.planner import summary
-from actors.ranking import campaign_baseline, speedup_over
+from actors.ranking import CampaignBaseline, campaign_baseline, speedup_over
 from actors.spaces import design_spaces
 from bus.auth import AuthError, ClientAuth
 from bus.connection import INTERACTIVE_WAIT, connect, jetstream
@@ -440,7 +440,9 @@ async def _warn_missing(
         console.print(f"a {role} is live again")
 
 
-def _generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
+def _generations(
+    history: History, campaign_id: str, baseline: CampaignBaseline | None
+) -> list[dict[str, Any]]:
     """Each generation's outcome, and the lessons of earlier ones that it searched with."""
     campaign = history.campaigns[campaign_id]
     rows: list[dict[str, Any]] = []
@@ -452,7 +454,9 @@ def _generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
                 "generation": number,
                 "proposed": len(candidates),
                 "settled": sum(c.settled for c in candidates),
-                "best_speedup": max((c.speedup or 0.0 for c in candidates), default=0.0),
+                "best_speedup": max(
+                    (speedup_over(c, baseline) or 0.0 for c in candidates), default=0.0
+                ),
                 "closed": generation.closed is not None,
                 "lessons_used": len(used),
                 "new_lessons": [x.statement for x in used if x.generation == number - 1],
@@ -475,9 +479,9 @@ def _result(
         console.print(f"best kernel written to {path}")
     if campaign.finished is not None:
         result["finished"] = campaign.finished.reason
-    result["by_generation"] = _generations(history, campaign_id)
     timed = ranked(history, campaign_id)  # the best, then by own median time
     baseline = campaign_baseline(history.campaign_candidates(campaign_id))
+    result["by_generation"] = _generations(history, campaign_id, baseline)
     result["campaign_baseline"] = (
         {**baseline.as_dict(), "words": baseline.words()} if baseline else None
     )
@@ -504,7 +508,16 @@ def _print_results(result: dict[str, Any]) -> None:
     out = console()
     campaign_id = result["campaign_id"]
     board = Table(title=f"leaderboard: {campaign_id}")
-    for column in ("rank", "candidate", "template", "params", "median ms", "IQR ms", "speedup"):
+    for column in (
+        "rank",
+        "candidate",
+        "template",
+        "params",
+        "median ms",
+        "IQR ms",
+        "speedup",
+        "roofline",
+    ):
         board.add_column(column)
     for row in result["leaderboard"]:
         candidate = str(row["candidate"])

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from actors.history import Candidate, History
+from actors.ranking import best_of
 from eventstore.events import CandidateProposed, Event, LessonLearned
 
 
@@ -92,14 +93,14 @@ def story(rebuilt: Rebuilt) -> dict[str, Any]:
 def generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
     campaign = history.campaigns[campaign_id]
     rows: list[dict[str, Any]] = []
-    best: Candidate | None = None
+    so_far: list[Candidate] = []
     for number in sorted(campaign.generations):
         state = campaign.generations[number]
         members = [history.candidates[cid] for cid in state.candidates]
         timed = [c for c in members if c.benchmark]
         top = max(timed, key=lambda c: c.speedup or 0.0, default=None)
-        if top is not None and (best is None or (top.speedup or 0) > (best.speedup or 0)):
-            best = top
+        so_far += members
+        best = best_of(so_far)  # the incumbent as the swarm promotes it (head to head)
         rows.append(
             {
                 "generation": number,

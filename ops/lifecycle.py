@@ -35,7 +35,9 @@ class Stopped(Exception):
 
 
 def run_until_stopped(
-    body: Callable[[asyncio.Event], Coroutine[Any, Any, T]], stopped: str = "stopped"
+    body: Callable[[asyncio.Event], Coroutine[Any, Any, T]],
+    stopped: str = "stopped",
+    exit_status: int = STOPPED,
 ) -> T:
     """Run `body(stop)`; raises Stopped if a signal cut it short (its result is lost),
     saying `stopped` on stderr first (the process may end before the caller can)."""
@@ -50,7 +52,7 @@ def run_until_stopped(
             loop.add_signal_handler(sig, stop.set)
         main = loop.create_task(body(stop))
         try:
-            result = loop.run_until_complete(_bounded(main, stop))
+            result = loop.run_until_complete(_bounded(main, stop, exit_status))
         except (asyncio.CancelledError, ConnectStopped):
             print(f"kfactory: {stopped}", file=sys.stderr, flush=True)
             raise Stopped() from None
@@ -60,10 +62,10 @@ def run_until_stopped(
             _cancel_the_rest(loop)
         return result
     finally:
-        _close(loop, stopped=stop.is_set())
+        _close(loop, stopped=stop.is_set(), exit_status=exit_status)
 
 
-async def _bounded(main: asyncio.Task[T], stop: asyncio.Event) -> T:
+async def _bounded(main: asyncio.Task[T], stop: asyncio.Event, exit_status: int) -> T:
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({main, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -74,7 +76,7 @@ async def _bounded(main: asyncio.Task[T], stop: asyncio.Event) -> T:
             await asyncio.wait({main}, timeout=UNWIND_GRACE)
         if not main.done():
             print("kfactory: did not stop within 2 s of the signal; exiting", file=sys.stderr)
-            _exit_now()
+            _exit_now(exit_status)
         return main.result()
     finally:
         stopping.cancel()
@@ -88,7 +90,7 @@ def _cancel_the_rest(loop: asyncio.AbstractEventLoop) -> None:
         loop.run_until_complete(asyncio.wait(pending, timeout=UNWIND_GRACE))
 
 
-def _close(loop: asyncio.AbstractEventLoop, stopped: bool) -> None:
+def _close(loop: asyncio.AbstractEventLoop, stopped: bool, exit_status: int) -> None:
     with contextlib.suppress(Exception):
         loop.run_until_complete(loop.shutdown_asyncgens())
     executor = getattr(loop, "_default_executor", None)
@@ -99,18 +101,18 @@ def _close(loop: asyncio.AbstractEventLoop, stopped: bool) -> None:
     if stopped and _busy_threads():
         # A compile or benchmark still running in a worker thread: the interpreter would
         # wait for it at exit. Its work was left for redelivery; nothing is lost.
-        _exit_now()
+        _exit_now(exit_status)
 
 
 def _busy_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
 
 
-def _exit_now() -> None:
+def _exit_now(status: int) -> None:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(STOPPED)
+    os._exit(status)
 
 
 def run_command(
@@ -123,6 +125,6 @@ def run_command(
     import typer
 
     try:
-        return run_until_stopped(body, stopped)
+        return run_until_stopped(body, stopped, stopped_status)
     except Stopped:
         raise typer.Exit(stopped_status) from None

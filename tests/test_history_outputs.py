@@ -74,7 +74,9 @@ def test_campaigns_lists_and_diffs_two_campaigns_of_one_problem(home: Path) -> N
     assert set(rows) == {CAMPAIGN_ID, TWIN}
     assert rows[TWIN]["state"] == "unfinished"
     assert rows[TWIN]["evaluated"] == evaluated_twin < rows[CAMPAIGN_ID]["evaluated"]
-    assert rows[CAMPAIGN_ID]["best_speedup"] >= rows[TWIN]["best_speedup"] > 0
+    # The best is promoted head to head, not by the highest recorded speedup, so a longer
+    # campaign's best need not show the larger figure; each has one.
+    assert rows[CAMPAIGN_ID]["best_speedup"] > 0 and rows[TWIN]["best_speedup"] > 0
     done = kfactory("campaigns", "diff", CAMPAIGN_ID, TWIN, "--home", str(home), "--json")
     assert done.returncode == 0, done.stderr
     compared = json.loads(done.stdout)

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import jinja2
@@ -112,6 +113,10 @@ def _constraint(restriction: Restriction, names: set[str], where: str) -> Constr
         code = compile(text, f"{where} restriction", "eval")
     except SyntaxError as exc:
         raise SpaceError(f"{where}: restriction {text!r} is not an expression: {exc.msg}") from None
+    if any(isinstance(const, CodeType) for const in code.co_consts):
+        # A comprehension or lambda hides its names in a code object of its own; a
+        # restriction may come from a campaign on the bus, so it is arithmetic only.
+        raise SpaceError(f"{where}: restriction {text!r} may not use comprehensions or lambdas")
     unknown = sorted(set(code.co_names) - names - set(_SAFE_BUILTINS))
     if unknown:
         raise SpaceError(f"{where}: restriction {text!r} names unknown parameters {unknown}")

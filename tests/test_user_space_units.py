@@ -74,6 +74,11 @@ def test_a_macro_kernel_takes_its_values_as_defines_and_keeps_its_source(
         ("BLOCK <=", "is not an expression"),
         ("BLOCKS <= 4", r"unknown parameters \['BLOCKS'\]"),
         ("BLOCK > 99", "no point satisfies every restriction"),
+        (
+            "[x.__class__ for x in (BLOCK,)] and BLOCK",
+            "may not use comprehensions or lambdas",
+        ),
+        ("BLOCK.__class__ is int", r"unknown parameters \['__class__'\]"),
     ],
 )
 def test_a_bad_restriction_is_refused_naming_the_file(

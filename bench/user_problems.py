@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ops.new_cmd import L2NORM_TEMPLATE
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -71,32 +73,6 @@ SPACES = [
 ]
 """
 
-L2NORM_TEMPLATE = """\
-#include <math.h>
-#include <stdint.h>
-/* {{ template }}: lanes={{ lanes }} threads={{ threads }} */
-void kernel(const float *x, float *y, int64_t rows, int64_t cols) {
-{% if threads > 1 %}
-#pragma omp parallel for schedule(static) num_threads({{ threads }})
-{% endif %}
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * cols;
-        float *yr = y + r * cols;
-        float acc[{{ lanes }}] = {0};
-        int64_t j = 0;
-        for (; j + {{ lanes }} <= cols; j += {{ lanes }}) {
-#pragma omp simd
-            for (int k = 0; k < {{ lanes }}; ++k) acc[k] += xr[j + k] * xr[j + k];
-        }
-        float s = 0.0f;
-        for (int k = 0; k < {{ lanes }}; ++k) s += acc[k];
-        for (; j < cols; ++j) s += xr[j] * xr[j];
-        const float inv = 1.0f / sqrtf(s + 1e-12f);
-#pragma omp simd
-        for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * inv;
-    }
-}
-"""
 
 L2NORM_SEED = """\
 #include <math.h>

@@ -66,7 +66,8 @@ SPACES = [
 ]
 '''
 
-_TEMPLATE = """\
+#: The example's template (a row-wise L2 norm); bench/user_problems.py searches it too.
+L2NORM_TEMPLATE = """\
 #include <math.h>
 #include <stdint.h>
 /* {{ template }}: lanes={{ lanes }} threads={{ threads }} */
@@ -139,7 +140,7 @@ def new_problem(
     attr = name.upper()
     files = {
         f"{name}.py": _PROBLEM.format(name=name, attr=attr),
-        f"{name}.c.j2": _TEMPLATE,
+        f"{name}.c.j2": L2NORM_TEMPLATE,
         f"{name}_seed.c": _SEED,
         "campaign.toml": _CAMPAIGN.format(name=name, attr=attr, folder=where),
     }

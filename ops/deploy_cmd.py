@@ -17,14 +17,13 @@ def register(app: typer.Typer) -> None:
     app.command(
         "deploy",
         help=(
-            "Render the nats-server configuration of every node of a JetStream cluster, and "
-            "of every GPU host's leaf node, from a cluster description (see "
+            "Render the nats-server configuration of every node of a JetStream cluster from "
+            "a cluster description (see "
             f"{SHIPPED.name} in ops/deploy/) and this run folder's credentials.\n\n"
             "Each node gets every user of the hub with the permissions of its role, TLS for "
-            "clients, routes and leaf connections, and the description's sync_interval "
-            "(shipped: always, every write fsynced before it is acknowledged). Each leaf "
-            "node gets its own nkey (HOME/creds/leaf-NAME.nk), written into its "
-            "configuration: the files are mode 0600. Missing credentials are created, as "
+            "clients and routes (the nodes verify each other with the CA), and the "
+            "description's sync_interval (shipped: always, every write fsynced before it is "
+            "acknowledged). The files are mode 0600. Missing credentials are created, as "
             "`kfactory server` does on its first start.\n\n"
             "Examples:\n\n"
             "  kfactory deploy ops/deploy/cluster.toml -o rendered/\n\n"

@@ -50,8 +50,8 @@ def register(app: typer.Typer) -> None:
             "  kfactory up --config ops/deploy/swarm.toml             # foreground\n\n"
             "  kfactory up --config ops/deploy/swarm.toml --detach    # then: kfactory ps, "
             "kfactory down\n\n"
-            "  kfactory up --config gpu.toml --nats nats://127.0.0.1:4222 --detach  "
-            "# a GPU host, through its leaf node"
+            "  kfactory up --config gpu.toml --nats tls://n1:4222,tls://n2:4222,tls://n3:4222 "
+            "--detach   # a GPU host of a cluster"
         ),
     )(up)
     app.command(

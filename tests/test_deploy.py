@@ -1,6 +1,5 @@
-"""ops/deploy/: the shipped cluster and leaf configurations are valid nats-server
-configurations once rendered, and the rendered cluster forms and keeps KF_EVENTS on 3
-replicas."""
+"""ops/deploy/: the shipped cluster configurations are valid nats-server configurations
+once rendered, and the rendered cluster forms and keeps KF_EVENTS on 3 replicas."""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ def _on_this_host(tmp_path: Path) -> tuple[Deployment, Path]:
     """The shipped cluster.toml with this machine's TLS files, store dirs and ports."""
     tls = make_tls(tmp_path / "tls")
     shipped = load(SHIPPED)
-    ports = iter(_free_ports(3 * len(shipped.node) + len(shipped.leaf)))
+    ports = iter(_free_ports(2 * len(shipped.node)))
     nodes = [
         msgspec.structs.replace(
             node,
@@ -51,13 +50,11 @@ def _on_this_host(tmp_path: Path) -> tuple[Deployment, Path]:
             store_dir=str(tmp_path / node.name),
             client_port=next(ports),
             route_port=next(ports),
-            leaf_port=next(ports),
         )
         for node in shipped.node
     ]
-    leaves = [msgspec.structs.replace(leaf, port=next(ports)) for leaf in shipped.leaf]
     deployment = msgspec.structs.replace(
-        shipped, tls=Tls(str(tls.ca), str(tls.cert), str(tls.key)), node=nodes, leaf=leaves
+        shipped, tls=Tls(str(tls.ca), str(tls.cert), str(tls.key)), node=nodes
     )
     return deployment, tls.ca
 
@@ -75,11 +72,11 @@ def test_every_shipped_config_is_valid_once_rendered(tmp_path: Path) -> None:
     deployment, _ = _on_this_host(tmp_path)
     written = write(render(deployment, tmp_path / "home"), tmp_path / "rendered")
     names = sorted(path.name for path in written)
-    assert names == ["leaf-gpu1.conf", "n1.conf", "n2.conf", "n3.conf"]
+    assert names == ["n1.conf", "n2.conf", "n3.conf"]
     for path in written:
         checked = _check(path)
         assert checked.returncode == 0, f"{path.name}: {checked.stderr}"
-        assert path.stat().st_mode & 0o077 == 0  # the leaf's holds its seed
+        assert path.stat().st_mode & 0o077 == 0
     node = (tmp_path / "rendered" / "n1.conf").read_text()
     assert "sync_interval: always" in node and "verify: true" in node
 
@@ -111,7 +108,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
                     stdin=subprocess.DEVNULL,
                 )
             )
-        assert len(written) == 4
+        assert len(written) == 3
         yield deployment.client_urls().replace("nats://", "tls://"), home, ca
     finally:
         for process in processes:

@@ -1,4 +1,4 @@
-"""Deployment files: a 3-node JetStream cluster, leaf nodes for GPU hosts, systemd units.
+"""Deployment files: a 3-node JetStream cluster, systemd units, the environment file.
 
 `cluster.toml` describes the cluster; `render.py` turns it and the run folder's
 credentials into nats-server configurations (`kfactory deploy`), so the users and their

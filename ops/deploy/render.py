@@ -1,10 +1,8 @@
 """Render a cluster description (`cluster.toml`) into nats-server configurations.
 
 Every node gets the same users as the embedded hub: the run folder's nkeys with the
-permissions of `ops/accounts.py`. Clients, routes and leaf connections use TLS; the
-nodes verify each other's route certificates with the CA. Each GPU host's leaf node
-gets its own nkey (`creds/leaf-NAME.nk`), allowed on the cluster what the roles it
-carries are allowed, and serves those roles' users on its loopback.
+permissions of `ops/accounts.py`. Clients and routes use TLS; the nodes verify each
+other's route certificates with the CA.
 """
 
 from __future__ import annotations
@@ -16,12 +14,11 @@ from pathlib import Path
 import jinja2
 import msgspec
 
-from bus.auth import Permissions, authorization, create_seed_file, public_key, write_private
-from ops.accounts import USERS, creds_dir, ensure_credentials, permissions, seed_path
+from bus.auth import authorization, write_private
+from ops.accounts import ensure_credentials, permissions
 
 CLIENT_PORT = 4222
 ROUTE_PORT = 6222
-LEAF_PORT = 7422
 SHIPPED = Path(__file__).parent / "cluster.toml"
 
 
@@ -36,14 +33,6 @@ class Node(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listen: str = "0.0.0.0"
     client_port: int = CLIENT_PORT
     route_port: int = ROUTE_PORT
-    leaf_port: int = LEAF_PORT
-
-
-class Leaf(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    name: str
-    roles: list[str]
-    listen: str = "127.0.0.1"
-    port: int = CLIENT_PORT
 
 
 class Tls(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -68,7 +57,6 @@ class Deployment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cluster: Cluster
     tls: Tls
     node: list[Node]
-    leaf: list[Leaf] = []
 
     def client_urls(self) -> str:
         """The URL list clients join the cluster with (comma-separated, `--nats`)."""
@@ -84,10 +72,6 @@ def load(path: Path) -> Deployment:
     names = [n.name for n in deployment.node]
     if len(names) < 3 or len(set(names)) != len(names):
         raise DeployError(f"{path}: a cluster needs at least 3 nodes with distinct names")
-    for leaf in deployment.leaf:
-        unknown = sorted(set(leaf.roles) - set(USERS))
-        if unknown:
-            raise DeployError(f"{path}: leaf {leaf.name} names unknown users {unknown}")
     return deployment
 
 
@@ -100,59 +84,27 @@ def _templates() -> jinja2.Environment:
     )
 
 
-def leaf_seed(home: Path, leaf: Leaf) -> Path:
-    return creds_dir(home) / f"leaf-{leaf.name}.nk"
-
-
-def _union(granted: list[Permissions]) -> Permissions:
-    def merged(lists: list[tuple[str, ...]]) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(s for subjects in lists for s in subjects))
-
-    return Permissions(
-        merged([p.publish for p in granted]),
-        merged([p.subscribe for p in granted]),
-        merged([p.deny_subscribe for p in granted]),
-        any(p.allow_responses for p in granted),
-    )
-
-
 def render(deployment: Deployment, home: Path) -> dict[str, str]:
-    """File name -> text: `NODE.conf` per node, `leaf-NAME.conf` per leaf node.
+    """File name -> text: `NODE.conf` per node.
 
-    Creates the run folder's credentials (and each leaf's seed) where missing."""
+    Creates the run folder's credentials where missing."""
     ensure_credentials(home)
-    granted = permissions(home)
-    by_user = {user: granted[public_key(seed_path(home, user))] for user in USERS}
-    users = dict(granted)
-    for leaf in deployment.leaf:
-        seed = leaf_seed(home, leaf)
-        key = public_key(seed) if seed.exists() else create_seed_file(seed)
-        users[key] = _union([by_user[role] for role in leaf.roles])
-    templates = _templates()
-    rendered: dict[str, str] = {}
-    for node in deployment.node:
-        rendered[f"{node.name}.conf"] = templates.get_template("nats-node.conf.j2").render(
+    users = json.dumps(authorization(permissions(home)), indent=2)
+    template = _templates().get_template("nats-node.conf.j2")
+    return {
+        f"{node.name}.conf": template.render(
             cluster=deployment.cluster,
             node=node,
             peers=[n for n in deployment.node if n is not node],
             tls=deployment.tls.for_node(node.name),
-            authorization=json.dumps(authorization(users), indent=2),
+            authorization=users,
         )
-    for leaf in deployment.leaf:
-        local = {public_key(seed_path(home, role)): by_user[role] for role in leaf.roles}
-        rendered[f"leaf-{leaf.name}.conf"] = templates.get_template("nats-leaf.conf.j2").render(
-            leaf=leaf,
-            nodes=deployment.node,
-            tls=deployment.tls,
-            seed=leaf_seed(home, leaf).read_text().strip(),
-            authorization=json.dumps(authorization(local), indent=2),
-        )
-    return rendered
+        for node in deployment.node
+    }
 
 
 def write(rendered: dict[str, str], out: Path) -> list[Path]:
-    """Write the files, each private (a leaf's holds its seed; a node's, every user's
-    permissions)."""
+    """Write the files, private (they list every user and what each may do)."""
     written = []
     for name, text in rendered.items():
         path = out / name

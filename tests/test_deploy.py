@@ -21,7 +21,7 @@ from bus.streams import CLUSTER_REPLICAS, ensure_events_stream
 from bus.subjects import STREAM, event_subject
 from eventstore.codec import encode
 from ops.accounts import seed_path
-from ops.deploy.render import SHIPPED, Deployment, Tls, load, render, write
+from ops.deploy.render import SHIPPED, Deployment, Tls, load, on_this_host, render, write
 from ops.selfsigned import make_tls
 from tests.conftest import started
 
@@ -41,20 +41,11 @@ def _on_this_host(tmp_path: Path) -> tuple[Deployment, Path]:
     """The shipped cluster.toml with this machine's TLS files, store dirs and ports."""
     tls = make_tls(tmp_path / "tls")
     shipped = load(SHIPPED)
-    ports = iter(_free_ports(2 * len(shipped.node)))
-    nodes = [
-        msgspec.structs.replace(
-            node,
-            host="127.0.0.1",
-            listen="127.0.0.1",
-            store_dir=str(tmp_path / node.name),
-            client_port=next(ports),
-            route_port=next(ports),
-        )
-        for node in shipped.node
-    ]
-    deployment = msgspec.structs.replace(
-        shipped, tls=Tls(str(tls.ca), str(tls.cert), str(tls.key)), node=nodes
+    deployment = on_this_host(
+        shipped,
+        tmp_path,
+        Tls(str(tls.ca), str(tls.cert), str(tls.key)),
+        _free_ports(2 * len(shipped.node)),
     )
     return deployment, tls.ca
 
@@ -78,7 +69,7 @@ def test_every_shipped_config_is_valid_once_rendered(tmp_path: Path) -> None:
         assert checked.returncode == 0, f"{path.name}: {checked.stderr}"
         assert path.stat().st_mode & 0o077 == 0
     node = (tmp_path / "rendered" / "n1.conf").read_text()
-    assert "sync_interval: always" in node and "verify: true" in node
+    assert 'sync_interval: "always"' in node and "verify: true" in node
 
 
 def test_a_broken_config_fails_the_check(tmp_path: Path) -> None:

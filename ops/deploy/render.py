@@ -63,6 +63,26 @@ class Deployment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return ",".join(f"nats://{n.host}:{n.client_port}" for n in self.node)
 
 
+def on_this_host(deployment: Deployment, base: Path, tls: Tls, ports: list[int]) -> Deployment:
+    """The same cluster with every node on 127.0.0.1 (tests, benches): its own store
+    under `base`, two of `ports` each (client, route), `tls` for all."""
+    if len(ports) < 2 * len(deployment.node):
+        raise DeployError(f"{len(deployment.node)} nodes need {2 * len(deployment.node)} ports")
+    free = iter(ports)
+    nodes = [
+        msgspec.structs.replace(
+            node,
+            host="127.0.0.1",
+            listen="127.0.0.1",
+            store_dir=str(base / node.name),
+            client_port=next(free),
+            route_port=next(free),
+        )
+        for node in deployment.node
+    ]
+    return msgspec.structs.replace(deployment, tls=tls, node=nodes)
+
+
 def load(path: Path) -> Deployment:
     try:
         data = tomllib.loads(Path(path).read_text())

@@ -4,8 +4,10 @@ once rendered, and the rendered cluster forms and keeps KF_EVENTS on 3 replicas.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from ops.accounts import seed_path
 from ops.deploy.render import SHIPPED, Deployment, Tls, load, on_this_host, render, write
 from ops.selfsigned import make_tls
 from tests.conftest import started
+from tests.test_swarm import campaign_file
 
 
 def _free_ports(count: int) -> list[int]:
@@ -150,3 +153,76 @@ async def test_the_rendered_cluster_keeps_events_on_three_replicas(
         await following.stop()
     finally:
         await cli.close()
+
+
+def _kfactory(home: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+async def _create_stream(urls: str, home: Path, ca: Path) -> None:
+    admin = await connect(urls, "kf-admin", auth=ClientAuth(seed_path(home, "admin"), ca))
+    js = jetstream(admin, timeout=1.0)
+    deadline = time.monotonic() + 60
+    while True:  # the JetStream meta group elects its leader first
+        try:
+            await ensure_events_stream(js)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
+    await admin.close()
+
+
+@pytest.mark.slow  # a campaign across the cluster, the hub and a swarm of seven processes
+@pytest.mark.timeout(900)
+def test_a_swarm_runs_a_campaign_on_the_rendered_cluster(
+    cluster: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    urls, home, ca = cluster
+    asyncio.run(_create_stream(urls, home, ca))  # the hub, with only the hub's seed, checks it
+    creds = home / "creds"
+    recording = tmp_path / "recording"
+    hub = subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", "server", "--nats", urls, "--tls-ca", str(ca),
+         "--creds", str(creds / "hub.nk"), "--home", str(recording)],
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "hub.log").open("wb"),
+    )  # fmt: skip
+    swarm = tmp_path / "swarm.toml"
+    roles = ("planner", "kernel-writer", "fuser", "librarian", "verifier", "benchmarker")
+    swarm.write_text(
+        f'nats = "{urls}"\ncreds = "{creds}"\ntls_ca = "{ca}"\n'
+        + "".join(f'[[actor]]\nrole = "{role}"\n' for role in roles)
+    )
+    workers = tmp_path / "workers"
+    try:
+        up = _kfactory(workers, "up", "--config", str(swarm), "--detach")
+        assert up.returncode == 0, up.stderr
+        run = _kfactory(
+            tmp_path / "cli",
+            "run", str(campaign_file(tmp_path, "clustered", budget=4, per_generation=4)),
+            "--nats", urls, "--creds", str(creds / "cli.nk"), "--tls-ca", str(ca),
+            "--json", "--no-local-actors",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["evaluated"] == 4
+        counted = _kfactory(
+            tmp_path / "cli",
+            "sql", "SELECT type, count(*) AS n FROM events GROUP BY type", "-f", "json",
+            "--nats", urls, "--creds", str(creds / "cli.nk"), "--tls-ca", str(ca),
+        )  # fmt: skip
+        assert counted.returncode == 0, counted.stderr
+        counts = {row["type"]: row["n"] for row in json.loads(counted.stdout)}
+        assert counts["CampaignFinished"] == 1 and counts["BenchmarkCompleted"] >= 1, counts
+        assert "EventRejected" not in counts and "DeadLettered" not in counts, counts
+    finally:
+        down = _kfactory(workers, "down")
+        hub.terminate()
+        hub.wait(60)
+    assert down.returncode == 0, down.stderr

@@ -24,6 +24,7 @@ import structlog
 
 from bus.auth import AuthError, ClientAuth, TlsFiles, is_loopback, server_config, write_private
 from bus.connection import Client, connect, jetstream
+from bus.lease import DEVICE_LEASES, RECORDER_LEASES, ensure_lease_bucket
 from bus.server import EmbeddedNatsServer, NatsServerError
 from bus.streams import ensure_events_stream
 from eventstore.duckdb_store import DuckDBEventStore
@@ -121,6 +122,8 @@ async def running_hub(
         )
         try:  # only the admin manages the stream; before anyone publishes through us
             await ensure_events_stream(jetstream(admin))
+            for bucket in (RECORDER_LEASES, DEVICE_LEASES):
+                await ensure_lease_bucket(jetstream(admin), bucket)
         finally:
             await admin.close()
         nc = await connect(nats_url, "kf-recorder", wait_for_server=wait, stop=stop, auth=hub_auth)

@@ -150,9 +150,11 @@ async def running_hub(
             nats_url, "kf-admin", wait_for_server=wait, stop=stop, auth=admin_auth
         )
         try:  # only the admin manages the stream; before anyone publishes through us
-            await ensure_events_stream(jetstream(admin))
-            for bucket in (RECORDER_LEASES, DEVICE_LEASES):
-                await ensure_lease_bucket(jetstream(admin), bucket)
+            events = await ensure_events_stream(jetstream(admin))
+            for bucket in (RECORDER_LEASES, DEVICE_LEASES):  # as replicated as the events
+                await ensure_lease_bucket(
+                    jetstream(admin), bucket, replicas=events.config.num_replicas or 1
+                )
         finally:
             await admin.close()
         nc = await connect(nats_url, "kf-recorder", wait_for_server=wait, stop=stop, auth=hub_auth)

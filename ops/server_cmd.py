@@ -9,6 +9,8 @@ import structlog
 import typer
 
 from bus.auth import AuthError, ClientAuth, TlsFiles
+from bus.lease import LeaseLost
+from eventstore.store import FencedOut
 from ops.errors import UserError
 from ops.home import resolve_home, running_server
 from ops.hub import RECORDER_LEASE_TTL, Hub, running_hub
@@ -95,6 +97,11 @@ def server(
         )
     except AuthError as exc:
         raise UserError(str(exc)) from exc
+    except (LeaseLost, FencedOut) as exc:
+        raise UserError(
+            f"recording stopped, this server was deposed: {exc} (another recorder may hold "
+            "the lease now; start this one again to stand by)"
+        ) from exc
 
 
 async def _serve(

@@ -255,8 +255,8 @@ async def _open_store(path: Path, lease: HeldLease, stop: asyncio.Event | None) 
         lease.check()
         if stop is not None and stop.is_set():
             raise ConnectStopped(f"stopped while waiting for {path}")
-        try:
-            return DuckDBEventStore(path)
+        try:  # in a thread: opening a large file takes a while, and the lease is renewed
+            return await asyncio.to_thread(DuckDBEventStore, path)
         except StoreLocked as exc:
             if not said:
                 log.warning("waiting for the store's file", error=str(exc))

@@ -25,12 +25,14 @@ from bus.server import EmbeddedNatsServer
 from ops.hub import Hub, running_hub
 
 BUCKET = "TEST_LEASES"
+#: Short, yet long enough for a renewal to get through on a loaded machine.
+TTL = 2
 
 
 @pytest_asyncio.fixture
 async def leases(nc: Client) -> LeaseBucket:
     await ensure_lease_bucket(jetstream(nc), BUCKET)
-    return await LeaseBucket.open(jetstream(nc), BUCKET, ttl=1)
+    return await LeaseBucket.open(jetstream(nc), BUCKET, ttl=TTL)
 
 
 @pytest_asyncio.fixture
@@ -38,7 +40,7 @@ async def other(nats_server: EmbeddedNatsServer) -> AsyncIterator[LeaseBucket]:
     """The same bucket seen through a second connection (another process, another host)."""
     client = await connect(nats_server.url, "other")
     try:
-        yield await LeaseBucket.open(jetstream(client), BUCKET, ttl=1)
+        yield await LeaseBucket.open(jetstream(client), BUCKET, ttl=TTL)
     finally:
         await client.close()
 
@@ -75,12 +77,10 @@ async def test_an_unrenewed_lease_expires_on_the_server(
 ) -> None:
     first = await leases.try_acquire("cpu", "host-a")
     assert first is not None
-    started = time.monotonic()
     second = await asyncio.wait_for(other.acquire("cpu", "host-b"), 10)
-    waited = time.monotonic() - started
+    taken_at = time.monotonic()
     assert second is not None and second.holder == "host-b" and second.token > first.token
-    assert waited >= 0.9  # not before the TTL the holder counted on
-    assert first.expired()
+    assert taken_at >= first.valid_until  # never before the end the holder counted on
     with pytest.raises(LeaseLost):
         await leases.renew(first)
 
@@ -90,8 +90,8 @@ async def test_held_renews_in_the_background_and_releases_on_exit(
     leases: LeaseBucket, other: LeaseBucket
 ) -> None:
     async with leases.held("gpu1", "host-a") as held:
-        for _ in range(6):  # 3 TTLs
-            await asyncio.sleep(0.5)
+        for _ in range(6):  # 1.5 TTLs
+            await asyncio.sleep(TTL / 4)
             assert await other.try_acquire("gpu1", "host-b") is None
             held.check()
         assert held.lease.revision > held.token

@@ -124,6 +124,11 @@ async def ensure_lease_bucket(
             )
         except BadRequestError:  # created concurrently by another process
             await js.stream_info(kv_stream(bucket))
+        except TimeoutError as exc:  # the server drops what a user may not do
+            raise LeaseError(
+                f"could not create the lease bucket {bucket}: this user may not "
+                "(start the hub once with admin credentials)"
+            ) from exc
         return
     if not info.config.allow_msg_ttl:
         raise LeaseError(

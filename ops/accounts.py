@@ -22,7 +22,7 @@ from bus.auth import (
     write_private,
 )
 from bus.heartbeat import HEARTBEAT_PREFIX, PING, role_subjects
-from bus.lease import DEVICE_LEASES, RECORDER_LEASES, lease_subjects
+from bus.lease import DEVICE_LEASES, RECORDER_LEASES, kv_stream, lease_subjects
 from bus.subjects import EVENTS_PREFIX, SERVICE_PREFIX, STREAM
 from eventstore.authority import ACTOR_ROLES, CLI, EMITS, RECORDER
 from eventstore.queries import SERVICE as STORE_SERVICE
@@ -149,6 +149,9 @@ def permissions(home: Path) -> dict[str, Permissions]:
                     f"{_API}.DIRECT.GET.{STREAM}.>",
                     f"{_API}.STREAM.MSG.GET.{STREAM}",
                     *(s for bucket in _LEASES[HUB] for s in lease_subjects(bucket)),
+                    # a hub joining a cluster with these credentials sees the device
+                    # bucket exists (bus/lease.py ensure_lease_bucket), and no more
+                    f"{_API}.STREAM.INFO.{kv_stream(DEVICE_LEASES)}",
                 ),
                 (
                     *base.subscribe,

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+import structlog
 
+from bus.auth import ClientAuth
 from bus.cluster import LocalCluster, wait_for_jetstream
-from bus.connection import Client, Msg, connect, jetstream
+from bus.connection import Client, ConnectStopped, Msg, connect, jetstream
 from bus.lease import RECORDER_LEASES, LeaseBucket, LeaseLost
 from bus.server import EmbeddedNatsServer
 from bus.streams import ensure_events_stream
@@ -25,6 +27,7 @@ from eventstore.events import Event
 from eventstore.memory_store import MemoryEventStore
 from eventstore.queries import StoreStatus, StoreUnavailable, status
 from eventstore.store import EventStore, Fence, FencedOut, Recorded
+from ops.accounts import seed_path
 from ops.hub import RECORDER_KEY, running_hub
 from tests.conftest import calibrated, started
 
@@ -284,3 +287,30 @@ async def test_a_url_list_connects_and_reconnects_across_the_cluster(tmp_path: P
             await echo.unsubscribe()
         finally:
             await nc.close()
+
+
+@pytest.mark.asyncio
+async def test_a_hub_with_hub_credentials_stands_by_behind_an_authenticated_hub(
+    tmp_path: Path,
+) -> None:
+    """What a standby on another host runs: `--nats URL --creds hub.nk`."""
+    async with running_hub(tmp_path / "a", lease_ttl=TTL) as owner:
+        stop = asyncio.Event()
+        creds = ClientAuth(seed_path(owner.home, "hub"))
+        with structlog.testing.capture_logs() as logs:
+            standby = asyncio.create_task(
+                _hub_until_stopped(tmp_path / "b", owner.url, creds, stop)
+            )
+            deadline = time.monotonic() + 30
+            while not any(entry["event"].startswith("standby") for entry in logs):
+                assert time.monotonic() < deadline and not standby.done(), logs
+                await asyncio.sleep(0.05)
+        stop.set()
+        with pytest.raises(ConnectStopped, match="stopped while waiting"):
+            await asyncio.wait_for(standby, 30)
+    assert not (tmp_path / "b" / "events.duckdb").exists()
+
+
+async def _hub_until_stopped(home: Path, url: str, auth: ClientAuth, stop: asyncio.Event) -> None:
+    async with running_hub(home, nats_url=url, external_auth=auth, stop=stop, lease_ttl=TTL):
+        raise AssertionError("took the lease of a live owner")

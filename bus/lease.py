@@ -12,8 +12,12 @@ API (stable; other modules build on it):
     await leases.current(key)                             # Lease | None
     async with leases.held(key, holder, stop=ev) as h:    # acquire, renew every ttl/3,
         h.token; h.lost (asyncio.Event); h.check()        # release on exit
+    leases.held(key, holder, wait=False)                  # LeaseError if held by another
 
     Lease(key, holder, token, revision, ttl, valid_until)
+    LeaseError > LeaseLost, AcquireStopped
+    RECORDER_LEASES, DEVICE_LEASES                        # the buckets the hub creates
+    lease_subjects(bucket)                                # what a user needs to use one
 
 - acquire is a KV create (refused while the key exists); renew is an update on the last
   revision (compare-and-set); release is a delete on that revision.
@@ -21,6 +25,8 @@ API (stable; other modules build on it):
   nats-server >= 2.11), so the clocks of different hosts never matter. A holder counts
   its lease valid until `ttl` after it *sent* its last successful write (local monotonic
   clock), which is never later than the server's expiry.
+- A key still held by an earlier incarnation of the same holder (a process killed and
+  started again) is held all the same: the new one waits for it to expire.
 - The fencing token is the KV revision at acquire: the stream sequence, so strictly
   increasing across holders. Whatever the lease guards must refuse a write whose token
   is older than one it has already seen (see eventstore/duckdb_store.py).

@@ -167,8 +167,8 @@ async def _check_bucket_permissions(hub: Hub) -> None:
         client = await connect(hub.url, user, auth=hub.auth(user))
         try:
             with pytest.raises(TimeoutError):  # the server drops a refused request
-                await LeaseBucket.open(jetstream(client, timeout=1), bucket, ttl=1)
+                await LeaseBucket.open(jetstream(client, timeout=0.5), bucket, ttl=1)
             with pytest.raises(TimeoutError):
-                await jetstream(client, timeout=1).publish(f"$KV.{bucket}.probe", b"{}")
+                await jetstream(client, timeout=0.5).publish(f"$KV.{bucket}.probe", b"{}")
         finally:
             await client.close()

@@ -221,7 +221,10 @@ async def _recording_lease(
     current = await leases.current(RECORDER_KEY)
     if current is not None:
         log.warning(
-            "standby: another recorder holds the lease; taking over when it expires",
+            "standby: another recorder holds the lease; taking over when it expires"
+            if current.holder != holder
+            else "standby: this store's previous recorder (killed?) holds the lease; "
+            "taking over when it expires",
             holder=current.holder,
             token=current.token,
             ttl_s=leases.ttl,

@@ -51,13 +51,21 @@ class Measured:
         return value is not None and value >= fraction * self.best
 
 
-def column(table: dict[str, Any], shape: str) -> Measured:
+OBJECTIVES = ("ratio", "own-time")
+"""ratio: the reference point's median over the point's, timed in the same rounds;
+own-time: 1 ms over the point's own median (no reference, so no reference noise)."""
+
+
+def column(table: dict[str, Any], shape: str, objective: str = "ratio") -> Measured:
     ratio: dict[str, float | None] = {}
     stage: dict[str, str] = {}
     params: dict[str, tuple[str, dict[str, Any]]] = {}
     for row in table["points"]:
         at = row["at"][shape]
-        ratio[row["key"]] = at["ratio"]
+        if at["ratio"] is None or objective == "ratio":
+            ratio[row["key"]] = at["ratio"]
+        else:
+            ratio[row["key"]] = 1e6 / at["median_ns"]
         if at["ratio"] is None:
             stage[row["key"]] = at["stage"]
         params[row["key"]] = (row["template"], row["params"])

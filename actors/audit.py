@@ -21,6 +21,7 @@ from actors.devices import source_hash
 from actors.history import History
 from actors.lessons import Lesson, draw_lessons
 from actors.planner import spent_candidates, summary
+from actors.ranking import best_of
 from eventstore.claims import Claim, agrees, differs, skipped
 from eventstore.events import (
     BenchmarkCompleted,
@@ -158,8 +159,7 @@ def _check_close(
 ) -> None:
     state = history.campaigns[campaign_id].generations.get(event.generation)
     members = [history.candidates[c] for c in state.candidates] if state else []
-    timed = [c for c in members if c.benchmark]
-    best = max(timed, key=lambda c: c.speedup or 0.0, default=None)
+    best = best_of(members)
     expected = (
         len(members),
         sum(1 for c in members if c.evaluated),

@@ -4,7 +4,8 @@
   effect size (difference of mean log-speedups in pooled standard deviations);
 - failure signatures: rejections grouped by stage, reason and first message line, and
   parameter values under which candidates always failed (the planner avoids those);
-- lineage: the candidates that raised the campaign's best, in order.
+- lineage: the candidates that became the campaign's best (own time, head to head), in
+  order.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.history import Candidate, History
+from actors.ranking import promotions
 
 MIN_SAMPLES = 2
 MIN_EFFECT = 0.5
@@ -160,10 +162,11 @@ def avoided_regions(scope: list[Candidate]) -> list[Lesson]:
 
 
 def lineage(candidates: list[Candidate]) -> list[Lesson]:
-    chain: list[Candidate] = []
-    for c in candidates:
-        if c.speedup and (not chain or c.speedup > (chain[-1].speedup or 0)):
-            chain.append(c)
+    """The kernels that became the campaign's best, in order: promoted by own time and
+    head to head (`actors.ranking`), the rule `run`, `replay` and the audit follow. Each
+    shows its recorded speedup (over its own baseline), so a promotion may show a lower
+    one than the kernel it replaced."""
+    chain = promotions(candidates)
     if not chain:
         return []
     steps = " -> ".join(f"{c.candidate_id} ({c.speedup:.2f}x)" for c in chain)

@@ -17,6 +17,7 @@ import msgspec
 
 from actors.history import Candidate, History
 from actors.lessons import draw_lessons
+from actors.ranking import best_of
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, Reactions
 from bus.connection import Client
@@ -204,8 +205,7 @@ def decide_librarian(history: History, event: Event, out: Reactions) -> None:
             data=lesson.data,
         )
     candidates = [history.candidates[cid] for cid in state.candidates]
-    timed = [c for c in candidates if c.benchmark]
-    best = max(timed, key=lambda c: c.speedup or 0.0, default=None)
+    best = best_of(candidates)  # by own time and head to head, as run and replay say
     given_up = [c for c in candidates if c.failed_undelivered]
     counted = [c for c in candidates if not c.duplicate]
     if counted and len(given_up) == len(counted):

@@ -291,6 +291,8 @@ def _open(
                 count - len(proposals),
                 generation,
                 lambda p: p.key in known or p.key in taken or _avoided(p, list(avoid)),
+                campaign_id=campaign.started.campaign_id,  # earlier campaigns are its prior
+                shape=spec.shapes[0] if spec.shapes else None,
             )
     _propose(
         history,

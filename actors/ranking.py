@@ -117,22 +117,30 @@ def _timed_at(candidate: Candidate) -> datetime:
     return candidate.benchmark.ts
 
 
-def best_of(candidates: list[Candidate]) -> Candidate | None:
-    """The campaign's best, in the order kernels were timed: the first timed kernel, then
-    each kernel that beat the best of its time head to head (or, timed against another
-    kernel, is clearly faster by its own time)."""
+def promotions(candidates: list[Candidate]) -> list[Candidate]:
+    """The kernels that became the best, in the order they were promoted: walking the
+    kernels in the order they were timed, the first timed kernel, then each kernel that
+    beat the best of its time head to head (or, timed against another kernel, is clearly
+    faster by its own time)."""
     timed = sorted(at_campaign_shape(candidates), key=_timed_at)
-    best: Candidate | None = None
+    chain: list[Candidate] = []
     for challenger in timed:
-        if best is None:
-            best = challenger
+        if not chain:
+            chain.append(challenger)
             continue
-        verdict = beat_in_head_to_head(challenger, best)
+        verdict = beat_in_head_to_head(challenger, chain[-1])
         if verdict is None:
-            verdict = clearly_faster(challenger, best)
+            verdict = clearly_faster(challenger, chain[-1])
         if verdict:
-            best = challenger
-    return best
+            chain.append(challenger)
+    return chain
+
+
+def best_of(candidates: list[Candidate]) -> Candidate | None:
+    """The best of these kernels: the last one promoted (`promotions`). Over a campaign's
+    candidates, its incumbent; over one generation's, that generation's best."""
+    chain = promotions(candidates)
+    return chain[-1] if chain else None
 
 
 def leaderboard(candidates: list[Candidate]) -> list[Candidate]:

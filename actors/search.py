@@ -6,6 +6,15 @@ is added to a fresh study as a finished trial: its value is the measured speedup
 a rejected kernel, so TPE learns to leave failing regions. Points that break a space's
 constraints, were already proposed in the dedupe scope, or fall in a region a lesson
 says to avoid are told as pruned and never proposed.
+
+What earlier campaigns measured (other shapes, other hosts) is a prior (`actors.priors`):
+- their outcomes enter the study as speedups over each campaign's own best, least
+  similar campaign first, so TPE's weighting of older trials counts them least; this
+  campaign's own follow, as speedups over its best;
+- until this campaign has timed a kernel, its generation starts with the points earlier
+  campaigns found within `PRIOR_FLOOR` of their best, best first (enqueued in the study);
+- a point an earlier campaign rejected as a wrong kernel is never proposed.
+With no earlier campaign the study is the one described first, and costs nothing more.
 """
 
 from __future__ import annotations
@@ -21,11 +30,14 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from actors.history import Candidate, param_key
+from actors.priors import Prior, prior_of
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 TEMPLATE = "template"
+PRIOR_FLOOR = 0.9
+"""A warm start first proposes earlier points at least this close to their campaign's best."""
 
 
 class ParamSpec(Protocol):
@@ -68,7 +80,28 @@ class TemplateSearch:
             found[f"{template}.{p.name}"] = CategoricalDistribution(list(p.choices))
         return found
 
-    def _study(self, history: Sequence[Candidate], generation: int) -> optuna.Study:
+    def _trial_params(self, template: str, given: dict[str, Any]) -> dict[str, Any] | None:
+        """The study's names for a point of `template`, or None when the space no longer
+        holds it (it changed since; that point cannot inform this study)."""
+        if template not in self.spaces:
+            return None
+        space = self.spaces[template].params
+        if set(given) != {p.name for p in space} or any(
+            given[p.name] not in p.choices for p in space
+        ):
+            return None
+        return {TEMPLATE: template} | {f"{template}.{k}": v for k, v in given.items()}
+
+    def _tell(self, study: optuna.Study, candidate: Candidate, value: float) -> None:
+        params = self._trial_params(candidate.proposal.template, candidate.proposal.params)
+        if params is None:
+            return
+        distributions = self._distributions(candidate.proposal.template)
+        study.add_trial(create_trial(params=params, distributions=distributions, value=value))
+
+    def _study(
+        self, history: Sequence[Candidate], generation: int, prior: Prior, campaign_id: str | None
+    ) -> optuna.Study:
         sampler = optuna.samplers.TPESampler(
             seed=self.seed * 1_000_003 + generation,
             n_startup_trials=8,
@@ -77,24 +110,17 @@ class TemplateSearch:
             constant_liar=True,
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
-        for candidate in history:
-            template = candidate.proposal.template
-            if template not in self.spaces or not candidate.settled or candidate.duplicate:
-                continue
-            given = candidate.proposal.params
-            space = self.spaces[template].params
-            if set(given) != {p.name for p in space} or any(
-                given[p.name] not in p.choices for p in space
-            ):
-                continue  # the space changed since; that point cannot inform this study
-            distributions = self._distributions(template)
-            params: dict[str, Any] = {TEMPLATE: template}
-            params |= {f"{template}.{k}": v for k, v in given.items()}
-            study.add_trial(
-                create_trial(
-                    params=params, distributions=distributions, value=candidate.speedup or 0.0
-                )
-            )
+        settled = [c for c in history if c.settled and not c.duplicate]
+        if prior.empty:
+            for candidate in settled:
+                self._tell(study, candidate, candidate.speedup or 0.0)
+            return study
+        for outcome in prior.outcomes:
+            self._tell(study, outcome.candidate, outcome.quality)
+        own = [c for c in settled if c.proposal.campaign_id == campaign_id]
+        best = max((c.speedup or 0.0 for c in own), default=0.0)
+        for candidate in own:
+            self._tell(study, candidate, (candidate.speedup or 0.0) / best if best > 0 else 0.0)
         return study
 
     def propose(
@@ -103,9 +129,26 @@ class TemplateSearch:
         count: int,
         generation: int,
         taken: Callable[[Proposal], bool],
+        *,
+        campaign_id: str | None = None,
+        shape: Sequence[int] | None = None,
     ) -> list[Proposal]:
-        """Up to `count` new valid points; `taken` says a point is seen or to be avoided."""
-        study = self._study(history, generation)
+        """Up to `count` new valid points; `taken` says a point is seen or to be avoided.
+        With `campaign_id`, the history's other campaigns are its prior (`shape`: the
+        extents this campaign times at, for the first generation)."""
+        prior = prior_of(history, campaign_id, shape) if campaign_id else Prior([])
+        refused = prior.refused()
+
+        def unwanted(proposal: Proposal) -> bool:
+            return proposal.key in refused or taken(proposal)
+
+        study = self._study(history, generation, prior, campaign_id)
+        own_timed = any(
+            c.benchmark is not None and c.proposal.campaign_id == campaign_id for c in history
+        )
+        if not prior.empty and not own_timed:
+            for point in self._warm_start(history, prior, count, unwanted):
+                study.enqueue_trial(point, skip_if_exists=False)
         chosen: dict[str, Proposal] = {}
         for _ in range(40 * count):
             if len(chosen) == count:
@@ -120,14 +163,40 @@ class TemplateSearch:
             if (
                 not self.spaces[template].is_valid(params)
                 or proposal.key in chosen
-                or taken(proposal)
+                or unwanted(proposal)
             ):
                 study.tell(trial, state=TrialState.PRUNED)
                 continue
             chosen[proposal.key] = proposal  # left running: the constant liar spreads the rest
         if len(chosen) < count:
-            self._fill_randomly(chosen, count, generation, taken)
+            self._fill_randomly(chosen, count, generation, unwanted)
         return list(chosen.values())
+
+    def _warm_start(
+        self,
+        history: Sequence[Candidate],
+        prior: Prior,
+        count: int,
+        unwanted: Callable[[Proposal], bool],
+    ) -> list[dict[str, Any]]:
+        """The study's parameters of up to `count` of the prior's best points that this
+        campaign may still propose, best first."""
+        points = {o.candidate.proposal.param_key: o.candidate.proposal for o in prior.outcomes}
+        found: list[dict[str, Any]] = []
+        for key, _score in prior.ranked(PRIOR_FLOOR):
+            if len(found) == count:
+                break
+            proposed = points[key]
+            params = self._trial_params(proposed.template, proposed.params)
+            proposal = Proposal(proposed.template, dict(proposed.params))
+            if (
+                params is None
+                or not self.spaces[proposal.template].is_valid(proposal.params)
+                or unwanted(proposal)
+            ):
+                continue
+            found.append(params)
+        return found
 
     def _fill_randomly(
         self,

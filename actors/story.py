@@ -97,8 +97,7 @@ def generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
     for number in sorted(campaign.generations):
         state = campaign.generations[number]
         members = [history.candidates[cid] for cid in state.candidates]
-        timed = [c for c in members if c.benchmark]
-        top = max(timed, key=lambda c: c.speedup or 0.0, default=None)
+        top = best_of(members)  # the generation's best, as its GenerationClosed names it
         so_far += members
         best = best_of(so_far)  # the incumbent as the swarm promotes it (head to head)
         rows.append(

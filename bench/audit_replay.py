@@ -34,6 +34,7 @@ from actors.campaign import Budget, CampaignSpec, Search
 from actors.devices import source_hash
 from actors.history import History, param_key
 from actors.planner import summary
+from actors.ranking import best_of
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
@@ -152,8 +153,7 @@ def record_campaign(path: Path, events: int, per_generation: int, seed: int) -> 
             )
         state = out.history.campaigns[CAMPAIGN].generations[generation]
         members = [out.history.candidates[c] for c in state.candidates]
-        timed = [c for c in members if c.benchmark]
-        best = max(timed, key=lambda c: c.speedup or 0.0, default=None)
+        best = best_of(members)  # as the librarian closes a generation
         out.emit(
             new_event(
                 GenerationClosed,

@@ -37,7 +37,7 @@ from actors.campaign import (
 )
 from actors.history import History
 from actors.planner import summary
-from actors.ranking import CampaignBaseline, campaign_baseline, speedup_over
+from actors.ranking import CampaignBaseline, best_of, campaign_baseline, speedup_over
 from actors.spaces import design_spaces
 from bus.auth import AuthError, ClientAuth
 from bus.connection import INTERACTIVE_WAIT, connect, jetstream
@@ -448,15 +448,16 @@ def _generations(
     rows: list[dict[str, Any]] = []
     for number, generation in sorted(campaign.generations.items()):
         candidates = [history.candidates[c] for c in generation.candidates]
+        best = best_of(candidates)
         used = [x for x in campaign.lessons if x.generation < number]
         rows.append(
             {
                 "generation": number,
                 "proposed": len(candidates),
                 "settled": sum(c.settled for c in candidates),
-                "best_speedup": max(
-                    (speedup_over(c, baseline) or 0.0 for c in candidates), default=0.0
-                ),
+                # the generation's best as its GenerationClosed names it, over the
+                # campaign baseline like the leaderboard's
+                "best_speedup": speedup_over(best, baseline) or 0.0 if best else 0.0,
                 "closed": generation.closed is not None,
                 "lessons_used": len(used),
                 "new_lessons": [x.statement for x in used if x.generation == number - 1],

@@ -15,6 +15,7 @@ from actors.campaign import Budget, CampaignSpec
 from actors.devices import device_missing, source_hash
 from actors.history import History
 from actors.planner import summary
+from actors.ranking import best_of
 from eventstore.codec import decode, encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
@@ -297,7 +298,8 @@ def forge_faster(rows: list[Row], factor: float) -> str:
                 rewritten.append(copy)
             state = history.campaigns[CAMPAIGN_ID].generations[event.generation]
             members = [history.candidates[c] for c in state.candidates]
-            top = max((c for c in members if c.benchmark), key=lambda c: c.speedup or 0.0)
+            top = best_of(members)  # as the librarian closes a generation
+            assert top is not None
             event = msgspec.structs.replace(
                 event, best_candidate=top.candidate_id, best_speedup=top.speedup
             )

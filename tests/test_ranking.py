@@ -8,11 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import msgspec
 
+from actors.audit import audit_projections
 from actors.best_kernels import ranked
 from actors.campaign import Budget, CampaignSpec
 from actors.history import History
+from actors.librarian import decide_librarian
 from actors.ranking import best_of, campaign_baseline, speedup_over
+from actors.runtime import Reactions
+from actors.story import generations as story_generations
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
@@ -21,16 +26,20 @@ from eventstore.events import (
     CampaignStarted,
     CandidateProposed,
     Event,
+    GenerationClosed,
     GenerationOpened,
     KernelVerified,
     KernelWritten,
+    LessonLearned,
     new_event,
 )
 from eventstore.store import Recorded
 from gpu_workers.benchmarker import TimingRun, head_to_head, paired_ratios, within_noise
+from ops.run_cmd import _generations as run_generations
 
 CAMPAIGN = "ranked"
 ACTOR = ActorRef(role="benchmarker", instance="benchmarker-0", host="test")
+LIBRARIAN = ActorRef(role="librarian", instance="librarian-0", host="test")
 SHAPE = {"rows": 4096, "cols": 4096}
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -38,7 +47,7 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 class Recorder:
     """A campaign's events, applied to a History as the actors would see them."""
 
-    def __init__(self) -> None:
+    def __init__(self, planned: int = 8) -> None:
         self.history = History()
         self.events: list[Event] = []
         spec = CampaignSpec(problem="softmax", target="cpu", budget=Budget(candidates=8))
@@ -60,7 +69,7 @@ class Recorder:
                 actor=ACTOR,
                 cause=self.started,
                 generation=0,
-                planned=8,
+                planned=planned,
             )
         )
 
@@ -159,10 +168,10 @@ def ids(candidates: list[Any]) -> list[str]:
     return [c.candidate_id.rsplit(":", 1)[-1] for c in candidates]
 
 
-def noisy_baselines() -> Recorder:
+def noisy_baselines(planned: int = 8) -> Recorder:
     """c2 has the highest recorded speedup only because its own baseline ran slow; c1 is
     the fastest kernel and beat the incumbent head to head."""
-    log = Recorder()
+    log = Recorder(planned)
     log.timed("c0", median_ms=10.0, baseline_ms=100.0)  # 10x
     log.timed("c1", median_ms=8.0, baseline_ms=60.0, versus="c0", faster=True)  # 7.5x
     log.timed("c2", median_ms=9.0, baseline_ms=120.0, versus="c1", faster=False)  # 13.3x
@@ -181,6 +190,36 @@ def test_the_fastest_own_time_wins_where_the_speedup_ranking_would_not() -> None
     assert (baseline.q1_ns, baseline.q3_ns) == (80e6, 110e6)
     speedups = [speedup_over(c, baseline) for c in ranked(log.history, CAMPAIGN)]
     assert speedups == [100 / 8, 100 / 9, 100 / 10]  # one baseline: the order of own times
+
+
+def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best() -> None:
+    log = noisy_baselines(planned=3)  # the generation is settled: the librarian closes it
+    history = log.history
+    last = log.events[-1]
+    out = Reactions(last, LIBRARIAN)
+    decide_librarian(history, last, out)
+    lessons = [e for e in out.events if isinstance(e, LessonLearned)]
+    (closed,) = [e for e in out.events if isinstance(e, GenerationClosed)]
+    assert closed.best_candidate == f"{CAMPAIGN}:g0:c1"  # not c2, the highest speedup
+    (chain,) = [x for x in lessons if x.kind == "lineage"]
+    assert chain.data == {
+        "chain": [f"{CAMPAIGN}:g0:c0", f"{CAMPAIGN}:g0:c1"],
+        "best": closed.best_candidate,
+    }
+    positioned = list(enumerate([*log.events, *out.events], 1))
+    claims = audit_projections(positioned, CAMPAIGN)
+    assert [c.status for c in claims if c.name == "leaderboard"] == ["agrees"]
+    (row,) = story_generations(history, CAMPAIGN)
+    assert row["best_in_generation"]["candidate_id"] == closed.best_candidate
+    assert row["best_so_far"]["candidate_id"] == closed.best_candidate
+    baseline = campaign_baseline(history.campaign_candidates(CAMPAIGN))
+    (reported,) = run_generations(history, CAMPAIGN, baseline)
+    assert reported["best_speedup"] == 100 / 8  # c1 over the campaign baseline
+    # A close that names the highest speedup instead is a difference the audit reports.
+    forged = msgspec.structs.replace(closed, best_candidate=f"{CAMPAIGN}:g0:c2")
+    swapped = [e if e is not closed else forged for e in out.events]
+    claims = audit_projections(list(enumerate([*log.events, *swapped], 1)), CAMPAIGN)
+    assert [c.status for c in claims if c.name == "leaderboard"] == ["differs"]
 
 
 def test_a_faster_looking_kernel_that_lost_head_to_head_is_not_promoted() -> None:

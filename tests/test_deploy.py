@@ -23,7 +23,16 @@ from bus.streams import CLUSTER_REPLICAS, ensure_events_stream
 from bus.subjects import STREAM, event_subject
 from eventstore.codec import encode
 from ops.accounts import seed_path
-from ops.deploy.render import SHIPPED, Deployment, Tls, load, on_this_host, render, write
+from ops.deploy.render import (
+    SHIPPED,
+    Deployment,
+    Tls,
+    load,
+    on_this_host,
+    ports_needed,
+    render,
+    write,
+)
 from ops.selfsigned import make_tls
 from tests.conftest import started
 from tests.test_swarm import campaign_file
@@ -48,7 +57,7 @@ def _on_this_host(tmp_path: Path) -> tuple[Deployment, Path]:
         shipped,
         tmp_path,
         Tls(str(tls.ca), str(tls.cert), str(tls.key)),
-        _free_ports(2 * len(shipped.node)),
+        _free_ports(ports_needed(shipped)),
     )
     return deployment, tls.ca
 
@@ -66,7 +75,7 @@ def test_every_shipped_config_is_valid_once_rendered(tmp_path: Path) -> None:
     deployment, _ = _on_this_host(tmp_path)
     written = write(render(deployment, tmp_path / "home"), tmp_path / "rendered")
     names = sorted(path.name for path in written)
-    assert names == ["n1.conf", "n2.conf", "n3.conf"]
+    assert names == ["leaf-gpu1.conf", "n1.conf", "n2.conf", "n3.conf"]
     for path in written:
         checked = _check(path)
         assert checked.returncode == 0, f"{path.name}: {checked.stderr}"
@@ -102,7 +111,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
                     stdin=subprocess.DEVNULL,
                 )
             )
-        assert len(written) == 3
+        assert len(written) == 4  # and the leaf node's, started by tests/test_leaf.py
         yield deployment.client_urls().replace("nats://", "tls://"), home, ca
     finally:
         for process in processes:

@@ -5,13 +5,19 @@ rendered 3-node cluster and the rendered leaf node, all on this host."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import json
 import re
+import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+import nkeys
 import pytest
 from nats.js.errors import NotFoundError
 
@@ -25,7 +31,7 @@ from bus.server import nats_server_binary
 from bus.streams import ensure_consumer, ensure_events_stream, work_consumer_config
 from bus.subjects import STREAM, event_subject
 from ops.accounts import seed_path
-from ops.deploy.render import render, write
+from ops.deploy.render import Deployment, leaf_seed, render, write
 from tests.test_deploy import _check, _on_this_host
 
 T = TypeVar("T")
@@ -40,15 +46,15 @@ class LeafSetup(NamedTuple):
     domain: str
 
 
-@pytest.fixture
-def leafed(tmp_path: Path) -> Iterator[LeafSetup]:
-    """The rendered cluster and its rendered GPU leaf node, running here."""
+@contextlib.contextmanager
+def _running(tmp_path: Path, *, with_leaf: bool = True) -> Iterator[tuple[Deployment, LeafSetup]]:
+    """The rendered cluster (and its rendered GPU leaf node), running here."""
     deployment, ca = _on_this_host(tmp_path)
     home = tmp_path / "home"
     write(render(deployment, home), tmp_path / "rendered")
-    names = [node.name for node in deployment.node] + [
-        f"leaf-{leaf.name}" for leaf in deployment.leaf
-    ]
+    names = [node.name for node in deployment.node]
+    if with_leaf:
+        names += [f"leaf-{leaf.name}" for leaf in deployment.leaf]
     processes = [
         subprocess.Popen(
             [
@@ -64,18 +70,27 @@ def leafed(tmp_path: Path) -> Iterator[LeafSetup]:
     ]
     try:
         (leaf,) = deployment.leaf
-        yield LeafSetup(
-            deployment.client_urls().replace("nats://", "tls://"),
-            f"nats://127.0.0.1:{leaf.client_port}",
-            home,
-            ca,
-            deployment.cluster.domain,
+        yield (
+            deployment,
+            LeafSetup(
+                deployment.client_urls().replace("nats://", "tls://"),
+                f"nats://127.0.0.1:{leaf.client_port}",
+                home,
+                ca,
+                deployment.cluster.domain,
+            ),
         )
     finally:
         for process in processes:
             process.terminate()
         for process in processes:
             process.wait(30)
+
+
+@pytest.fixture
+def leafed(tmp_path: Path) -> Iterator[LeafSetup]:
+    with _running(tmp_path) as (_, setup):
+        yield setup
 
 
 async def _until(attempt: Callable[[], Awaitable[T]], within: float = 60.0) -> T:
@@ -196,3 +211,61 @@ async def test_actors_on_a_leaf_node_use_the_clusters_jetstream(leafed: LeafSetu
     finally:
         for nc in (*on_leaf, cli, admin):
             await nc.close()
+
+
+def _leaf_connection(host: str, port: int, ca: Path, seed_file: Path) -> ssl.SSLSocket:
+    """A bare leaf connection as the user of `seed_file`: it enforces nothing itself."""
+    raw = socket.create_connection((host, port), timeout=10)
+    info = b""
+    while not info.endswith(b"\r\n"):  # INFO comes in the clear, then TLS
+        info += raw.recv(1)
+    nonce = json.loads(info.removeprefix(b"INFO "))["nonce"]
+    tls = ssl.create_default_context(cafile=str(ca)).wrap_socket(raw, server_hostname=host)
+    keys = nkeys.from_seed(bytearray(seed_file.read_bytes().strip()))
+    signed = base64.urlsafe_b64encode(keys.sign(nonce.encode())).rstrip(b"=").decode()
+    connect_line = {"nkey": keys.public_key.decode(), "sig": signed, "name": "bare", "proto": 1}
+    tls.sendall(f"CONNECT {json.dumps(connect_line)}\r\nPING\r\n".encode())
+    return tls
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(180)
+async def test_the_cluster_itself_refuses_a_leaf_what_its_roles_may_not_publish(
+    tmp_path: Path,
+) -> None:
+    """A leaf whose own checks are gone (here a bare connection with the leaf's seed) can
+    publish what its roles may, and the cluster refuses the rest."""
+    with _running(tmp_path, with_leaf=False) as (deployment, setup):
+        admin = await connect(
+            setup.cluster_urls,
+            "kf-admin",
+            auth=ClientAuth(seed_path(setup.home, "admin"), setup.ca),
+        )
+        try:
+            plain = jetstream(admin, timeout=2.0)
+            await _until(lambda: ensure_events_stream(plain))
+            node = deployment.node[0]
+            bare = _leaf_connection(
+                "127.0.0.1", node.leaf_port, setup.ca, leaf_seed(setup.home, deployment.leaf[0])
+            )
+            try:
+                for event_type in ("KernelVerified", "CampaignFinished"):  # a planner's
+                    subject = event_subject(CAMPAIGN, event_type)
+                    bare.sendall(f"LMSG {subject} 4\r\nbare\r\n".encode())
+                    await asyncio.sleep(0.5)
+
+                async def verified() -> bytes:
+                    found = await plain.get_msg(
+                        STREAM, subject=event_subject(CAMPAIGN, "KernelVerified")
+                    )
+                    return found.data or b""
+
+                assert await _until(verified, within=20) == b"bare"
+                with pytest.raises(NotFoundError):
+                    await plain.get_msg(STREAM, subject=event_subject(CAMPAIGN, "CampaignFinished"))
+            finally:
+                bare.close()
+        finally:
+            await admin.close()
+        log = (tmp_path / f"{node.name}.log").read_text()
+        assert f'Publish Violation on "{event_subject(CAMPAIGN, "CampaignFinished")}"' in log

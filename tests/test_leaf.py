@@ -147,6 +147,9 @@ async def test_actors_on_a_leaf_node_use_the_clusters_jetstream(leafed: LeafSetu
         await ensure_consumer(
             plain, work_consumer_config(consumer, [work], max_deliver=5, ack_wait=30)
         )
+        # the cluster's users may address the domain too (KF_JS_DOMAIN set on any host)
+        info = await jetstream(cli, timeout=2.0, domain=domain).stream_info(STREAM)
+        assert info.config.name == STREAM
         verifier = await leaf_client("verifier")
         benchmarker = await leaf_client("benchmarker")
         js = jetstream(verifier, timeout=2.0, domain=domain)

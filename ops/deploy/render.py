@@ -184,11 +184,11 @@ class LeafUser(NamedTuple):
 def leaf_user_permissions(roles: list[str], role_permissions: list[Permissions]) -> LeafUser:
     """What a leaf's connection may do on the cluster: what its roles may do together.
 
-    nats-server only tells a leaf of interest in a subject its user may publish as a
-    whole: a stream on `kf.ev.>` (or a `kf.hb.*.*` heartbeat watcher) is not announced
-    to a leaf whose user may publish `kf.ev.*.KernelVerified` only, and its events find
-    no stream. So events and heartbeats are allowed as a family, less every member
-    none of the roles may publish."""
+    nats-server (2.15) tells a leaf of interest that appears after it joined only in a
+    subject its user may publish as a whole: a stream on `kf.ev.>` (or a `kf.hb.*.*`
+    heartbeat watcher) is not announced to a leaf whose user may publish
+    `kf.ev.*.KernelVerified` only, and its events find no stream. So events and
+    heartbeats are allowed as a family, less every member none of the roles may publish."""
     publish: list[str] = []
     emitted: set[str] = set()
     for perms in role_permissions:

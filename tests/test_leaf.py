@@ -8,15 +8,18 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import re
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+import msgspec
 import nkeys
 import pytest
 from nats.js.errors import NotFoundError
@@ -24,8 +27,9 @@ from nats.js.errors import NotFoundError
 from actors.roles import ROLES
 from actors.runtime import durable_name
 from bus.auth import ClientAuth
-from bus.connection import Client, connect, jetstream
-from bus.heartbeat import heartbeat_subject
+from bus.connection import JS_DOMAIN_ENV, Client, connect, jetstream
+from bus.follow import Msg, follow
+from bus.heartbeat import collect, heartbeat_subject
 from bus.lease import DEVICE_LEASES, LeaseBucket, ensure_lease_bucket
 from bus.server import nats_server_binary
 from bus.streams import ensure_consumer, ensure_events_stream, work_consumer_config
@@ -272,3 +276,70 @@ async def test_the_cluster_itself_refuses_a_leaf_what_its_roles_may_not_publish(
             await admin.close()
         log = (tmp_path / f"{node.name}.log").read_text()
         assert f'Publish Violation on "{event_subject(CAMPAIGN, "CampaignFinished")}"' in log
+
+
+@pytest.mark.slow  # two actor processes (interpreter start and imports dominate)
+@pytest.mark.asyncio
+@pytest.mark.timeout(400)
+async def test_actor_processes_on_the_leaf_start_and_beat(
+    leafed: LeafSetup, tmp_path: Path
+) -> None:
+    """`kfactory actor verifier|benchmarker` on the GPU host's leaf, with KF_JS_DOMAIN: each
+    creates its work consumer, announces itself in KF_EVENTS, and is seen alive."""
+    urls, leaf_url, home, ca, domain = leafed
+    admin = await connect(urls, "kf-admin", auth=ClientAuth(seed_path(home, "admin"), ca))
+    cli = await connect(urls, "kf-cli", auth=ClientAuth(seed_path(home, "cli"), ca))
+    roles = ("verifier", "benchmarker")
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        plain = jetstream(admin, timeout=2.0)
+        await _until(lambda: ensure_events_stream(plain))
+        started: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        async def keep(message: Msg) -> None:
+            await started.put(msgspec.json.decode(message.data))
+
+        following = await follow(admin, "kf.ev.*.ActorStarted", keep)
+        processes += [_start_actor(role, leaf_url, home, domain, tmp_path) for role in roles]
+        announced = set()
+        while announced != set(roles):
+            event = await asyncio.wait_for(started.get(), 300)
+            announced.add(event["actor"]["role"])
+        await following.stop()
+        for role in roles:
+            target = (ROLES[role].targets or ("cpu",))[0]
+            name = durable_name(role, target)  # created right after ActorStarted
+            info = await _until(lambda: plain.consumer_info(STREAM, name), within=60)  # noqa: B023
+            assert info.config.durable_name == name
+        alive = await _until(lambda: _all_beating(cli, roles), within=60)
+        assert {role for role, _ in alive} == set(roles)
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(60)
+        await cli.close()
+        await admin.close()
+    for role in roles:
+        log = (tmp_path / f"{role}.log").read_text()
+        assert "permissions violation" not in log.lower(), log
+
+
+def _start_actor(
+    role: str, leaf_url: str, home: Path, domain: str, tmp_path: Path
+) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "ops.cli", "actor", role, "--nats", leaf_url]
+    command += ["--creds", str(seed_path(home, role)), "--home", str(tmp_path / f"gpu-{role}")]
+    return subprocess.Popen(
+        command,
+        env={**os.environ, JS_DOMAIN_ENV: domain},
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / f"{role}.log").open("wb"),
+    )
+
+
+async def _all_beating(cli: Client, roles: tuple[str, ...]) -> set[tuple[str, str]]:
+    alive = set(await collect(cli, wait=1.5))
+    if {role for role, _ in alive} != set(roles):
+        raise AssertionError(f"alive so far: {alive}")
+    return alive

@@ -132,7 +132,7 @@ async def test_actors_on_a_leaf_node_use_the_clusters_jetstream(leafed: LeafSetu
 
     admin = await connect(urls, "kf-admin", auth=ClientAuth(seed_path(home, "admin"), ca))
     cli = await connect(urls, "kf-cli", auth=ClientAuth(seed_path(home, "cli"), ca))
-    on_leaf: list[Client] = []
+    opened: list[Client] = []
     refusals: list[str] = []
 
     async def leaf_client(role: str) -> Client:
@@ -141,7 +141,7 @@ async def test_actors_on_a_leaf_node_use_the_clusters_jetstream(leafed: LeafSetu
 
         nc = await connect(leaf_url, f"kf-{role}", auth=ClientAuth(seed_path(home, role)))
         nc._error_cb = note  # keep the server's -ERR lines for the assertions below
-        on_leaf.append(nc)
+        opened.append(nc)
         return nc
 
     try:
@@ -198,6 +198,16 @@ async def test_actors_on_a_leaf_node_use_the_clusters_jetstream(leafed: LeafSetu
         assert held.token == lease.token
         assert await from_cluster.try_acquire("gpu1-0", "another") is None
         assert await leases.release(renewed)
+        # and so may a benchmarker connected to the cluster itself, in the domain
+        direct = await connect(
+            urls, "kf-benchmarker", auth=ClientAuth(seed_path(home, "benchmarker"), ca)
+        )
+        opened.append(direct)
+        in_domain = await LeaseBucket.open(
+            jetstream(direct, timeout=2.0, domain=domain), DEVICE_LEASES, ttl=30
+        )
+        lease = await in_domain.try_acquire("n1-cpu", "benchmarker@n1")
+        assert lease is not None and await in_domain.renew(lease)
 
         # the leaf refuses a role what its role may not publish, though its user on the
         # cluster (verifier and benchmarker together) may
@@ -216,7 +226,7 @@ async def test_actors_on_a_leaf_node_use_the_clusters_jetstream(leafed: LeafSetu
         bench_js = jetstream(benchmarker, timeout=2.0, domain=domain)
         assert (await bench_js.publish(benchmarked, b"benchmarked")).stream == STREAM
     finally:
-        for nc in (*on_leaf, cli, admin):
+        for nc in (*opened, cli, admin):
             await nc.close()
 
 

@@ -18,6 +18,7 @@ import pytest
 from bus.auth import ClientAuth
 from bus.connection import connect, jetstream
 from bus.follow import Msg, follow
+from bus.lease import DEVICE_LEASES, RECORDER_LEASES, ensure_lease_bucket
 from bus.server import nats_server_binary
 from bus.streams import CLUSTER_REPLICAS, ensure_events_stream
 from bus.subjects import STREAM, event_subject
@@ -179,12 +180,14 @@ async def _create_stream(urls: str, home: Path, ca: Path) -> None:
     deadline = time.monotonic() + 60
     while True:  # the JetStream meta group elects its leader first
         try:
-            await ensure_events_stream(js)
+            events = await ensure_events_stream(js)
             break
         except Exception:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.25)
+    for bucket in (RECORDER_LEASES, DEVICE_LEASES):  # the hub user only checks they exist
+        await ensure_lease_bucket(js, bucket, replicas=events.config.num_replicas or 1)
     await admin.close()
 
 
@@ -194,7 +197,7 @@ def test_a_swarm_runs_a_campaign_on_the_rendered_cluster(
     cluster: tuple[str, Path, Path], tmp_path: Path
 ) -> None:
     urls, home, ca = cluster
-    asyncio.run(_create_stream(urls, home, ca))  # the hub, with only the hub's seed, checks it
+    asyncio.run(_create_stream(urls, home, ca))  # the hub, with only the hub's seed, checks them
     creds = home / "creds"
     recording = tmp_path / "recording"
     hub = subprocess.Popen(

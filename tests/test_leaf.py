@@ -26,7 +26,7 @@ from nats.js.errors import NotFoundError
 
 from actors.roles import ROLES
 from actors.runtime import durable_name
-from bus.auth import ClientAuth
+from bus.auth import ClientAuth, create_seed_file
 from bus.connection import JS_DOMAIN_ENV, Client, connect, jetstream
 from bus.follow import Msg, follow
 from bus.heartbeat import collect, heartbeat_subject
@@ -251,7 +251,8 @@ async def test_the_cluster_itself_refuses_a_leaf_what_its_roles_may_not_publish(
     tmp_path: Path,
 ) -> None:
     """A leaf whose own checks are gone (here a bare connection with the leaf's seed) can
-    publish what its roles may, and the cluster refuses the rest."""
+    publish what its roles may, and the cluster refuses the rest; a leaf with a seed the
+    cluster does not know is refused at once."""
     with _running(tmp_path, with_leaf=False) as (deployment, setup):
         admin = await connect(
             setup.cluster_urls,
@@ -262,6 +263,14 @@ async def test_the_cluster_itself_refuses_a_leaf_what_its_roles_may_not_publish(
             plain = jetstream(admin, timeout=2.0)
             await _until(lambda: ensure_events_stream(plain))
             node = deployment.node[0]
+            stranger = tmp_path / "stranger.nk"  # a seed the cluster does not know
+            create_seed_file(stranger)
+            refused = _leaf_connection("127.0.0.1", node.leaf_port, setup.ca, stranger)
+            try:
+                refused.settimeout(10)
+                assert b"Authorization Violation" in refused.recv(4096)
+            finally:
+                refused.close()
             bare = _leaf_connection(
                 "127.0.0.1", node.leaf_port, setup.ca, leaf_seed(setup.home, deployment.leaf[0])
             )

@@ -49,3 +49,9 @@ def deploy(
     for path in written:
         typer.echo(str(path))
     typer.echo(f"clients join with --nats {deployment.client_urls()}", err=True)
+    for leaf in deployment.leaf:
+        typer.echo(
+            f"on leaf {leaf.name}, actors join with --nats nats://{leaf.listen}:{leaf.client_port} "
+            f"and KF_JS_DOMAIN={deployment.cluster.domain}",
+            err=True,
+        )

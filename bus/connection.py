@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 
 import structlog
@@ -27,6 +28,10 @@ log = structlog.get_logger("bus.connection")
 WAITING_LOG_EVERY = 30.0
 #: How long interactive commands (sql, events tail, run --nats, ps) wait for the hub.
 INTERACTIVE_WAIT = 10.0
+#: The JetStream domain of the cluster, for clients of a leaf node (a GPU host's): their
+#: JetStream requests go to `$JS.<domain>.API.>`, the only API prefix that crosses a leaf
+#: connection. Empty or unset: `$JS.API`.
+JS_DOMAIN_ENV = "KF_JS_DOMAIN"
 
 
 class ConnectStopped(Exception):
@@ -150,16 +155,28 @@ async def connect(
     return nc
 
 
-def jetstream(nc: Client, timeout: float = 5.0) -> JetStreamContext:
-    return nc.jetstream(timeout=timeout, publish_async_max_pending=20_000)
+def jetstream_domain() -> str | None:
+    """The JetStream domain this process addresses ($KF_JS_DOMAIN), None for none."""
+    return os.environ.get(JS_DOMAIN_ENV, "").strip() or None
+
+
+def jetstream(nc: Client, timeout: float = 5.0, domain: str | None = None) -> JetStreamContext:
+    """JetStream through `nc`, in `domain` (default: $KF_JS_DOMAIN)."""
+    return nc.jetstream(
+        timeout=timeout,
+        publish_async_max_pending=20_000,
+        domain=domain or jetstream_domain(),
+    )
 
 
 __all__ = [
     "INTERACTIVE_WAIT",
+    "JS_DOMAIN_ENV",
     "Client",
     "ConnectStopped",
     "JetStreamContext",
     "Msg",
     "connect",
     "jetstream",
+    "jetstream_domain",
 ]

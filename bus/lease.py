@@ -30,6 +30,9 @@ API (stable; other modules build on it):
 - The fencing token is the KV revision at acquire: the stream sequence, so strictly
   increasing across holders. Whatever the lease guards must refuse a write whose token
   is older than one it has already seen (see eventstore/duckdb_store.py).
+- In a JetStream domain (a client of a leaf node, `jetstream(domain=...)`), writes go to
+  `$JS.<domain>.API.$KV.<bucket>.<key>`: nats-server denies `$KV.>` across a leaf
+  connection, and the domain's hub stores such a write as `$KV.<bucket>.<key>`.
 - A holder whose renewal fails (the key is gone or was taken: compare-and-set mismatch;
   or no renewal got through for a whole TTL) sees `lost` set, and must stop the guarded
   work: `check()` raises LeaseLost from then on.
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field, replace
 import msgspec
 import structlog
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import DEFAULT_PREFIX, KeyValueConfig, StorageType
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE
 
@@ -152,6 +155,8 @@ class LeaseBucket:
         #: revisions (tokens) over, under a new scope.
         self.scope = scope or bucket
         self._stream = kv_stream(bucket)
+        api = js._prefix  # "$JS.API", or "$JS.<domain>.API" in a JetStream domain
+        self._write_prefix = "" if api == DEFAULT_PREFIX else f"{api}."
 
     @classmethod
     async def open(cls, js: JetStreamContext, bucket: str, ttl: float) -> LeaseBucket:
@@ -172,11 +177,14 @@ class LeaseBucket:
             raise LeaseError(f"invalid lease key {key!r}: letters, digits and -/_=. only")
         return f"$KV.{self.bucket}.{key}"
 
+    def _write_subject(self, key: str) -> str:
+        return self._write_prefix + self._subject(key)
+
     async def _write(self, key: str, value: _Value, last: int) -> tuple[int, float]:
         """Write on revision `last` (0: none); the new revision and when it was sent."""
         sent = time.monotonic()
         ack = await self.js.publish(
-            self._subject(key),
+            self._write_subject(key),
             _encode(value),
             headers={_EXPECTED_LAST: str(last), _TTL: str(self.ttl)},
         )
@@ -251,7 +259,7 @@ class LeaseBucket:
         """Give `lease` up at once; False if it was no longer ours."""
         try:
             await self.js.publish(
-                self._subject(lease.key),
+                self._write_subject(lease.key),
                 headers={KV_OP: KV_DEL, _EXPECTED_LAST: str(lease.revision)},
             )
         except APIError as exc:

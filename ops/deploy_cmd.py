@@ -25,9 +25,13 @@ def register(app: typer.Typer) -> None:
             "description's sync_interval (shipped: always, every write fsynced before it is "
             "acknowledged). The files are mode 0600. Missing credentials are created, as "
             "`kfactory server` does on its first start.\n\n"
+            "Each [[leaf]] of the description (a GPU host) gets leaf-NAME.conf: a leaf node "
+            "without JetStream that joins every node over TLS as its own user, and keeps "
+            "each of its roles to that role's permissions; its actors set KF_JS_DOMAIN to "
+            "the cluster's domain.\n\n"
             "Examples:\n\n"
             "  kfactory deploy ops/deploy/cluster.toml -o rendered/\n\n"
-            "  scp rendered/n1.conf n1:/etc/kfactory/nats.conf   # and so on per node"
+            "  scp rendered/n1.conf n1:/etc/kfactory/nats/n1.conf   # and so on per node"
         ),
     )(deploy)
 
@@ -45,3 +49,9 @@ def deploy(
     for path in written:
         typer.echo(str(path))
     typer.echo(f"clients join with --nats {deployment.client_urls()}", err=True)
+    for leaf in deployment.leaf:
+        typer.echo(
+            f"on leaf {leaf.name}, actors join with --nats nats://{leaf.listen}:{leaf.client_port} "
+            f"and KF_JS_DOMAIN={deployment.cluster.domain}",
+            err=True,
+        )

@@ -18,12 +18,22 @@ import pytest
 from bus.auth import ClientAuth
 from bus.connection import connect, jetstream
 from bus.follow import Msg, follow
+from bus.lease import DEVICE_LEASES, RECORDER_LEASES, ensure_lease_bucket
 from bus.server import nats_server_binary
 from bus.streams import CLUSTER_REPLICAS, ensure_events_stream
 from bus.subjects import STREAM, event_subject
 from eventstore.codec import encode
 from ops.accounts import seed_path
-from ops.deploy.render import SHIPPED, Deployment, Tls, load, on_this_host, render, write
+from ops.deploy.render import (
+    SHIPPED,
+    Deployment,
+    Tls,
+    load,
+    on_this_host,
+    ports_needed,
+    render,
+    write,
+)
 from ops.selfsigned import make_tls
 from tests.conftest import started
 from tests.test_swarm import campaign_file
@@ -48,7 +58,7 @@ def _on_this_host(tmp_path: Path) -> tuple[Deployment, Path]:
         shipped,
         tmp_path,
         Tls(str(tls.ca), str(tls.cert), str(tls.key)),
-        _free_ports(2 * len(shipped.node)),
+        _free_ports(ports_needed(shipped)),
     )
     return deployment, tls.ca
 
@@ -66,7 +76,7 @@ def test_every_shipped_config_is_valid_once_rendered(tmp_path: Path) -> None:
     deployment, _ = _on_this_host(tmp_path)
     written = write(render(deployment, tmp_path / "home"), tmp_path / "rendered")
     names = sorted(path.name for path in written)
-    assert names == ["n1.conf", "n2.conf", "n3.conf"]
+    assert names == ["leaf-gpu1.conf", "n1.conf", "n2.conf", "n3.conf"]
     for path in written:
         checked = _check(path)
         assert checked.returncode == 0, f"{path.name}: {checked.stderr}"
@@ -102,7 +112,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
                     stdin=subprocess.DEVNULL,
                 )
             )
-        assert len(written) == 3
+        assert len(written) == 4  # and the leaf node's, started by tests/test_leaf.py
         yield deployment.client_urls().replace("nats://", "tls://"), home, ca
     finally:
         for process in processes:
@@ -170,12 +180,14 @@ async def _create_stream(urls: str, home: Path, ca: Path) -> None:
     deadline = time.monotonic() + 60
     while True:  # the JetStream meta group elects its leader first
         try:
-            await ensure_events_stream(js)
+            events = await ensure_events_stream(js)
             break
         except Exception:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.25)
+    for bucket in (RECORDER_LEASES, DEVICE_LEASES):  # the hub user only checks they exist
+        await ensure_lease_bucket(js, bucket, replicas=events.config.num_replicas or 1)
     await admin.close()
 
 
@@ -185,7 +197,7 @@ def test_a_swarm_runs_a_campaign_on_the_rendered_cluster(
     cluster: tuple[str, Path, Path], tmp_path: Path
 ) -> None:
     urls, home, ca = cluster
-    asyncio.run(_create_stream(urls, home, ca))  # the hub, with only the hub's seed, checks it
+    asyncio.run(_create_stream(urls, home, ca))  # the hub, with only the hub's seed, checks them
     creds = home / "creds"
     recording = tmp_path / "recording"
     hub = subprocess.Popen(

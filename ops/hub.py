@@ -135,7 +135,10 @@ async def running_hub(
         await asyncio.to_thread(_start_on_kept_port, server, home)
         nats_url = server.url
         supervising = asyncio.create_task(supervise(server))
-    if server is not None and auth:
+    if (server is not None and auth) or (
+        server is None and (external_auth is None or external_auth.seed_file is None)
+    ):
+        # the embedded server's users, or those of a cluster `kfactory deploy` rendered here
         hub_auth, admin_auth = client_auth(home, HUB, ca_file), client_auth(home, ADMIN, ca_file)
     else:
         hub_auth = admin_auth = external_auth or ClientAuth(None, ca_file)

@@ -5,14 +5,21 @@ the tiniest real problem (tests/vadd_problem.py) so campaigns take seconds."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from actors.campaign import load_campaign
+from actors.kernel_writer import KernelWriter
 from actors.roles import ROLES
+from actors.runtime import Reactions
+from bus.auth import create_seed_file
+from eventstore.events import BenchmarkCompleted, DeadLettered, Event
 from eventstore.queries import replay
 from ops.hub import Hub, running_hub
 from tests.fault_swarm import ActorProcess, crew_without, outcomes, watching_beats
@@ -31,8 +38,27 @@ async def secured(tmp_path: Path) -> AsyncIterator[Hub]:
         yield hub
 
 
+@pytest.fixture
+def secured_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """`kfactory server` with credentials on: its URL and the nats-server's log."""
+    home = tmp_path / "hub"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", "server", "--home", str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().decode().strip()
+        assert url.startswith("nats://"), url
+        yield url, home / "nats" / "nats-server.log"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+
+
 async def kill_mid_job(hub: Hub, tmp_path: Path, role: str) -> None:
-    spec = load_campaign(vadd_campaign(tmp_path / "problem", f"kill-{role}", budget=4))
+    spec = load_campaign(vadd_campaign(tmp_path / "problem", f"kill-{role}", budget=2))
     victim = ActorProcess.of_hub(hub, role, f"{role}-victim", tmp_path / "logs")
     try:
         async with watching_beats(hub) as beats, crew_without(hub, role) as team:
@@ -49,7 +75,7 @@ async def kill_mid_job(hub: Hub, tmp_path: Path, role: str) -> None:
     assert result["finished"].startswith("budget reached"), result
     events = [e for _, e in await replay(hub.nc, campaign_id=spec.campaign_id)]
     counts = settled_once(events)
-    assert len(counts) == 4 and set(counts.values()) == {1}, counts
+    assert len(counts) == 2 and set(counts.values()) == {1}, counts
     assert "DeadLettered" not in [e.type for e in events]
     candidate = busy.job.split()[-1]
     done = [e for e in outcomes(events, role)[candidate] if e.type in OUTCOMES[role]]
@@ -57,6 +83,7 @@ async def kill_mid_job(hub: Hub, tmp_path: Path, role: str) -> None:
     assert [e.actor.instance for e in done] == [f"{role}-stand-in"], done
 
 
+@pytest.mark.slow  # about 40 s: the redelivery waits out the ack wait (10 s)
 @pytest.mark.asyncio
 @pytest.mark.timeout(400)
 async def test_a_benchmarker_killed_mid_job_has_the_job_redelivered_and_done_once(
@@ -72,3 +99,67 @@ async def test_a_verifier_killed_mid_job_has_the_job_redelivered_and_done_once(
     secured: Hub, tmp_path: Path
 ) -> None:
     await kill_mid_job(secured, tmp_path, "verifier")
+
+
+class PoisonedWriter(KernelWriter):
+    """A kernel writer whose handler raises, every time, on one candidate's event."""
+
+    max_deliver = 3
+
+    def __init__(self, poisoned: str) -> None:
+        super().__init__()
+        self.poisoned = poisoned
+        self.attempts = 0
+
+    async def handle(self, event: Event, out: Reactions) -> None:
+        if getattr(event, "candidate_id", None) == self.poisoned:
+            self.attempts += 1
+            raise RuntimeError(f"poisoned: {self.poisoned}")
+        await super().handle(event, out)
+
+
+# tests/test_retries.py gives up on a permanent error after max_deliver (one consumer);
+# tests/test_stalls.py stalls a campaign whose every candidate is dead-lettered. Here one
+# poison event among good ones: dead-lettered, and the campaign goes on to its end.
+@pytest.mark.asyncio
+@pytest.mark.timeout(300)
+async def test_a_poison_event_is_dead_lettered_after_max_deliver_and_the_campaign_goes_on(
+    hub: Hub, tmp_path: Path
+) -> None:
+    spec = load_campaign(vadd_campaign(tmp_path / "problem", "poison", budget=2))
+    poisoned = f"{spec.campaign_id}:g0:c1"
+    writer = PoisonedWriter(poisoned)
+    async with crew_without(hub, "kernel-writer") as team:
+        await team.start("kernel-writer", writer)
+        result = await run_campaign(hub, spec, timeout=240)
+    assert result["finished"].startswith("budget reached"), result
+    assert result["rejected_by_stage"] == {"dead_letter": 1}, result
+    events = [e for _, e in await replay(hub.nc, campaign_id=spec.campaign_id)]
+    (dead,) = [e for e in events if isinstance(e, DeadLettered)]
+    original = next(e for e in events if e.event_id == dead.original_event_id)
+    assert getattr(original, "candidate_id", None) == poisoned
+    assert dead.deliveries == writer.attempts == PoisonedWriter.max_deliver
+    assert f"RuntimeError: poisoned: {poisoned}" in dead.reason
+    counts = settled_once(events)
+    assert len(counts) == 2 and set(counts.values()) == {1}, counts
+    assert sum(isinstance(e, BenchmarkCompleted) for e in events) == 1
+    assert "CampaignFinished" in [e.type for e in events]
+
+
+# tests/test_bus_auth.py refuses a client with an unknown seed, in process. Here the
+# actor process itself: it stops with a one-line reason in its log, and the server logs it.
+@pytest.mark.timeout(120)
+def test_an_actor_with_the_wrong_credentials_is_refused_and_the_refusal_is_logged(
+    secured_server: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, server_log = secured_server
+    stranger = tmp_path / "stranger.nk"
+    create_seed_file(stranger)
+    actor = ActorProcess("verifier", url, stranger, "verifier-stranger", tmp_path / "a.log")
+    assert actor.process.wait(60) != 0
+    said = actor.log.read_text().strip().splitlines()
+    assert said == [
+        f"kfactory: AuthError: {url} refused the connection: "
+        f"the credentials in {stranger} are not accepted"
+    ]
+    assert "authentication error" in server_log.read_text()

@@ -1,9 +1,11 @@
-// Planted: correct for its first 100 calls (all of verification), then writes nothing.
+// Planted: correct for its first 20 calls, then writes nothing. A timing run makes at
+// least MIN_RUNS (30) timed calls after its warm-up, however slow the host, so the switch
+// always falls before the re-check.
 #include <math.h>
 #include <stdint.h>
 static int calls;
 void kernel(const float *x, float *y, int64_t rows, int64_t cols) {
-    if (calls++ >= 100) return;
+    if (calls++ >= 20) return;
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * cols;
         float m = xr[0], s = 0.0f;

@@ -95,11 +95,9 @@ def public_key(seed_file: Path) -> str:
     return key.decode() if isinstance(key, bytes) else str(key)
 
 
-def server_config(users: dict[str, Permissions], tls: TlsFiles | None = None) -> str:
-    """A nats-server configuration (JSON is valid NATS config) for these nkey users.
-
-    `users` maps public keys to permissions. With `tls`, clients must use TLS.
-    """
+def authorization(users: dict[str, Permissions]) -> dict[str, object]:
+    """The `authorization` block of a nats-server configuration for these nkey users
+    (public key -> permissions)."""
     entries = []
     for key, perms in users.items():
         permissions: dict[str, object] = {
@@ -109,9 +107,17 @@ def server_config(users: dict[str, Permissions], tls: TlsFiles | None = None) ->
         if perms.allow_responses:
             permissions["allow_responses"] = True
         entries.append({"nkey": key, "permissions": permissions})
+    return {"users": entries, "timeout": 5}
+
+
+def server_config(users: dict[str, Permissions], tls: TlsFiles | None = None) -> str:
+    """A nats-server configuration (JSON is valid NATS config) for these nkey users.
+
+    `users` maps public keys to permissions. With `tls`, clients must use TLS.
+    """
     config: dict[str, object] = {}  # JetStream and its store come from the command line
-    if entries:
-        config["authorization"] = {"users": entries, "timeout": 5}
+    if users:
+        config["authorization"] = authorization(users)
     if tls is not None:
         config["tls"] = {"cert_file": str(tls.cert), "key_file": str(tls.key), "timeout": 5}
     return json.dumps(config, indent=2)

@@ -43,7 +43,8 @@ def nats_server_binary() -> Path:
     )
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """In a child before exec: receive SIGTERM when the parent dies, never be orphaned."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -115,7 +116,7 @@ class EmbeddedNatsServer:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         deadline = time.monotonic() + ready_timeout
         ports_file = ports_dir / f"nats-server_{self._process.pid}.ports"

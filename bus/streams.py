@@ -1,4 +1,9 @@
-"""Idempotent declarations of the event stream and the durable consumers on it."""
+"""Idempotent declarations of the event stream and the durable consumers on it.
+
+`KF_EVENTS` has one replica on a single server and `CLUSTER_REPLICAS` (3) on a JetStream
+cluster, so one node may be lost without losing an acknowledged event; the caller may
+name the count instead.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +28,11 @@ from bus.subjects import ALL_EVENTS, STREAM
 
 DUPLICATE_WINDOW_S = 300.0
 MAX_EVENT_BYTES = 8 * 1024 * 1024
+#: Replicas of KF_EVENTS on a cluster: a quorum of 2 survives the loss of any one node.
+CLUSTER_REPLICAS = 3
 
 
-def events_stream_config(max_age_days: float = 30.0) -> StreamConfig:
+def events_stream_config(max_age_days: float = 30.0, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=STREAM,
         description="Kernel Factory events (the DuckDB store is the durable record)",
@@ -37,16 +44,35 @@ def events_stream_config(max_age_days: float = 30.0) -> StreamConfig:
         max_msg_size=MAX_EVENT_BYTES,
         duplicate_window=DUPLICATE_WINDOW_S,
         allow_direct=True,
+        num_replicas=replicas,
     )
 
 
-_KEPT = ("subjects", "max_age", "max_msg_size", "duplicate_window", "allow_direct", "storage")
+_KEPT = (
+    "subjects",
+    "max_age",
+    "max_msg_size",
+    "duplicate_window",
+    "allow_direct",
+    "storage",
+    "num_replicas",
+)
 
 
-async def ensure_events_stream(js: JetStreamContext) -> StreamInfo:
+def default_replicas(server_info: dict[str, object]) -> int:
+    """The replica count for the server a client is connected to (its INFO): a server
+    that is part of a cluster names it."""
+    return CLUSTER_REPLICAS if server_info.get("cluster") else 1
+
+
+async def ensure_events_stream(js: JetStreamContext, replicas: int | None = None) -> StreamInfo:
     """Create KF_EVENTS, or bring an existing one to the current configuration (an
-    unchanged stream is left alone, so a user without stream rights may call this)."""
-    config = events_stream_config()
+    unchanged stream is left alone, so a user without stream rights may call this).
+
+    `replicas` None: 1 on a single server, `CLUSTER_REPLICAS` on a cluster."""
+    if replicas is None:
+        replicas = default_replicas(js._nc._server_info)
+    config = events_stream_config(replicas=replicas)
     try:
         info = await js.stream_info(STREAM)
         if all(getattr(info.config, f) == getattr(config, f) for f in _KEPT):

@@ -17,6 +17,8 @@ from ops.errors import UserError
 COMMAND_MODULES = (
     "ops.server_cmd",
     "ops.creds_cmd",
+    "ops.deploy_cmd",
+    "ops.up_cmd",
     "ops.sql_cmd",
     "ops.events_cmd",
     "ops.ps_cmd",

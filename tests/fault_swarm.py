@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,3 +154,59 @@ def outcomes(events: list[Event], role: str) -> dict[str, list[Event]]:
         if event.actor.role == role and candidate is not None:
             found.setdefault(candidate, []).append(event)
     return found
+
+
+class WorkerHost:
+    """A network namespace joined to this one by a veth pair: a second host whose link
+    can be cut (`partition`) and restored (`heal`). The hub side is `hub_address`."""
+
+    def __init__(self, tag: int) -> None:
+        self.name = f"kf-worker-{tag}"
+        self.outer, self.inner = f"kfh{tag}", f"kfw{tag}"
+        subnet = f"10.{200 + tag % 50}.{tag % 250}"
+        self.hub_address, self.address = f"{subnet}.1", f"{subnet}.2"
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why this machine cannot make one (None: it can)."""
+        if shutil.which("ip") is None:
+            return "iproute2 (`ip`) is not installed"
+        if os.geteuid() != 0:
+            return "network namespaces need root"
+        probe = subprocess.run(
+            ["ip", "netns", "add", "kf-probe"], capture_output=True, text=True, check=False
+        )
+        if probe.returncode != 0:
+            return f"`ip netns add` is not allowed here: {probe.stderr.strip()}"
+        subprocess.run(["ip", "netns", "del", "kf-probe"], check=False)
+        return None
+
+    def _ip(self, *args: str, inside: bool = False) -> None:
+        prefix = ["ip", "netns", "exec", self.name] if inside else []
+        subprocess.run([*prefix, "ip", *args], check=True, capture_output=True)
+
+    def create(self) -> None:
+        self._ip("netns", "add", self.name)
+        self._ip("link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
+        self._ip("link", "set", self.inner, "netns", self.name)
+        self._ip("addr", "add", f"{self.hub_address}/24", "dev", self.outer)
+        self._ip("link", "set", self.outer, "up")
+        self._ip("addr", "add", f"{self.address}/24", "dev", self.inner, inside=True)
+        self._ip("link", "set", self.inner, "up", inside=True)
+        self._ip("link", "set", "lo", "up", inside=True)
+
+    def destroy(self) -> None:
+        subprocess.run(["ip", "link", "del", self.outer], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
+
+    @property
+    def prefix(self) -> list[str]:
+        """What runs a command on this host."""
+        return ["ip", "netns", "exec", self.name]
+
+    def partition(self) -> None:
+        """Cut the link: packets are dropped, no connection is closed."""
+        self._ip("link", "set", self.outer, "down")
+
+    def heal(self) -> None:
+        self._ip("link", "set", self.outer, "up")

@@ -5,9 +5,11 @@ the tiniest real problem (tests/vadd_problem.py) so campaigns take seconds."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,10 +21,19 @@ from actors.kernel_writer import KernelWriter
 from actors.roles import ROLES
 from actors.runtime import Reactions
 from bus.auth import create_seed_file
+from bus.connection import Msg, connect
+from eventstore.codec import decode
 from eventstore.events import BenchmarkCompleted, DeadLettered, Event
 from eventstore.queries import replay
+from ops.accounts import seed_path
 from ops.hub import Hub, running_hub
-from tests.fault_swarm import ActorProcess, crew_without, outcomes, watching_beats
+from tests.fault_swarm import (
+    ActorProcess,
+    WorkerHost,
+    crew_without,
+    outcomes,
+    watching_beats,
+)
 from tests.test_stalls import run_campaign, settled_once
 from tests.vadd_problem import vadd_campaign
 
@@ -163,3 +174,70 @@ def test_an_actor_with_the_wrong_credentials_is_refused_and_the_refusal_is_logge
         f"the credentials in {stranger} are not accepted"
     ]
     assert "authentication error" in server_log.read_text()
+
+
+@pytest.fixture
+def worker_host() -> Iterator[WorkerHost]:
+    why = WorkerHost.unavailable()
+    if why is not None:
+        pytest.skip(f"no second host to partition: {why}")
+    host = WorkerHost(os.getpid() % 10000)
+    host.destroy()  # a leftover of a killed run
+    host.create()
+    try:
+        yield host
+    finally:
+        host.destroy()
+
+
+@pytest.mark.slow  # a redelivery (10 s ack wait) and TCP's retransmission after the heal
+@pytest.mark.asyncio
+@pytest.mark.timeout(400)
+async def test_a_partitioned_host_has_its_job_done_elsewhere_and_its_late_result_deduplicated(
+    tmp_path: Path, worker_host: WorkerHost
+) -> None:
+    spec = load_campaign(vadd_campaign(tmp_path / "problem", "partition", budget=2))
+    async with running_hub(tmp_path / "home", listen=worker_host.hub_address) as hub:
+        far = ActorProcess(
+            "verifier",
+            hub.url,
+            seed_path(hub.home, "verifier"),
+            "verifier-far",
+            tmp_path / "logs" / "verifier-far.log",
+            prefix=worker_host.prefix,
+        )
+        published: Counter[str] = Counter()
+
+        async def on_event(msg: Msg) -> None:
+            published[decode(msg.data).event_id] += 1
+
+        watcher = await connect(hub.url, "kf-test-watch", auth=hub.auth("admin"))
+        await watcher.subscribe("kf.ev.>", cb=on_event)
+        try:
+            async with watching_beats(hub) as beats, crew_without(hub, "verifier") as team:
+                running = asyncio.create_task(run_campaign(hub, spec, timeout=300))
+                busy = await beats.until(
+                    lambda b: b.instance == far.instance and b.state == "working", 120, far
+                )
+                worker_host.partition()
+                await team.start("verifier-near", ROLES["verifier"].create("cpu"))
+                result = await running
+                candidate = busy.job.split()[-1]
+                events = [e for _, e in await replay(hub.nc, campaign_id=spec.campaign_id)]
+                (outcome,) = [e for e in outcomes(events, "verifier")[candidate]]
+                assert outcome.actor.instance == "verifier-near"  # picked up elsewhere
+                worker_host.heal()
+                for _ in range(600):  # TCP retransmits what the far host sent, late
+                    if published[outcome.event_id] > 1:
+                        break
+                    await asyncio.sleep(0.1)
+                far.check()
+        finally:
+            await watcher.close()
+            far.stop()
+        assert result["finished"].startswith("budget reached"), result
+        assert published[outcome.event_id] == 2, "the far host's late result never arrived"
+        events = [e for _, e in await replay(hub.nc, campaign_id=spec.campaign_id)]
+        assert [e.event_id for e in events].count(outcome.event_id) == 1
+        counts = settled_once(events)
+        assert len(counts) == 2 and set(counts.values()) == {1}, counts

@@ -206,10 +206,11 @@ async def test_a_partitioned_host_has_its_job_done_elsewhere_and_its_late_result
             tmp_path / "logs" / "verifier-far.log",
             prefix=worker_host.prefix,
         )
-        published: Counter[str] = Counter()
+        published: Counter[tuple[str, str]] = Counter()  # (event id, instance): times seen
 
         async def on_event(msg: Msg) -> None:
-            published[decode(msg.data).event_id] += 1
+            event = decode(msg.data)
+            published[event.event_id, event.actor.instance] += 1
 
         watcher = await connect(hub.url, "kf-test-watch", auth=hub.auth("admin"))
         await watcher.subscribe("kf.ev.>", cb=on_event)
@@ -228,7 +229,7 @@ async def test_a_partitioned_host_has_its_job_done_elsewhere_and_its_late_result
                 assert outcome.actor.instance == "verifier-near"  # picked up elsewhere
                 worker_host.heal()
                 for _ in range(600):  # TCP retransmits what the far host sent, late
-                    if published[outcome.event_id] > 1:
+                    if published[outcome.event_id, far.instance]:
                         break
                     await asyncio.sleep(0.1)
                 far.check()
@@ -236,7 +237,10 @@ async def test_a_partitioned_host_has_its_job_done_elsewhere_and_its_late_result
             await watcher.close()
             far.stop()
         assert result["finished"].startswith("budget reached"), result
-        assert published[outcome.event_id] == 2, "the far host's late result never arrived"
+        # the far host published the same result (the same derived id) once healed, maybe
+        # more than once (its publisher retries); the stream and the store kept the first
+        assert published[outcome.event_id, far.instance] >= 1, "no late result arrived"
+        assert published[outcome.event_id, "verifier-near"] == 1
         events = [e for _, e in await replay(hub.nc, campaign_id=spec.campaign_id)]
         assert [e.event_id for e in events].count(outcome.event_id) == 1
         counts = settled_once(events)

@@ -23,7 +23,7 @@ from actors.history import History
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, PoisonMessage, Reactions
 from bus.connection import Client, jetstream
-from bus.device_lease import DeviceLeases, device_key
+from bus.device_lease import DEVICE_LEASE_TTL, DeviceLeases, device_key
 from eventstore.emitter import Emitter
 from eventstore.events import (
     SYSTEM_CAMPAIGN,
@@ -161,6 +161,8 @@ class Benchmarker(Actor):
     reacts_to = (KernelVerified,)
 
     target: str
+    #: A benchmarker that dies holds the device this long at most.
+    lease_ttl: int = DEVICE_LEASE_TTL
 
     def __init__(self, target: str = "cpu") -> None:
         self.target = target
@@ -169,9 +171,8 @@ class Benchmarker(Actor):
         self._device = ""
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
-        self._reader = HistoryReader(nc)
-        self._leases = await DeviceLeases.open(jetstream(nc), ref.instance)
-        self._device = device_of(self.target, ref.host)
+        await self._join(nc, ref)
+        assert self._leases is not None
         async with self._leases.timing(self._device, self.status):  # a calibration is timed too
             calibration = await asyncio.to_thread(calibration_for, self.target)
         await Emitter(jetstream(nc)).emit(
@@ -190,6 +191,12 @@ class Benchmarker(Actor):
                 },
             )
         )
+
+    async def _join(self, nc: Client, ref: ActorRef) -> None:
+        """The history, and the device's leases."""
+        self._reader = HistoryReader(nc)
+        self._leases = await DeviceLeases.open(jetstream(nc), ref.instance, self.lease_ttl)
+        self._device = device_of(self.target, ref.host)
 
     async def handle(self, event: Event, out: Reactions) -> None:
         """The edges: catch up, build (off the event loop, with a share of the device),
@@ -222,9 +229,8 @@ class Benchmarker(Actor):
             # another benchmarker may have timed it while this one waited (a redelivery)
             if timing_job(await self._reader.catch_up(), event, problem.dims) is None:
                 return
-            calibration = await asyncio.to_thread(calibration_for, event.target)
-            outcome = await asyncio.to_thread(
-                self._time, builds, problem, calibration, event.dtype, job.shape
+            calibration, outcome = await asyncio.to_thread(
+                self._time, builds, problem, event.dtype, job.shape
             )
             held.check()  # lost meanwhile: presumed dead, its result is not published
         decide_timed(
@@ -240,11 +246,12 @@ class Benchmarker(Actor):
         self,
         builds: TimingBuilds[Any],
         problem: Problem,
-        calibration: HostCalibration,
         dtype: str,
         shape: dict[str, int] | None,
-    ) -> BenchmarkResult | Rejection:
-        return builds.time(
+    ) -> tuple[HostCalibration, BenchmarkResult | Rejection]:
+        """The device's calibration, and the kernel timed against it (in the window)."""
+        calibration = calibration_for(self.target)
+        return calibration, builds.time(
             problem,
             calibration,
             dtype=dtype,

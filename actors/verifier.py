@@ -63,6 +63,8 @@ class Verifier(Actor):
     role = "verifier"
     reacts_to: ClassVar[tuple[type[Event], ...]] = (KernelWritten,)
 
+    target: str
+
     def __init__(self, target: str = "cpu") -> None:
         self.target = target
         self._leases: DeviceLeases | None = None

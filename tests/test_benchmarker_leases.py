@@ -2,22 +2,25 @@
 it holds the device (presumed dead: no lease renewals, no progress reports), its job is
 redelivered to the other, which times it under a new lease; the frozen one, when it wakes,
 publishes nothing, and a late answer from it (as from a worker cut off from the KV) is
-counted once."""
+counted once. And a verifier that waits out a timed window on its host."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from actors.benchmarker import Benchmarker
+from actors.benchmarker import Benchmarker, device_of
 from actors.devices import TimingBuilds
 from actors.history import History
 from actors.runtime import ActorRuntime, Reactions
+from actors.verifier import Verifier
 from bus.connection import Client, Msg, connect, jetstream
+from bus.device_lease import DeviceLeases
 from eventstore.codec import decode
 from eventstore.emitter import Emitter, outgoing
 from eventstore.events import (
@@ -54,9 +57,7 @@ CALIBRATION = HostCalibration(
 
 
 def _stats(ns: float) -> TimingStats:
-    return TimingStats(
-        median_ns=ns, q1_ns=ns, q3_ns=ns, iqr_ns=0.0, min_ns=ns, max_ns=ns, runs=30
-    )
+    return TimingStats(median_ns=ns, q1_ns=ns, q3_ns=ns, iqr_ns=0.0, min_ns=ns, max_ns=ns, runs=30)
 
 
 class StandInBenchmarker(Benchmarker):
@@ -227,4 +228,41 @@ async def test_a_benchmarker_presumed_dead_is_replaced_and_its_late_result_count
         if surviving is not None:
             await asyncio.wait_for(surviving, 60)
         await asyncio.to_thread(other.join, 60)
+        await nc.close()
+
+
+@pytest.mark.asyncio
+async def test_a_verifier_waits_out_a_timed_window_on_its_host(hub: Hub) -> None:
+    """Verification never runs while a benchmarker times on the same device: the verifier
+    says whose window it waits for, and verifies once the window is over."""
+    written = next(e for e in load_log(TWO_GENERATIONS) if isinstance(e, KernelWritten))
+    nc = await connect(hub.url, "kf-verifier")
+    benchmarker = await DeviceLeases.open(jetstream(hub.nc), "benchmarker-9")
+    device = device_of("cpu", socket.gethostname())
+    window = await benchmarker.leases.try_acquire(f"{device}.timing", "benchmarker-9")
+    assert window is not None
+    stop = asyncio.Event()
+    verifier = ActorRuntime(Verifier("cpu"), nc, "verifier-3")
+    running = asyncio.create_task(verifier.run(stop))
+    waiting = f"waiting for benchmarker-9's timed window on {device}"
+    try:
+        await Emitter(jetstream(hub.nc)).emit(written)
+        deadline = time.monotonic() + 60
+        while verifier.heartbeat().state != waiting:
+            assert time.monotonic() < deadline, verifier.heartbeat().state
+            await asyncio.sleep(0.05)
+        window = await benchmarker.leases.renew(window)
+        await asyncio.sleep(1.0)
+        verdicts = "SELECT type FROM events WHERE type IN ('KernelVerified', 'KernelRejected')"
+        assert hub.store.query(verdicts).rows == []
+        assert verifier.heartbeat().state == waiting
+        assert await benchmarker.leases.release(window)
+        deadline = time.monotonic() + 120
+        while not (found := hub.store.query(verdicts).rows):
+            assert time.monotonic() < deadline, "never verified"
+            await asyncio.sleep(0.1)
+        assert found == [["KernelVerified"]]
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 60)
         await nc.close()

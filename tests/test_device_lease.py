@@ -84,9 +84,7 @@ async def test_shared_work_never_runs_in_a_timed_window(nc: Client) -> None:
                 timing_now = False
             await asyncio.sleep(0.05)
 
-    await asyncio.wait_for(
-        asyncio.gather(verify("v1", 12), verify("v2", 12), bench("b1")), 60
-    )
+    await asyncio.wait_for(asyncio.gather(verify("v1", 12), verify("v2", 12), bench("b1")), 60)
     assert violations == []
     assert sum(1 for _, what in events if what == "timing") == 3
     verifying_together = 0

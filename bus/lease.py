@@ -4,6 +4,7 @@ API (stable; other modules build on it):
 
     await ensure_lease_bucket(js, bucket, replicas=1)     # admin only: create the bucket
     leases = await LeaseBucket.open(js, bucket, ttl=5)    # ttl: whole seconds, >= 1
+    leases.scope                                          # names the token sequence
     lease = await leases.try_acquire(key, holder)         # Lease | None (held by another)
     lease = await leases.acquire(key, holder, stop=ev)    # waits; None once `stop` is set
     lease = await leases.renew(lease)                     # new Lease; raises LeaseLost
@@ -132,10 +133,13 @@ async def ensure_lease_bucket(
 
 
 class LeaseBucket:
-    def __init__(self, js: JetStreamContext, bucket: str, ttl: int) -> None:
+    def __init__(self, js: JetStreamContext, bucket: str, ttl: int, scope: str = "") -> None:
         self.js = js
         self.bucket = bucket
         self.ttl = ttl
+        #: Names this bucket's token sequence: a bucket deleted and made again starts its
+        #: revisions (tokens) over, under a new scope.
+        self.scope = scope or bucket
         self._stream = kv_stream(bucket)
 
     @classmethod
@@ -149,7 +153,8 @@ class LeaseBucket:
             raise LeaseError(f"no lease bucket {bucket} (the hub creates it)") from exc
         if not info.config.allow_msg_ttl:
             raise LeaseError(f"the bucket {bucket} does not allow per-message TTLs")
-        return cls(js, bucket, int(ttl))
+        created = info.created.isoformat() if info.created else ""
+        return cls(js, bucket, int(ttl), f"{bucket}@{created}")
 
     def _subject(self, key: str) -> str:
         if not key or any(c not in _KEY_CHARS for c in key) or key[0] == "." or key[-1] == ".":

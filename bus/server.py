@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
@@ -60,9 +61,11 @@ class EmbeddedNatsServer:
         host: str = "127.0.0.1",
         port: int = -1,
         config_file: Path | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.store_dir = Path(store_dir)
         self.config_file = config_file
+        self.extra_args = tuple(extra_args)
         self.host = host
         self.port = port
         self._process: subprocess.Popen[bytes] | None = None
@@ -106,6 +109,7 @@ class EmbeddedNatsServer:
         ]  # fmt: skip
         if self.config_file is not None:
             args += ["-c", str(self.config_file)]
+        args += self.extra_args
         self._process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

@@ -36,7 +36,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from actors.benchmarker import HostTurn  # noqa: E402
 from actors.history import Candidate, param_key  # noqa: E402
 from actors.search import TemplateSearch  # noqa: E402
 from eventstore.events import (  # noqa: E402
@@ -109,16 +108,15 @@ class Timer:
         return self.backend.compile(self.problem, rendered.source, rendered.flags).build, None
 
     def time(self, build: CompiledKernel, seed: int = 0) -> dict[str, Any]:
-        with HostTurn():  # the swarm's benchmarkers and this script take turns
-            result = benchmark(
-                self.problem,
-                self.backend,
-                build,
-                self.calibration,
-                shape=self.shape,
-                seed=seed,
-                recalibrate=lambda: load_or_calibrate(cache_root(), force=True),
-            )
+        result = benchmark(
+            self.problem,
+            self.backend,
+            build,
+            self.calibration,
+            shape=self.shape,
+            seed=seed,
+            recalibrate=lambda: load_or_calibrate(cache_root(), force=True),
+        )
         if isinstance(result, BenchmarkResult):
             return {
                 "speedup": result.speedup,

@@ -20,7 +20,7 @@ import msgspec
 import pyarrow as pa
 
 from eventstore.sql_guard import check_read_only
-from eventstore.store import EventStore, RawRow, Row
+from eventstore.store import EventStore, Fence, RawRow, Row, check_fence
 from eventstore.views import create_views
 
 SCHEMA_SQL = """
@@ -45,6 +45,10 @@ CREATE TABLE IF NOT EXISTS store_cursor (
     id        INTEGER PRIMARY KEY,
     last_seq  BIGINT NOT NULL               -- last KF_EVENTS sequence recorded
 );
+-- The recording lease the last batch was written under (bus/lease.py): a recorder with
+-- an older token of the same lease bucket is refused.
+ALTER TABLE store_cursor ADD COLUMN IF NOT EXISTS lease_token BIGINT;
+ALTER TABLE store_cursor ADD COLUMN IF NOT EXISTS lease_scope VARCHAR;
 """
 
 _ARROW_SCHEMA = pa.schema(
@@ -142,20 +146,50 @@ class DuckDBEventStore(EventStore):
         self._heads = {campaign: bytes(head) for campaign, head in heads}
         cursor = self._conn.execute("SELECT max(last_seq) FROM store_cursor").fetchone()
         self._stream_cursor = int(cursor[0]) if cursor and cursor[0] is not None else 0
+        self._fence = self._stored_fence()
 
-    def _write(self, rows: list[Row], stream_cursor: int | None) -> bool:
-        if not rows and stream_cursor is None:
+    def _stored_fence(self) -> Fence | None:
+        if not self._has_fence_columns():
+            return None  # a read-only store made before fencing
+        found = self._conn.execute(
+            "SELECT lease_token, lease_scope FROM store_cursor WHERE id = 1"
+        ).fetchone()
+        if found is None or found[0] is None:
+            return None
+        return Fence(int(found[0]), str(found[1] or ""))
+
+    def _has_fence_columns(self) -> bool:
+        found = self._conn.execute(
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_name = 'store_cursor' AND column_name = 'lease_token'"
+        ).fetchone()
+        return bool(found and found[0])
+
+    def _write(self, rows: list[Row], stream_cursor: int | None, fence: Fence | None) -> bool:
+        if not rows and stream_cursor is None and fence is None:
             return True
         batch = _to_arrow(rows)
         with self._lock:
             self._conn.execute("BEGIN TRANSACTION")
             try:
                 self._conn.register("kf_batch", batch)
+                if fence is not None:  # read inside the transaction that writes
+                    check_fence(self._stored_fence(), fence, str(self.path))
                 if rows:
                     self._conn.execute("INSERT INTO events SELECT * FROM kf_batch")
-                if stream_cursor is not None:
+                if stream_cursor is not None or fence is not None:
+                    last_seq = self._stream_cursor if stream_cursor is None else stream_cursor
                     self._conn.execute(
-                        "INSERT OR REPLACE INTO store_cursor VALUES (1, ?)", [stream_cursor]
+                        "INSERT INTO store_cursor (id, last_seq, lease_token, lease_scope) "
+                        "VALUES (1, $seq, $token, $scope) ON CONFLICT (id) DO UPDATE SET "
+                        "last_seq = excluded.last_seq, "
+                        "lease_token = coalesce(excluded.lease_token, store_cursor.lease_token), "
+                        "lease_scope = coalesce(excluded.lease_scope, store_cursor.lease_scope)",
+                        {
+                            "seq": last_seq,
+                            "token": fence.token if fence else None,
+                            "scope": fence.scope if fence else None,
+                        },
                     )
                 self._conn.execute("COMMIT")
             except duckdb.ConstraintException:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from eventstore.store import EventStore, RawRow, Row
+from eventstore.store import EventStore, Fence, RawRow, Row, check_fence
 
 
 class MemoryEventStore(EventStore):
@@ -13,7 +13,9 @@ class MemoryEventStore(EventStore):
         self._rows: list[Row] = []
         self._ids: set[str] = set()
 
-    def _write(self, rows: list[Row], stream_cursor: int | None) -> bool:
+    def _write(self, rows: list[Row], stream_cursor: int | None, fence: Fence | None) -> bool:
+        if fence is not None:
+            check_fence(self._fence, fence, "this store")
         if any(row.event.event_id in self._ids for row in rows):
             return False
         self._rows.extend(rows)

@@ -6,6 +6,10 @@ a recorder killed at any instant resumes exactly after its last commit: nothing 
 nothing stored twice. Messages that are not valid events (see `admission.py`) are
 answered with an EventRejected event, whatever they hold; messages a consumer gave up
 on become DeadLettered events.
+
+With a `lease` (the hub's recording lease, bus/lease.py), it checks the lease before
+each batch and each event it emits, and writes every batch under the lease's fencing
+token: once deposed it raises LeaseLost or FencedOut and writes nothing more.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import structlog
 from bus.connection import Client, Msg, jetstream
 from bus.consumer import ExhaustedMessage, watch_exhausted
 from bus.follow import follow
+from bus.lease import HeldLease
 from bus.publisher import MSG_ID_HEADER
 from bus.streams import wait_for_stream
 from bus.subjects import ALL_EVENTS, STREAM
@@ -27,7 +32,7 @@ from eventstore.codec import InvalidEvent
 from eventstore.emitter import Emitter
 from eventstore.events import ActorRef, Event
 from eventstore.failures import dead_letter_event, rejection_event
-from eventstore.store import EventStore, Recorded
+from eventstore.store import EventStore, Fence, FencedOut, Recorded
 
 log = structlog.get_logger("eventstore.recorder")
 
@@ -51,6 +56,7 @@ class Recorder:
         max_batch: int = 5_000,
         linger: float = 0.02,
         high_water: int = 50_000,
+        lease: HeldLease | None = None,
     ) -> None:
         self._nc = nc
         self._js = jetstream(nc)
@@ -59,6 +65,7 @@ class Recorder:
         self._max_batch = max_batch
         self._linger = linger
         self._high_water = high_water
+        self._lease = lease
         self._buffer: list[Msg] = []
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()
@@ -120,7 +127,15 @@ class Recorder:
             self._room.clear()
             await self._room.wait()  # back-pressure: flow control holds the server
 
+    def _fence(self) -> Fence | None:
+        """The fence of the next write; raises LeaseLost once the lease is lost."""
+        if self._lease is None:
+            return None
+        self._lease.check()
+        return Fence(self._lease.token, self._lease.bucket.scope)
+
     async def _record(self, batch: list[Msg]) -> None:
+        self._fence()
         recorded: list[Recorded] = []
         rejections: list[Event] = []
         sequence = 0
@@ -140,9 +155,12 @@ class Recorder:
         cursor = sequence
         delay = 0.1
         while True:
+            fence = self._fence()
             try:
-                result = await asyncio.to_thread(self._store.append, recorded, cursor)
+                result = await asyncio.to_thread(self._store.append, recorded, cursor, fence)
                 break
+            except FencedOut:
+                raise
             except Exception as exc:  # the store is unwell: hold the batch and retry
                 log.error("append failed; retrying", error=str(exc), events=len(recorded))
                 await asyncio.sleep(delay)
@@ -165,6 +183,7 @@ class Recorder:
         )
 
     async def _on_exhausted(self, exhausted: ExhaustedMessage) -> None:
+        self._fence()
         reason = (
             f"{exhausted.deliveries} deliveries without an ack or a verdict "
             "(the handler crashed, hung or its process died)"

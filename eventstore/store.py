@@ -50,6 +50,19 @@ class RawRow(NamedTuple):
     chain_hash: bytes
 
 
+class Fence(NamedTuple):
+    """The recording lease a write is made under (bus/lease.py): its fencing token, and
+    the lease bucket it comes from (`scope`; tokens of different buckets don't compare)."""
+
+    token: int
+    scope: str
+
+
+class FencedOut(RuntimeError):
+    """A newer holder of the recording lease has written this store: the writer was
+    deposed and must stop."""
+
+
 class AppendResult(NamedTuple):
     appended: int
     duplicates: int
@@ -65,6 +78,16 @@ class ChainReport(msgspec.Struct, frozen=True):
     detail: str = ""
 
 
+def check_fence(stored: Fence | None, writer: Fence, where: str) -> None:
+    """Raise FencedOut if `stored` is a newer token of the writer's lease."""
+    if stored is not None and stored.scope == writer.scope and stored.token > writer.token:
+        raise FencedOut(
+            f"{where} was written under recording lease token {stored.token}; this "
+            f"recorder holds the older token {writer.token}: another recorder took over, "
+            "so this one stops"
+        )
+
+
 def chain_hash(payload: bytes, previous: bytes) -> bytes:
     return hashlib.sha256(payload + previous).digest()
 
@@ -76,6 +99,7 @@ class EventStore(abc.ABC):
         self._last_position = 0
         self._heads: dict[str, bytes] = {}
         self._stream_cursor = 0
+        self._fence: Fence | None = None
 
     @property
     def last_position(self) -> int:
@@ -86,28 +110,42 @@ class EventStore(abc.ABC):
         """The last bus sequence recorded, committed together with the events it brought."""
         return self._stream_cursor
 
-    def append(self, batch: Sequence[Recorded], stream_cursor: int | None = None) -> AppendResult:
+    @property
+    def fence(self) -> Fence | None:
+        """The recording lease the last fenced write was made under."""
+        return self._fence
+
+    def append(
+        self,
+        batch: Sequence[Recorded],
+        stream_cursor: int | None = None,
+        fence: Fence | None = None,
+    ) -> AppendResult:
         """Append new events in one atomic write; events already stored are skipped.
 
         `stream_cursor`, if given, is committed in the same transaction, so a recorder
-        that crashes resumes exactly after the last batch it committed.
+        that crashes resumes exactly after the last batch it committed. With `fence`, the
+        same transaction refuses (FencedOut, nothing written) if the store was written
+        under a newer token of the same lease, and keeps this one beside the cursor.
         """
         unique: dict[str, Recorded] = {}
         for item in batch:
             unique.setdefault(item.event.event_id, item)
         fresh = list(unique.values())
         rows, heads = self._sequence(fresh)
-        if not self._write(rows, stream_cursor):  # a stored id collided: drop known ones, redo
+        if not self._write(rows, stream_cursor, fence):  # a stored id collided: redo without
             known = self._stored_ids([item.event.event_id for item in fresh])
             fresh = [item for item in fresh if item.event.event_id not in known]
             rows, heads = self._sequence(fresh)
-            if not self._write(rows, stream_cursor):
+            if not self._write(rows, stream_cursor, fence):
                 raise RuntimeError("event id collision persisted after removing duplicates")
         if rows:
             self._last_position = rows[-1].position
             self._heads.update(heads)
         if stream_cursor is not None:
             self._stream_cursor = stream_cursor
+        if fence is not None:
+            self._fence = fence
         return AppendResult(len(rows), len(batch) - len(rows), self._last_position)
 
     def _sequence(self, items: list[Recorded]) -> tuple[list[Row], dict[str, bytes]]:
@@ -158,8 +196,9 @@ class EventStore(abc.ABC):
     # --- what a back end provides ---------------------------------------------------------
 
     @abc.abstractmethod
-    def _write(self, rows: list[Row], stream_cursor: int | None) -> bool:
-        """Persist rows and cursor atomically; False (nothing written) if an event id exists."""
+    def _write(self, rows: list[Row], stream_cursor: int | None, fence: Fence | None) -> bool:
+        """Persist rows, cursor and fence atomically; False (nothing written) if an event id
+        exists; FencedOut (nothing written) if `fence` is older than the stored one."""
 
     @abc.abstractmethod
     def _stored_ids(self, event_ids: Iterable[str]) -> set[str]:

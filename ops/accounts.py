@@ -22,6 +22,7 @@ from bus.auth import (
     write_private,
 )
 from bus.heartbeat import HEARTBEAT_PREFIX, PING, role_subjects
+from bus.lease import DEVICE_LEASES, RECORDER_LEASES, lease_subjects
 from bus.subjects import EVENTS_PREFIX, SERVICE_PREFIX, STREAM
 from eventstore.authority import ACTOR_ROLES, CLI, EMITS, RECORDER
 from eventstore.queries import SERVICE as STORE_SERVICE
@@ -32,6 +33,12 @@ USERS = (*ACTOR_ROLES, HUB, CLI, ADMIN)
 
 _API = "$JS.API"
 _SERVICES_OF_ACTORS = {"librarian": "kf-librarian"}
+#: The lease buckets each user may use (bus/lease.py), beyond what its role does.
+_LEASES = {
+    "benchmarker": (DEVICE_LEASES,),
+    "verifier": (DEVICE_LEASES,),  # shares the device between timed windows
+    HUB: (RECORDER_LEASES,),
+}
 
 
 def creds_dir(home: Path) -> Path:
@@ -92,6 +99,8 @@ def _actor(role: str, key: str) -> Permissions:
         f"{_API}.STREAM.INFO.{STREAM}",
         role_subjects(role),  # its own role's heartbeats, no other's
     ]
+    for bucket in _LEASES.get(role, ()):
+        publish += lease_subjects(bucket)
     for consumer in _consumers(role):
         publish += [
             f"{_API}.CONSUMER.DURABLE.CREATE.{STREAM}.{consumer}",
@@ -143,6 +152,7 @@ def permissions(home: Path) -> dict[str, Permissions]:
                     f"{_API}.DIRECT.GET.{STREAM}",
                     f"{_API}.DIRECT.GET.{STREAM}.>",
                     f"{_API}.STREAM.MSG.GET.{STREAM}",
+                    *(s for bucket in _LEASES[HUB] for s in lease_subjects(bucket)),
                 ),
                 (
                     *base.subscribe,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,12 +24,23 @@ from pathlib import Path
 import structlog
 
 from bus.auth import AuthError, ClientAuth, TlsFiles, is_loopback, server_config, write_private
-from bus.connection import Client, connect, jetstream
+from bus.connection import Client, ConnectStopped, connect, jetstream
+from bus.lease import (
+    DEVICE_LEASES,
+    RECORDER_LEASES,
+    AcquireStopped,
+    HeldLease,
+    LeaseBucket,
+    LeaseLost,
+    ensure_lease_bucket,
+)
 from bus.server import EmbeddedNatsServer, NatsServerError
 from bus.streams import ensure_events_stream
-from eventstore.duckdb_store import DuckDBEventStore
+from bus.subjects import STREAM
+from eventstore.duckdb_store import DuckDBEventStore, StoreLocked
 from eventstore.queries import serve_queries
 from eventstore.recorder import Recorder
+from eventstore.store import FencedOut
 from ops.accounts import ADMIN, HUB, client_auth, ensure_credentials, permissions
 from ops.home import ServerInfo, clear_server_info, store_path, write_server_info
 
@@ -36,6 +48,13 @@ log = structlog.get_logger("ops.hub")
 
 #: How often the hub looks whether its nats-server child is still there.
 SUPERVISE_EVERY = 0.5
+#: Seconds the recording lease lasts unrenewed: how long a standby waits after the
+#: owner's last renewal (it renews every third of it).
+RECORDER_LEASE_TTL = 5
+#: The one key of the recording lease: one recorder per event stream.
+RECORDER_KEY = STREAM
+#: How often a standby says it is still waiting.
+STANDBY_LOG_EVERY = 60.0
 
 
 @dataclass
@@ -49,6 +68,7 @@ class Hub:
     home: Path
     ca_file: Path | None = None
     external_auth: ClientAuth | None = None
+    lease: HeldLease | None = None
 
     def auth(self, user: str) -> ClientAuth:
         """How a process of this host connects as `user` (the run folder's seed)."""
@@ -57,11 +77,15 @@ class Hub:
         return client_auth(self.home, user, self.ca_file)
 
     def check(self) -> None:
-        """Raise the recorder's failure, if it died."""
+        """Raise the recorder's failure, if it died, or LeaseLost once it was deposed."""
         if self.recording.done() and not self.recording.cancelled():
             error = self.recording.exception()
+            if isinstance(error, (LeaseLost, FencedOut)):
+                raise error
             if error is not None:
                 raise RuntimeError(f"the recorder stopped: {error!r}") from error
+        if self.lease is not None:
+            self.lease.check()
 
     async def wait_for_position(self, position: int, timeout: float = 30.0) -> int:
         """Wait until the store holds at least `position` events; returns the position."""
@@ -92,12 +116,17 @@ async def running_hub(
     ca_file: Path | None = None,
     external_auth: ClientAuth | None = None,
     stop: asyncio.Event | None = None,
+    lease_ttl: int = RECORDER_LEASE_TTL,
 ) -> AsyncIterator[Hub]:
     """Start the hub; on exit, record what has arrived, then stop everything.
 
     `ca_file` is the CA local clients verify the server's certificate with;
-    `external_auth` is how the hub joins an existing NATS (`nats_url`), which it waits
-    for as long as it takes, or until `stop` is set.
+    `external_auth` is how the hub joins an existing NATS (`nats_url`, comma-separated
+    for a cluster), which it waits for as long as it takes, or until `stop` is set.
+
+    Recording has one owner at a time: the hub takes the recording lease (`lease_ttl`
+    seconds, renewed in the background) before it opens its store; while another hub
+    holds it, this one waits as a standby (ConnectStopped if `stop` is set meanwhile).
     """
     server = None
     supervising: asyncio.Task[None] | None = None
@@ -110,7 +139,8 @@ async def running_hub(
         hub_auth, admin_auth = client_auth(home, HUB, ca_file), client_auth(home, ADMIN, ca_file)
     else:
         hub_auth = admin_auth = external_auth or ClientAuth(None, ca_file)
-    event_store = DuckDBEventStore(store or store_path(home))
+    path = store or store_path(home)
+    event_store: DuckDBEventStore | None = None
     nc: Client | None = None
     stop_recording = asyncio.Event()
     recording: asyncio.Task[None] | None = None
@@ -120,54 +150,118 @@ async def running_hub(
             nats_url, "kf-admin", wait_for_server=wait, stop=stop, auth=admin_auth
         )
         try:  # only the admin manages the stream; before anyone publishes through us
-            await ensure_events_stream(jetstream(admin))
+            events = await ensure_events_stream(jetstream(admin))
+            for bucket in (RECORDER_LEASES, DEVICE_LEASES):  # as replicated as the events
+                await ensure_lease_bucket(
+                    jetstream(admin), bucket, replicas=events.config.num_replicas or 1
+                )
         finally:
             await admin.close()
         nc = await connect(nats_url, "kf-recorder", wait_for_server=wait, stop=stop, auth=hub_auth)
-        recorder = Recorder(nc, event_store)
-        recording = asyncio.create_task(recorder.run(stop_recording))
-        service = await serve_queries(nc, event_store)
-        write_server_info(
-            home,
-            ServerInfo(
-                url=nats_url,
-                pid=os.getpid(),
-                store=str(event_store.path),
-                ca=str(ca_file) if ca_file else None,
-            ),
-        )
-        try:
-            yield Hub(
-                nats_url,
-                event_store,
-                recorder,
-                nc,
-                server,
-                recording,
-                home,
-                ca_file,
-                None if server is not None else external_auth,
-            )
-        finally:
-            clear_server_info(home, os.getpid())
-            await service.stop()
+        leases = await LeaseBucket.open(jetstream(nc), RECORDER_LEASES, lease_ttl)
+        async with _recording_lease(leases, f"{socket.gethostname()}:{path}", stop) as lease:
+            try:
+                event_store = await _open_store(path, lease, stop)
+                recorder = Recorder(nc, event_store, lease=lease)
+                recording = asyncio.create_task(recorder.run(stop_recording))
+                service = await serve_queries(nc, event_store)
+                write_server_info(
+                    home,
+                    ServerInfo(
+                        url=nats_url,
+                        pid=os.getpid(),
+                        store=str(event_store.path),
+                        ca=str(ca_file) if ca_file else None,
+                    ),
+                )
+                try:
+                    yield Hub(
+                        nats_url,
+                        event_store,
+                        recorder,
+                        nc,
+                        server,
+                        recording,
+                        home,
+                        ca_file,
+                        None if server is not None else external_auth,
+                        lease,
+                    )
+                finally:
+                    clear_server_info(home, os.getpid())
+                    await service.stop()
+            finally:  # record what has arrived while the lease is still ours
+                stop_recording.set()
+                if recording is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(recording, 30)
     finally:
         stop_recording.set()
         if supervising is not None:
             supervising.cancel()
             with contextlib.suppress(BaseException):
                 await supervising
-        if recording is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(recording, 30)
         if nc is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.drain(), 1.0)
             if not nc.is_closed:
                 await nc.close()
-        event_store.close()
+        if event_store is not None:
+            event_store.close()
         if server is not None:
             await asyncio.to_thread(server.stop)
+
+
+@contextlib.asynccontextmanager
+async def _recording_lease(
+    leases: LeaseBucket, holder: str, stop: asyncio.Event | None
+) -> AsyncIterator[HeldLease]:
+    """Hold the recording lease, waiting as a standby (and saying so) while another has it."""
+    waiting: asyncio.Task[None] | None = None
+    current = await leases.current(RECORDER_KEY)
+    if current is not None:
+        log.warning(
+            "standby: another recorder holds the lease; taking over when it expires",
+            holder=current.holder,
+            token=current.token,
+            ttl_s=leases.ttl,
+        )
+        waiting = asyncio.create_task(_say_still_waiting(leases))
+    try:
+        async with leases.held(RECORDER_KEY, holder, stop=stop) as lease:
+            if waiting is not None:
+                waiting.cancel()
+            log.info("recording lease taken", holder=holder, token=lease.token, ttl_s=leases.ttl)
+            yield lease
+    except AcquireStopped as exc:
+        raise ConnectStopped(str(exc)) from exc
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+
+
+async def _say_still_waiting(leases: LeaseBucket) -> None:
+    while True:
+        await asyncio.sleep(STANDBY_LOG_EVERY)
+        current = await leases.current(RECORDER_KEY)
+        log.info("standby", holder=current.holder if current else None)
+
+
+async def _open_store(path: Path, lease: HeldLease, stop: asyncio.Event | None) -> DuckDBEventStore:
+    """Open the store read-write, waiting while another process still has the file (a
+    deposed recorder on this host that has not noticed yet)."""
+    said = False
+    while True:
+        lease.check()
+        if stop is not None and stop.is_set():
+            raise ConnectStopped(f"stopped while waiting for {path}")
+        try:
+            return DuckDBEventStore(path)
+        except StoreLocked as exc:
+            if not said:
+                log.warning("waiting for the store's file", error=str(exc))
+                said = True
+            await asyncio.sleep(0.25)
 
 
 def port_file(home: Path) -> Path:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import structlog
 import typer
 
 from bus.auth import AuthError, ClientAuth, TlsFiles
+from bus.lease import LeaseLost
+from eventstore.store import FencedOut
 from ops.errors import UserError
 from ops.home import resolve_home, running_server
-from ops.hub import running_hub
+from ops.hub import RECORDER_LEASE_TTL, Hub, running_hub
 from ops.lifecycle import run_command
 from ops.options import CREDS, HOME, TLS_CA
 
@@ -35,7 +36,13 @@ def register(app: typer.Typer) -> None:
             "  kfactory server                            # 127.0.0.1, a port kept in HOME\n\n"
             "  kfactory server --listen 0.0.0.0 --port 4222 --tls-cert hub.pem "
             "--tls-key hub.key --tls-ca ca.pem   # a hub for other hosts\n\n"
-            "  kfactory server --nats nats://n1:4222,nats://n2:4222   # record from a cluster"
+            "  kfactory server --nats nats://n1:4222,nats://n2:4222,nats://n3:4222 "
+            "--creds hub.nk   # record from a cluster\n\n"
+            "Recording has one owner at a time, through a lease in the NATS KV "
+            "(KF_RECORDER_LEASE). A second server against the same NATS, with its own HOME "
+            "and store, waits as a standby, and takes over when the owner's lease expires "
+            "(--lease-ttl seconds after its last renewal), reading the stream from its own "
+            "store's cursor. A recorder that lost its lease stops with an error."
         ),
     )(server)
 
@@ -51,7 +58,16 @@ def server(
         ),
     ),
     nats: str | None = typer.Option(
-        None, "--nats", help="Join this NATS (cluster) instead of embedding a server."
+        None,
+        "--nats",
+        help="Join this NATS instead of embedding a server (a cluster: URL1,URL2,URL3).",
+    ),
+    lease_ttl: int = typer.Option(
+        RECORDER_LEASE_TTL,
+        "--lease-ttl",
+        min=1,
+        help="Seconds the recording lease lasts unrenewed: a standby takes over this long "
+        "after the owner's last renewal.",
     ),
     tls_cert: Path | None = typer.Option(None, help="Server TLS certificate (PEM)."),
     tls_key: Path | None = typer.Option(None, help="Server TLS private key (PEM)."),
@@ -75,12 +91,17 @@ def server(
     try:
         run_command(
             lambda stop: _serve(
-                stop, folder, nats, listen, port, not no_auth, tls, tls_ca, external
+                stop, folder, nats, listen, port, not no_auth, tls, tls_ca, external, lease_ttl
             ),
             stopped_status=0,  # a server's normal end is a signal: what it got is recorded
         )
     except AuthError as exc:
         raise UserError(str(exc)) from exc
+    except (LeaseLost, FencedOut) as exc:
+        raise UserError(
+            f"recording stopped, this server was deposed: {exc} (another recorder may hold "
+            "the lease now; start this one again to stand by)"
+        ) from exc
 
 
 async def _serve(
@@ -93,6 +114,7 @@ async def _serve(
     tls: TlsFiles | None,
     ca_file: Path | None,
     external: ClientAuth | None,
+    lease_ttl: int,
 ) -> None:
     async with running_hub(
         home,
@@ -104,6 +126,7 @@ async def _serve(
         ca_file=ca_file,
         external_auth=external,
         stop=stop,
+        lease_ttl=lease_ttl,
     ) as hub:
         typer.echo(hub.url, err=False)  # stdout: a script reads the URL from here
         typer.echo(
@@ -115,9 +138,8 @@ async def _serve(
         )
         last = -1
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 10)
-            hub.check()
+            await _until_anything_happens(hub, stop, 10)
+            hub.check()  # raises LeaseLost or FencedOut once deposed: we stop recording
             if hub.store.last_position != last:
                 last = hub.store.last_position
                 stats = hub.recorder.stats
@@ -128,3 +150,15 @@ async def _serve(
                     dead_lettered=stats.dead_lettered,
                 )
     typer.echo("kfactory server: stopped", err=True)
+
+
+async def _until_anything_happens(hub: Hub, stop: asyncio.Event, timeout: float) -> None:
+    """Wait for a stop, the recorder's end or the loss of the lease, at most `timeout` s."""
+    waits = {asyncio.ensure_future(stop.wait()), hub.recording}
+    if hub.lease is not None:
+        waits.add(asyncio.ensure_future(hub.lease.lost.wait()))
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits - {hub.recording}:
+            waiting.cancel()

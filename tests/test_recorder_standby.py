@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bus.cluster import LocalCluster, wait_for_jetstream
-from bus.connection import Client, connect, jetstream
+from bus.connection import Client, Msg, connect, jetstream
 from bus.lease import RECORDER_LEASES, LeaseBucket, LeaseLost
 from bus.server import EmbeddedNatsServer
 from bus.streams import ensure_events_stream
@@ -258,3 +258,28 @@ def test_the_store_refuses_a_writer_with_an_older_token(tmp_path: Path, kind: st
             assert reopened.last_position == 8
         finally:
             reopened.close()
+
+
+@pytest.mark.asyncio
+async def test_a_url_list_connects_and_reconnects_across_the_cluster(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "cluster", size=3) as cluster:
+        spaced = ", ".join(cluster.urls) + ","  # as a user may type it
+        nc = await connect(spaced, "test", wait_for_server=10)
+        try:
+            first = nc.connected_url
+            assert first is not None
+            node = next(i for i, url in enumerate(cluster.urls) if url.endswith(f":{first.port}"))
+            cluster.kill(node)  # the node this client is connected to
+            deadline = time.monotonic() + 30
+            while nc.connected_url in (None, first) or not nc.is_connected:
+                assert time.monotonic() < deadline, "no reconnection to another node"
+                await asyncio.sleep(0.05)
+
+            async def pong(msg: Msg) -> None:
+                await msg.respond(b"pong")
+
+            echo = await nc.subscribe("probe", cb=pong)
+            assert (await nc.request("probe", b"ping", timeout=5)).data == b"pong"
+            await echo.unsubscribe()
+        finally:
+            await nc.close()

@@ -88,6 +88,8 @@ class Recovery:
     what: str
     killed_at: float
     seconds: float | None = None
+    #: A node: seconds until KF_EVENTS had a leader on another node (0: it had one).
+    stream_led_after: float | None = None
 
 
 @dataclass
@@ -107,9 +109,18 @@ class Watch:
 
 
 class Soak:
-    def __init__(self, folder: Path, minutes: float, seed: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        minutes: float,
+        seed: int,
+        actor_kill_every: float = ACTOR_KILL_EVERY,
+        node_kill_every: float = NODE_KILL_EVERY,
+    ) -> None:
         self.folder = folder
         self.minutes = minutes
+        self.actor_kill_every = actor_kill_every
+        self.node_kill_every = node_kill_every
         self.random = random.Random(seed)
         self.logs = folder / "logs"
         self.logs.mkdir(parents=True)
@@ -131,14 +142,18 @@ class Soak:
         )  # fmt: skip
         return instance
 
-    async def _first_beat(self, instance: str, since: int) -> None:
-        while not any(b.instance == instance for b in self.watch.beats[since:]):
+    async def _first_beat(self, instance: str, since: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(b.instance == instance for b in self.watch.beats[since:]):
+                return True
             await asyncio.sleep(0.05)
+        return False
 
     async def kill_actors(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), ACTOR_KILL_EVERY)
+                await asyncio.wait_for(stop.wait(), self.actor_kill_every)
             if stop.is_set():
                 return
             victim = self.random.choice(sorted(self.actors))
@@ -150,8 +165,7 @@ class Soak:
             await asyncio.to_thread(process.wait)
             since = len(self.watch.beats)
             replacement = self._start_actor(role)  # what a supervisor does
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._first_beat(replacement, since), 120)
+            if await self._first_beat(replacement, since, 120):
                 recovery.seconds = time.time() - recovery.killed_at
 
     async def _stream_whole(self, nc: Client) -> None:
@@ -169,17 +183,29 @@ class Soak:
                     return
             await asyncio.sleep(0.2)
 
+    async def _led_elsewhere(self, nc: Client, dead: str) -> None:
+        js = jetstream(nc, timeout=1.0)
+        while True:
+            with contextlib.suppress(Exception):
+                info = await js.stream_info(STREAM)
+                if info.cluster is not None and info.cluster.leader not in (None, "", dead):
+                    return
+            await asyncio.sleep(0.05)
+
     async def kill_nodes(self, stop: asyncio.Event, nc: Client) -> None:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), NODE_KILL_EVERY)
+                await asyncio.wait_for(stop.wait(), self.node_kill_every)
             if stop.is_set():
                 return
             victim = self.random.randrange(len(self.cluster.nodes))
             recovery = Recovery(f"nats node n{victim + 1}", time.time())
             self.recoveries.append(recovery)
             await asyncio.to_thread(self.cluster.kill, victim)
-            await asyncio.sleep(NODE_DOWN_FOR)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._led_elsewhere(nc, f"n{victim + 1}"), NODE_DOWN_FOR)
+                recovery.stream_led_after = time.time() - recovery.killed_at
+            await asyncio.sleep(max(0.0, recovery.killed_at + NODE_DOWN_FOR - time.time()))
             await asyncio.to_thread(self.cluster.restart, victim)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stream_whole(nc), 120)
@@ -264,7 +290,8 @@ class Soak:
             ):
                 key = (candidate, "timed" if kind == "BenchmarkCompleted" else "verified")
                 evaluations[key] = evaluations.get(key, 0) + 1
-        overheads = [o for o in self._overheads(rows).values() if o is not None]
+        per_candidate = self._overheads(rows)
+        overheads = [o for o in per_candidate.values() if o is not None]
         lost = self.watch.published - all_ids
         return {
             "minutes": self.minutes,
@@ -276,6 +303,7 @@ class Soak:
             "overhead_ms_p50": _ms(_quantile(overheads, 0.5)),
             "overhead_ms_p99": _ms(_quantile(overheads, 0.99)),
             "overhead_samples": len(overheads),
+            "overhead_ms_by_candidate": {c: _ms(o) for c, o in sorted(per_candidate.items())},
             "events_published": len(self.watch.published),
             "events_lost": len(lost),
             "lost_ids": sorted(lost)[:20],
@@ -357,19 +385,26 @@ def print_table(figures: dict[str, Any]) -> None:
         print(f"{key:<{width}}  {value}")
     for r in figures["recoveries"]:
         took = "never" if r["seconds"] is None else f"{r['seconds']:.2f} s"
-        print(f"  recovered {r['what']:<28} {took}")
+        led = r["stream_led_after"]
+        extra = "" if led is None else f" (stream led from another node after {led:.2f} s)"
+        print(f"  recovered {r['what']:<28} {took}{extra}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=1, help="Which actors and nodes die.")
+    parser.add_argument("--actor-kill-every", type=float, default=ACTOR_KILL_EVERY)
+    parser.add_argument("--node-kill-every", type=float, default=NODE_KILL_EVERY)
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     parser.add_argument("--keep", type=Path, help="Run in this folder and keep it.")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         folder = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        figures = asyncio.run(Soak(folder / "soak", args.minutes, args.seed).run())
+        soak = Soak(
+            folder / "soak", args.minutes, args.seed, args.actor_kill_every, args.node_kill_every
+        )
+        figures = asyncio.run(soak.run())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print_table(figures)

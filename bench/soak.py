@@ -1,8 +1,8 @@
 """The orchestration under load and faults: `bench/soak.py --minutes M`.
 
-On a 3-node JetStream cluster (bus/cluster.py) this runs `kfactory server --nats` (the
-recorder), one `kfactory actor` process per role (two verifiers, two benchmarkers) and
-back-to-back campaigns of the tiny vector-add problem (tests/vadd_problem.py), so the bus
+On a 3-node JetStream cluster (bus/cluster.py) this runs two `kfactory server --nats`
+(the recorder and its standby, each started again when it exits, as systemd would), one
+`kfactory actor` process per role (two verifiers, two benchmarkers) and back-to-back campaigns of the tiny vector-add problem (tests/vadd_problem.py), so the bus
 and the store, not the kernels, do the work. Every 30 s it SIGKILLs a random actor and
 starts another in its place (what a supervisor does); every 2 minutes it SIGKILLs a random
 NATS node and starts it again 5 s later.
@@ -53,6 +53,7 @@ from bus.connection import Client, Msg, connect, jetstream  # noqa: E402
 from bus.heartbeat import HEARTBEAT_PREFIX, Heartbeat  # noqa: E402
 from bus.subjects import STREAM  # noqa: E402
 from eventstore.codec import decode  # noqa: E402
+from eventstore.duckdb_store import DuckDBEventStore  # noqa: E402
 from tests.vadd_problem import vadd_campaign  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -125,7 +126,7 @@ class Soak:
         self.logs = folder / "logs"
         self.logs.mkdir(parents=True)
         self.cluster = LocalCluster(folder / "cluster", size=3)
-        self.home = folder / "hub"
+        self.recorders = [Recorder(folder / name, self.logs) for name in ("hub-a", "hub-b")]
         self.actors: dict[str, subprocess.Popen[bytes]] = {}
         self.recoveries: list[Recovery] = []
         self.watch = Watch()
@@ -211,6 +212,24 @@ class Soak:
                 await asyncio.wait_for(self._stream_whole(nc), 120)
                 recovery.seconds = time.time() - recovery.killed_at
 
+    async def supervise_recorders(self, stop: asyncio.Event) -> None:
+        """Start again a recorder that exits (a deposed one does: what systemd's
+        Restart=always does); recovered once some recorder owns the lease again."""
+        pending: Recovery | None = None
+        while not stop.is_set():
+            for recorder in self.recorders:
+                if recorder.process is not None and recorder.process.poll() is not None:
+                    why = recorder.last_words()
+                    if recorder.owns() and pending is None:
+                        pending = Recovery(f"recorder {recorder.home.name}: {why}", time.time())
+                        self.recoveries.append(pending)
+                    recorder.start(self.cluster.url)
+            if pending is not None and any(r.owns() for r in self.recorders):
+                pending.seconds = time.time() - pending.killed_at
+                pending = None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+
     async def run_campaigns(self, stop: asyncio.Event) -> None:
         problem = self.folder / "problem"
         number = 0
@@ -232,10 +251,8 @@ class Soak:
     async def run(self) -> dict[str, Any]:
         await asyncio.to_thread(self.cluster.start)
         await wait_for_jetstream(self.cluster.urls)
-        server = _kfactory(
-            ["server", "--nats", self.cluster.url, "--home", str(self.home)],
-            self.logs / "server.log",
-        )
+        for recorder in self.recorders:  # the first to start records, the other stands by
+            recorder.start(self.cluster.url)
         nc = await connect(self.cluster.url, "kf-soak")
         await nc.subscribe("kf.ev.>", cb=self.watch.on_event)
         await nc.subscribe(f"{HEARTBEAT_PREFIX}.*.*", cb=self.watch.on_beat)
@@ -248,6 +265,7 @@ class Soak:
             asyncio.create_task(self.run_campaigns(stop)),
             asyncio.create_task(self.kill_actors(stop)),
             asyncio.create_task(self.kill_nodes(stop, nc)),
+            asyncio.create_task(self.supervise_recorders(stop)),
         ]
         await asyncio.sleep(self.minutes * 60)
         stop.set()  # the campaign running now finishes; no new one starts
@@ -259,13 +277,13 @@ class Soak:
         for process in self.actors.values():
             await asyncio.to_thread(process.wait)
         await nc.close()
-        server.send_signal(signal.SIGTERM)
-        await asyncio.to_thread(server.wait)
+        for recorder in self.recorders:
+            await asyncio.to_thread(recorder.stop)
         await asyncio.to_thread(self.cluster.stop)
         return self.figures(ended - began)
 
     def figures(self, seconds: float) -> dict[str, Any]:
-        store = duckdb.connect(str(self.home / "events.duckdb"), read_only=True)
+        store = duckdb.connect(str(_last_owner(self.recorders)), read_only=True)
         rows = store.execute(
             "SELECT event_id, type, epoch(ts), payload->>'candidate_id', "
             "payload->>'stage' FROM events WHERE campaign_id LIKE 'soak-%'"
@@ -329,6 +347,62 @@ class Soak:
                 continue
             total[candidate] = (total.get(candidate) or 0.0) + hop
         return total
+
+
+class Recorder:
+    """A `kfactory server --nats` process and its run folder; started again when it exits."""
+
+    def __init__(self, home: Path, logs: Path) -> None:
+        self.home = home
+        self.log = logs / f"{home.name}.log"
+        self.out = logs / f"{home.name}.out"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._urls_at_start = 0
+
+    def _urls(self) -> int:
+        """How many times it has printed its URL: once each time it took the lease."""
+        if not self.out.exists():
+            return 0
+        return self.out.read_text().count("nats://")
+
+    def start(self, url: str) -> None:
+        self._urls_at_start = self._urls()
+        with self.out.open("ab") as out:
+            self.process = _kfactory(
+                ["server", "--nats", url, "--home", str(self.home)], self.log, stdout=out.fileno()
+            )
+
+    def owns(self) -> bool:
+        """Whether this process took the recording lease since it started."""
+        return self._urls() > self._urls_at_start
+
+    def last_words(self) -> str:
+        lines = self.log.read_text(errors="replace").strip().splitlines()
+        return lines[-1][:200] if lines else f"exited with {self.process and self.process.poll()}"
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait()
+
+
+def _last_owner(recorders: list[Recorder]) -> Path:
+    """The store written under the newest fencing token: the complete record."""
+    best: tuple[int, Path] | None = None
+    for recorder in recorders:
+        path = recorder.home / "events.duckdb"
+        if not path.exists():
+            continue
+        store = DuckDBEventStore(path, read_only=True)
+        try:
+            token = store.fence.token if store.fence is not None else -1
+        finally:
+            store.close()
+        if best is None or token > best[0]:
+            best = (token, path)
+    if best is None:
+        raise RuntimeError("no recorder wrote a store")
+    return best[1]
 
 
 def _jobs(beats: list[Heartbeat]) -> dict[str, tuple[float, float]]:

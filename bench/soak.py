@@ -2,10 +2,11 @@
 
 On a 3-node JetStream cluster (bus/cluster.py) this runs two `kfactory server --nats`
 (the recorder and its standby, each started again when it exits, as systemd would), one
-`kfactory actor` process per role (two verifiers, two benchmarkers) and back-to-back campaigns of the tiny vector-add problem (tests/vadd_problem.py), so the bus
-and the store, not the kernels, do the work. Every 30 s it SIGKILLs a random actor and
-starts another in its place (what a supervisor does); every 2 minutes it SIGKILLs a random
-NATS node and starts it again 5 s later.
+`kfactory actor` process per role (two verifiers, two benchmarkers) and back-to-back
+campaigns of the tiny vector-add problem (tests/vadd_problem.py), so the bus and the
+store, not the kernels, do the work. Every 30 s it SIGKILLs a random actor and starts
+another in its place (what a supervisor does); every 2 minutes it SIGKILLs a random NATS
+node and starts it again 5 s later.
 
 It prints a table and writes bench/results/soak.json:
 - candidates settled per second;

@@ -31,7 +31,10 @@ VADD = Problem(
 SPACES = [
     KernelSpace(
         "vadd.c.j2",
-        {"unroll": [1, 2, 3, 4, 6, 8, 12, 16, 24, 32], "flags": ["-O1", "-O2", "-O3", "-O3 -march=native"]},
+        {
+            "unroll": [1, 2, 3, 4, 6, 8, 12, 16, 24, 32],
+            "flags": ["-O1", "-O2", "-O3", "-O3 -march=native"],
+        },
     ),
 ]
 """

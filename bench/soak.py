@@ -170,6 +170,36 @@ class Soak:
             if await self._first_beat(replacement, since, 120):
                 recovery.seconds = time.time() - recovery.killed_at
 
+    async def supervise_actors(self, stop: asyncio.Event) -> None:
+        """Start again an actor that exits by itself (not one this soak killed)."""
+        waiting: list[asyncio.Task[None]] = []
+        while not stop.is_set():
+            for instance, process in list(self.actors.items()):
+                if process.poll() is None:
+                    continue
+                last = (self.logs / f"{instance}.log").read_text(errors="replace").strip()
+                why = last.splitlines()[-1][:160] if last else f"exit {process.returncode}"
+                recovery = Recovery(f"actor {instance} exited: {why}", time.time())
+                self.recoveries.append(recovery)
+                del self.actors[instance]
+                since = len(self.watch.beats)
+                replacement = self._start_actor(instance.rsplit("-", 1)[0])
+                waiting.append(asyncio.create_task(self._back(recovery, replacement, since)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+        await asyncio.gather(*waiting)
+
+    async def _back(self, recovery: Recovery, instance: str, since: int) -> None:
+        if await self._first_beat(instance, since, 120):
+            recovery.seconds = time.time() - recovery.killed_at
+
+    async def _recorder_owns(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(r.owns() for r in self.recorders):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no recorder took the lease in {timeout:.0f} s")
+            await asyncio.sleep(0.2)
+
     async def _stream_whole(self, nc: Client) -> None:
         js = jetstream(nc, timeout=2.0)
         while True:
@@ -254,6 +284,7 @@ class Soak:
         await wait_for_jetstream(self.cluster.urls)
         for recorder in self.recorders:  # the first to start records, the other stands by
             recorder.start(self.cluster.url)
+        await self._recorder_owns(180)  # it creates the lease buckets the actors use
         nc = await connect(self.cluster.url, "kf-soak")
         await nc.subscribe("kf.ev.>", cb=self.watch.on_event)
         await nc.subscribe(f"{HEARTBEAT_PREFIX}.*.*", cb=self.watch.on_beat)
@@ -267,6 +298,7 @@ class Soak:
             asyncio.create_task(self.kill_actors(stop)),
             asyncio.create_task(self.kill_nodes(stop, nc)),
             asyncio.create_task(self.supervise_recorders(stop)),
+            asyncio.create_task(self.supervise_actors(stop)),
         ]
         await asyncio.sleep(self.minutes * 60)
         stop.set()  # the campaign running now finishes; no new one starts

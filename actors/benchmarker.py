@@ -1,15 +1,19 @@
 """The benchmarker: times each verified kernel against the numpy baseline and the
 campaign's incumbent, interleaved in one run, then re-checks it on new inputs
-(`gpu_workers.benchmarker`). Benchmarkers on one host take turns through a host-wide
-lock, so two kernels are never timed at the same moment."""
+(`gpu_workers.benchmarker`).
+
+It times only while it holds the device's lease in the NATS KV (`bus.device_lease`): one
+benchmarker at a time per device, on any host, and no verification or compilation
+running there meanwhile (they take a share of the device between timed windows; so does
+this benchmarker's own build). A benchmarker that dies frees the device when its lease
+expires, and its message is redelivered to another. One whose lease was lost while it
+timed (it stalled, or was cut off, and is presumed dead) publishes nothing: its message
+goes back for redelivery, and whoever times it next emits the verdict, under the same
+cause-derived event id, so a late copy is dropped by the bus and the store."""
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,6 +23,7 @@ from actors.history import History
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, PoisonMessage, Reactions
 from bus.connection import Client, jetstream
+from bus.device_lease import DEVICE_LEASE_TTL, DeviceLeases, device_key
 from eventstore.emitter import Emitter
 from eventstore.events import (
     SYSTEM_CAMPAIGN,
@@ -31,30 +36,24 @@ from eventstore.events import (
     new_event,
 )
 from gpu_workers.calibration_cache import is_quiet
+from gpu_workers.cuda.device import device_index
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from kernels.loading import load_problem
 from kernels.spec import Problem
 
-LOCK_PATH = Path(tempfile.gettempdir()) / "kfactory-benchmark.lock"
+
+def device_of(target: str, host: str) -> str:
+    """The lease key of the device a `target` worker on `host` runs kernels on: the
+    host's cores for cpu, its GPU (CUDA_VISIBLE_DEVICES' first) for cuda."""
+    return device_key(target, host, device_index() if target == "cuda" else None)
 
 
-class HostTurn:
-    """A host-wide lock (flock) held while timing."""
+class TimedWindow(msgspec.Struct, frozen=True):
+    """The device lease a result was timed under."""
 
-    def __init__(self, path: Path = LOCK_PATH) -> None:
-        self._path = path
-        self._fd: int | None = None
-
-    def __enter__(self) -> HostTurn:
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+    device: str
+    token: int
+    """The lease's fencing token (its KV revision at acquire)."""
 
 
 class Incumbent(msgspec.Struct, frozen=True):
@@ -105,11 +104,14 @@ def decide_timed(
     *,
     device: str,
     incumbent: str | None,
+    window: TimedWindow | None = None,
 ) -> None:
     """The verdict: a timed kernel is BenchmarkCompleted against the baseline (and the
     `incumbent` candidate it was timed with, if any); a refused one, whether it did not
     build, stalled, failed its re-check or beat the roofline, is KernelRejected with the
-    stage, the reason and the message (the compiler's, for a build)."""
+    stage, the reason and the message (the compiler's, for a build). A timed result
+    records how busy the rest of the host was (`host_contention_cores`, in cores), how
+    many timing runs it took, and the device lease (`window`) it was timed under."""
     common = {**event.work(), "source_hash": event.source_hash}
     if isinstance(outcome, Rejection):
         out.emit(
@@ -143,6 +145,9 @@ def decide_timed(
             "judged_calls": list(outcome.judged_calls),
             "rechecked": list(outcome.rechecked),
             "handshake_ns": outcome.handshake_ns,
+            "host_contention_cores": outcome.host_contention_cores,
+            "timing_attempts": outcome.timing_attempts,
+            "lease": msgspec.to_builtins(window) if window else None,
             "contained_by": [
                 m.name for m in (outcome.sandbox.mechanisms if outcome.sandbox else ()) if m.applied
             ],
@@ -156,14 +161,20 @@ class Benchmarker(Actor):
     reacts_to = (KernelVerified,)
 
     target: str
+    #: A benchmarker that dies holds the device this long at most.
+    lease_ttl: int = DEVICE_LEASE_TTL
 
     def __init__(self, target: str = "cpu") -> None:
         self.target = target
         self._reader: HistoryReader | None = None
+        self._leases: DeviceLeases | None = None
+        self._device = ""
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
-        self._reader = HistoryReader(nc)
-        calibration = await asyncio.to_thread(calibration_for, self.target)
+        await self._join(nc, ref)
+        assert self._leases is not None
+        async with self._leases.timing(self._device, self.status):  # a calibration is timed too
+            calibration = await asyncio.to_thread(calibration_for, self.target)
         await Emitter(jetstream(nc)).emit(
             new_event(
                 HostCalibrated,
@@ -181,57 +192,69 @@ class Benchmarker(Actor):
             )
         )
 
+    async def _join(self, nc: Client, ref: ActorRef) -> None:
+        """The history, and the device's leases."""
+        self._reader = HistoryReader(nc)
+        self._leases = await DeviceLeases.open(jetstream(nc), ref.instance, self.lease_ttl)
+        self._device = device_of(self.target, ref.host)
+
     async def handle(self, event: Event, out: Reactions) -> None:
-        """The edges: catch up, build (off the event loop, before waiting for the host's
-        turn), time in the host's turn; the decisions are `timing_job` and `decide_timed`.
-        Nothing here asks the librarian: the history has the kernel and the incumbent."""
+        """The edges: catch up, build (off the event loop, with a share of the device),
+        time holding the device's lease; the decisions are `timing_job` and
+        `decide_timed`. Nothing here asks the librarian: the history has the kernel and
+        the incumbent."""
         assert isinstance(event, KernelVerified)
-        assert self._reader is not None
+        assert self._reader is not None and self._leases is not None
         history = await self._reader.catch_up(event.event_id)
         problem = await asyncio.to_thread(load_problem, event.problem)
         job = timing_job(history, event, problem.dims)
         if job is None:
             return
         incumbent = job.incumbent
-        builds = await asyncio.to_thread(
-            build_for_timing,
-            event.target,
-            problem,
-            job.source,
-            job.flags,
-            event.dtype,
-            incumbent=(incumbent.source, tuple(incumbent.flags)) if incumbent else None,
-        )
-        if isinstance(builds, Rejection):  # did not build: no turn, no calibration needed
+        async with self._leases.shared(self._device, self.status):
+            self.status("building")
+            builds = await asyncio.to_thread(
+                build_for_timing,
+                event.target,
+                problem,
+                job.source,
+                job.flags,
+                event.dtype,
+                incumbent=(incumbent.source, tuple(incumbent.flags)) if incumbent else None,
+            )
+        if isinstance(builds, Rejection):  # did not build: no window, no calibration needed
             decide_timed(event, out, builds, device="", incumbent=None)
             return
-        calibration = await asyncio.to_thread(calibration_for, event.target)
-        outcome = await asyncio.to_thread(
-            self._time_in_turn, builds, problem, calibration, event.dtype, job.shape
-        )
+        async with self._leases.timing(self._device, self.status) as held:
+            # another benchmarker may have timed it while this one waited (a redelivery)
+            if timing_job(await self._reader.catch_up(), event, problem.dims) is None:
+                return
+            calibration, outcome = await asyncio.to_thread(
+                self._time, builds, problem, event.dtype, job.shape
+            )
+            held.check()  # lost meanwhile: presumed dead, its result is not published
         decide_timed(
             event,
             out,
             outcome,
             device=calibration.host,
             incumbent=incumbent.candidate_id if incumbent else None,
+            window=TimedWindow(self._device, held.token),
         )
 
-    def _time_in_turn(
+    def _time(
         self,
         builds: TimingBuilds[Any],
         problem: Problem,
-        calibration: HostCalibration,
         dtype: str,
         shape: dict[str, int] | None,
-    ) -> BenchmarkResult | Rejection:
-        self.status("waiting for the host's benchmark lock")
-        with HostTurn():
-            self.status("timing")
-            return builds.time(
-                problem,
-                calibration,
-                dtype=dtype,
-                shape=shape,
-                recalibrate=lambda: recalibrate(self.target),
-            )
+    ) -> tuple[HostCalibration, BenchmarkResult | Rejection]:
+        """The device's calibration, and the kernel timed against it (in the window)."""
+        calibration = calibration_for(self.target)
+        return calibration, builds.time(
+            problem,
+            calibration,
+            dtype=dtype,
+            shape=shape,
+            recalibrate=lambda: recalibrate(self.target),
+        )

@@ -3,6 +3,10 @@ sandbox (`gpu_workers.verifier`); emits KernelVerified or KernelRejected with ev
 
 On a prechecked target (cuda) it takes `KernelCompiled` instead: the compiler already
 refused what does not build or fit, and the source comes from the librarian.
+
+Verification (the compile, the trials and their float64 references) runs with a share of
+the device (`bus.device_lease`): never while a benchmarker times on it, and a benchmarker
+that asks for the device waits only for the verifications already running.
 """
 
 from __future__ import annotations
@@ -10,11 +14,13 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
+from actors.benchmarker import device_of
 from actors.compiler import PRECHECKED_TARGETS
 from actors.devices import backend_for
 from actors.librarian import ask_kernel
 from actors.runtime import Actor, Reactions
-from bus.connection import Client
+from bus.connection import Client, jetstream
+from bus.device_lease import DeviceLeases
 from eventstore.events import (
     ActorRef,
     Event,
@@ -57,8 +63,16 @@ class Verifier(Actor):
     role = "verifier"
     reacts_to: ClassVar[tuple[type[Event], ...]] = (KernelWritten,)
 
+    target: str
+
     def __init__(self, target: str = "cpu") -> None:
         self.target = target
+        self._leases: DeviceLeases | None = None
+        self._device = ""
+
+    async def setup(self, nc: Client, ref: ActorRef) -> None:
+        self._leases = await DeviceLeases.open(jetstream(nc), ref.instance)
+        self._device = device_of(self.target, ref.host)
 
     @staticmethod
     def for_target(target: str) -> Verifier:
@@ -71,12 +85,15 @@ class Verifier(Actor):
     async def _verify(
         self, event: KernelWritten | KernelCompiled, source: str, flags: list[str], out: Reactions
     ) -> None:
+        assert self._leases is not None
         problem = await asyncio.to_thread(load_problem, event.problem)
         backend = backend_for(event.target)
-        # No seed: every check draws a fresh secret one, recorded in the event for audits.
-        verdict = await asyncio.to_thread(
-            verify, problem, backend, source, tuple(flags), dtype=event.dtype, seed=None
-        )
+        async with self._leases.shared(self._device, self.status):
+            self.status("verifying")
+            # No seed: every check draws a fresh secret one, recorded in the event for audits.
+            verdict = await asyncio.to_thread(
+                verify, problem, backend, source, tuple(flags), dtype=event.dtype, seed=None
+            )
         decide_verdict(event, out, verdict)
 
 
@@ -90,6 +107,7 @@ class DeviceVerifier(Verifier):
         self._nc: Client | None = None
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
+        await super().setup(nc, ref)
         self._nc = nc
 
     async def handle(self, event: Event, out: Reactions) -> None:

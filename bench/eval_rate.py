@@ -3,6 +3,16 @@
 Usage (the tree measured is the one on PYTHONPATH; run it for each tree in one session):
   PYTHONPATH=/path/to/main .venv/bin/python bench/eval_rate.py --label before
   PYTHONPATH=$PWD .venv/bin/python bench/eval_rate.py --label after
+  PYTHONPATH=$PWD .venv/bin/python bench/eval_rate.py --swarm --label after
+
+With --swarm it runs a real campaign instead (`kfactory run` of the tree, embedded hub,
+one verifier and one benchmarker working at once, the template writer, `--candidates` in
+one generation, timed at --shape) in a fresh run folder and a fresh build cache (holding
+only a copy of this host's calibration, so no run compiles less than another or
+measures the host), and reads the rate from the recorded events: candidates settled
+(timed or rejected) over the time from the first kernel written to the last settled.
+It also reports, where the tree records them, the timing runs per candidate and the
+host contention each result saw.
 
 Evaluates `--candidates` kernels in one process with the actors' own back end
 (`actors.devices.cpu_backend`, long-lived as a worker's is): each is verified
@@ -19,10 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import duckdb
 
 import kernels
 from actors.devices import calibration_for, compile_and_time, cpu_backend
@@ -40,9 +56,13 @@ def main() -> None:
     parser.add_argument("--shape", default="rows=4096,cols=4096")
     parser.add_argument("--candidates", type=int, default=6)
     parser.add_argument("--label", default="now")
+    parser.add_argument("--swarm", action="store_true", help="run a campaign (see above)")
     args = parser.parse_args()
     problem = load_problem(args.problem)
     shape = {k: int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
+    if args.swarm:
+        _keep(args.label, swarm_rate(args.problem, shape, args.candidates, args.label))
+        return
     tree = Path(kernels.__file__).resolve().parent.parent
     example = (tree / "kernels" / "examples" / f"{args.problem}.c").read_text()
     calibration = calibration_for("cpu")
@@ -84,10 +104,8 @@ def main() -> None:
         f"{args.label}: {args.candidates} candidates in {total:.0f} s = {rate:.2f} per minute "
         f"(median {statistics.median(seconds):.1f} s each; load average {load:.1f})"
     )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "eval_rate.json"
-    kept = json.loads(out.read_text()) if out.is_file() else {}
-    kept.setdefault(args.label, []).append(
+    _keep(
+        args.label,
         {
             "problem": args.problem,
             "shape": shape,
@@ -97,9 +115,130 @@ def main() -> None:
             "each_seconds": seconds,
             "load_average": load,
             "tree": str(tree),
-        }
+        },
     )
+
+
+def _keep(label: str, measured: dict[str, Any]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "eval_rate.json"
+    kept = json.loads(out.read_text()) if out.is_file() else {}
+    kept.setdefault(label, []).append(measured)
     out.write_text(json.dumps(kept, indent=2) + "\n")
+
+
+CAMPAIGN = """
+name = "{name}"
+problem = "{problem}"
+target = "cpu"
+shapes = [[{dims}]]
+[budget]
+candidates = {candidates}
+wall_time = "120m"
+stop_at_roofline = 1.5
+[search]
+per_generation = {candidates}
+seed = 1
+"""
+
+
+def swarm_rate(problem: str, shape: dict[str, int], candidates: int, label: str) -> dict[str, Any]:
+    """One campaign of `candidates` run by the tree on PYTHONPATH; its settling rate."""
+    from gpu_workers.cpu.calibrate import calibration_path
+
+    tree = Path(kernels.__file__).resolve().parent.parent
+    calibration = calibration_path()
+    if not calibration.is_file():
+        raise SystemExit(f"no calibration of this host in {calibration}: run `kfactory check`")
+    with tempfile.TemporaryDirectory(prefix="eval-rate-") as scratch:
+        work = Path(scratch)
+        cache = work / "cache"
+        cache.mkdir()
+        shutil.copy(calibration, cache / calibration.name)
+        name = f"eval-rate-{label}-{os.getpid()}"
+        campaign = work / "campaign.toml"
+        campaign.write_text(
+            CAMPAIGN.format(
+                name=name,
+                problem=problem,
+                dims=", ".join(str(v) for v in shape.values()),
+                candidates=candidates,
+            )
+        )
+        env = {**os.environ, "KFACTORY_CACHE_DIR": str(cache), "PYTHONPATH": str(tree)}
+        load_before = os.getloadavg()
+        began = time.perf_counter()
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ops.cli",
+                "run",
+                str(campaign),
+                "--home",
+                str(work / "home"),
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        wall = time.perf_counter() - began
+        load_after = os.getloadavg()
+        if done.returncode != 0:
+            raise SystemExit(f"the campaign failed ({done.returncode}): {done.stderr[-2000:]}")
+        found = _settling(work / "home" / "events.duckdb", name)
+    span = found["last_settled_s"]
+    rate = found["settled"] / (span / 60) if span > 0 else 0.0
+    print(
+        f"{label}: {found['settled']} candidates settled in {span:.0f} s of campaign "
+        f"= {rate:.2f} per minute ({found['timed']} timed, {found['rejected']} rejected; "
+        f"whole run {wall:.0f} s; load average {load_before[0]:.1f} -> {load_after[0]:.1f}; "
+        f"timing runs {found['timing_attempts']}; contention {found['contention_cores']})"
+    )
+    return {
+        "mode": "swarm",
+        "problem": problem,
+        "shape": shape,
+        "candidates": candidates,
+        "per_minute": rate,
+        "wall_seconds": wall,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "tree": str(tree),
+        **found,
+    }
+
+
+def _settling(store: Path, campaign: str) -> dict[str, Any]:
+    """From the recorded campaign: when kernels were first written and each candidate
+    settled, and what each timing saw."""
+    db = duckdb.connect(str(store), read_only=True)
+    try:
+        (first,) = db.execute(
+            "SELECT min(ts) FROM events WHERE campaign_id = ? AND type = 'KernelWritten'",
+            [campaign],
+        ).fetchone() or (None,)
+        rows = db.execute(
+            "SELECT type, epoch(ts - ?::TIMESTAMPTZ), "
+            "payload->'evidence'->>'timing_attempts', "
+            "payload->'evidence'->>'host_contention_cores' FROM events "
+            "WHERE campaign_id = ? AND type IN ('BenchmarkCompleted', 'KernelRejected') "
+            "ORDER BY ts",
+            [first, campaign],
+        ).fetchall()
+    finally:
+        db.close()
+    timed = [r for r in rows if r[0] == "BenchmarkCompleted"]
+    return {
+        "settled": len(rows),
+        "timed": len(timed),
+        "rejected": len(rows) - len(timed),
+        "settled_at_s": [round(float(r[1]), 1) for r in rows],
+        "last_settled_s": float(rows[-1][1]) if rows else 0.0,
+        "timing_attempts": [int(r[2]) if r[2] is not None else None for r in timed],
+        "contention_cores": [round(float(r[3]), 2) if r[3] is not None else None for r in timed],
+    }
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
+from bus.lease import LeaseLost
 from bus.service import ServiceError
 from bus.streams import ensure_consumer, work_consumer_config
 from bus.subjects import STREAM
@@ -54,7 +55,8 @@ def is_transient(error: BaseException) -> bool:
     """A failure that waiting can cure: something on the bus is away or behind."""
     if isinstance(error, ServiceError):
         return error.code >= 500
-    return isinstance(error, (TimeoutError, ConnectionError, *_TRANSIENT))
+    # A lease lost mid-job (it expired, another took it): the job is redone under a new one.
+    return isinstance(error, (TimeoutError, ConnectionError, LeaseLost, *_TRANSIENT))
 
 
 def deliveries_for(window: float, backoff: float, max_backoff: float) -> int:

@@ -34,7 +34,11 @@ USERS = (*ACTOR_ROLES, HUB, CLI, ADMIN)
 _API = "$JS.API"
 _SERVICES_OF_ACTORS = {"librarian": "kf-librarian"}
 #: The lease buckets each user may use (bus/lease.py), beyond what its role does.
-_LEASES = {"benchmarker": (DEVICE_LEASES,), HUB: (RECORDER_LEASES,)}
+_LEASES = {
+    "benchmarker": (DEVICE_LEASES,),
+    "verifier": (DEVICE_LEASES,),  # shares the device between timed windows
+    HUB: (RECORDER_LEASES,),
+}
 
 
 def creds_dir(home: Path) -> Path:

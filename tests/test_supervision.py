@@ -17,10 +17,10 @@ import pytest
 import structlog
 from typer.testing import CliRunner
 
-from actors.benchmarker import HostTurn
 from actors.runtime import Actor, ActorRuntime, Reactions
 from bus import connection
-from bus.connection import ConnectStopped, connect, jetstream
+from bus.connection import Client, ConnectStopped, connect, jetstream
+from bus.device_lease import DeviceLeases, device_key
 from bus.heartbeat import Heartbeat, collect
 from eventstore.emitter import Emitter
 from eventstore.events import ActorRef, Event, KernelVerified, new_event
@@ -31,24 +31,27 @@ from tests.conftest import started
 UNREACHABLE = "nats://127.0.0.1:1"
 
 
-class LockWaiter(Actor):
-    """Waits for the host's benchmark lock the way the benchmarker does."""
+DEVICE = device_key("cpu", "test-host")
+
+
+class LeaseWaiter(Actor):
+    """Waits for the device's lease the way the benchmarker does."""
 
     role = "benchmarker"
     target = "cpu"
     reacts_to = (KernelVerified,)
 
-    def __init__(self, lock: Path) -> None:
-        self.lock = lock
+    def __init__(self) -> None:
         self.device = "test cpu"
+        self.leases: DeviceLeases | None = None
+
+    async def setup(self, nc: Client, ref: ActorRef) -> None:
+        self.leases = await DeviceLeases.open(jetstream(nc), ref.instance)
 
     async def handle(self, event: Event, out: Reactions) -> None:
-        def timed() -> None:
-            self.status("waiting for the host's benchmark lock")
-            with HostTurn(self.lock):
-                self.status("timing")
-
-        await asyncio.to_thread(timed)
+        assert self.leases is not None
+        async with self.leases.timing(DEVICE, self.status):
+            pass
 
 
 async def _wait_for(check, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
@@ -59,15 +62,17 @@ async def _wait_for(check, timeout: float = 30.0) -> None:  # type: ignore[no-un
 
 
 @pytest.mark.asyncio
-async def test_ps_shows_a_live_actor_and_that_it_waits_for_the_lock(tmp_path: Path) -> None:
+async def test_ps_shows_a_live_actor_and_the_device_lease_it_waits_for(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    lock = tmp_path / "bench.lock"
-    holder = HostTurn(lock).__enter__()  # another benchmarker's turn
     async with running_hub(home) as hub:
         nc = await connect(hub.url, "bench", auth=hub.auth("benchmarker"))
         cli = await connect(hub.url, "verifier", auth=hub.auth("verifier"))
+        other = await DeviceLeases.open(jetstream(cli), "benchmarker-3")
+        holder = await other.leases.try_acquire(f"{DEVICE}.timing", "benchmarker-3")
+        assert holder is not None  # another benchmarker times on the device
+        waiting = f"waiting for the lease on {DEVICE}, held by benchmarker-3"
         stop = asyncio.Event()
-        runtime = ActorRuntime(LockWaiter(lock), nc, "benchmarker-7")
+        runtime = ActorRuntime(LeaseWaiter(), nc, "benchmarker-7")
         task = asyncio.create_task(runtime.run(stop))
         verified = new_event(
             KernelVerified,
@@ -83,7 +88,7 @@ async def test_ps_shows_a_live_actor_and_that_it_waits_for_the_lock(tmp_path: Pa
         )
         try:
             await asyncio.wait_for(Emitter(jetstream(cli)).emit(verified), 30)
-            await _wait_for(lambda: _state_is(runtime, "waiting for the host's benchmark lock"))
+            await _wait_for(lambda: _state_is(runtime, waiting))
             done = await asyncio.to_thread(
                 CliRunner().invoke, app, ["ps", "--home", str(home), "--json"]
             )
@@ -95,17 +100,17 @@ async def test_ps_shows_a_live_actor_and_that_it_waits_for_the_lock(tmp_path: Pa
             assert actor["target"] == "cpu"
             assert actor["device"] == "test cpu"
             assert actor["job"] == "KernelVerified c-lock:g0:c0"
-            assert actor["state"] == "waiting for the host's benchmark lock"
+            assert actor["state"] == waiting
             assert 0 <= actor["last_seen_s"] < 15
             (queue,) = [q for q in shown["queues"] if q["consumer"] == "kf-benchmarker-cpu"]
             assert queue["in_flight"] == 1 and queue["instances"] == 1
 
             table = await asyncio.to_thread(CliRunner().invoke, app, ["ps", "--home", str(home)])
             assert "benchmarker-7" in table.stdout and "waiting for the" in table.stdout
-            holder.__exit__()
+            await other.leases.release(holder)
             await _wait_for(lambda: _state_is(runtime, "idle"))
         finally:
-            holder.__exit__()
+            await other.leases.release(holder)
             stop.set()
             await asyncio.wait_for(task, 30)
             await nc.close()

@@ -191,28 +191,3 @@ def test_two_verifier_processes_split_the_work_and_lose_none(tmp_path: Path) -> 
             process.send_signal(signal.SIGTERM)
         for process in [*actors, server]:
             process.wait(60)
-
-
-def test_benchmarkers_on_one_host_take_turns(tmp_path: Path) -> None:
-    import threading
-
-    from actors.benchmarker import HostTurn
-
-    inside: list[int] = []
-    overlaps: list[int] = []
-
-    def time_something(who: int) -> None:
-        for _ in range(5):
-            with HostTurn(tmp_path / "turn.lock"):
-                inside.append(who)
-                if len(inside) > 1:
-                    overlaps.append(who)
-                time.sleep(0.01)
-                inside.remove(who)
-
-    threads = [threading.Thread(target=time_something, args=(i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert overlaps == []

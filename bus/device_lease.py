@@ -1,0 +1,154 @@
+"""Device leases: one timed window at a time on a device, and the host's other work
+between windows.
+
+A device is a CPU host's cores (`cpu.<host>`) or one GPU (`cuda.<host>.<index>`). In the
+KV bucket KF_DEVICE_LEASES (`bus/lease.py`: a TTL, renewed while held, fenced by the KV
+revision) it has
+
+- one *timing* lease, `<device>.timing`, held by the benchmarker timing on it: one
+  benchmarker at a time, across processes and hosts;
+- a *shared* lease per process whose work would disturb a timed window there
+  (verification, compilation, float64 references): `<device>.shared.<holder>`.
+
+It is a readers-writer lock in which timing goes first:
+- a benchmarker takes the timing lease (new shared work now waits), then waits until no
+  shared lease is left (the work already running finishes; one that died expires);
+- shared work takes its own key, then reads the timing key; if a benchmarker holds it, it
+  gives its key back and waits until the timed window is over.
+Both write first and read second on one KV stream, whose writes are totally ordered, so
+they can never both go ahead. Timing never starves: one verification at most runs on
+after a benchmarker asked. Shared work can wait behind several timed windows in a row,
+but benchmarkers only have work that verifiers passed, so it is bounded in practice.
+
+A holder that dies stops renewing; its lease expires after the TTL and the device is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Callable
+
+from nats.js import JetStreamContext
+
+from bus.lease import (
+    DEVICE_LEASES,
+    AcquireStopped,
+    HeldLease,
+    LeaseBucket,
+    LeaseError,
+    kv_stream,
+)
+
+#: Seconds a device lease lives without renewal: a dead holder frees the device this late.
+DEVICE_LEASE_TTL = 10
+#: How often a waiter looks again (a timed window lasts seconds).
+POLL_SECONDS = 0.1
+
+Report = Callable[[str], None]
+
+
+def _token(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", text)[:128] or "_"
+
+
+def device_key(kind: str, host: str, index: str | None = None) -> str:
+    """The lease key of a device: `cpu.<host>`, or `cuda.<host>.<index>` for one GPU."""
+    parts = [_token(kind), _token(host)]
+    if index is not None:
+        parts.append(_token(index))
+    return ".".join(parts)
+
+
+def _ignore(_: str) -> None:
+    pass
+
+
+class DeviceLeases:
+    """The device leases one process (`holder`, its instance name) takes."""
+
+    def __init__(self, leases: LeaseBucket, holder: str) -> None:
+        self.leases = leases
+        self.holder = holder
+
+    @classmethod
+    async def open(
+        cls, js: JetStreamContext, holder: str, ttl: int = DEVICE_LEASE_TTL
+    ) -> DeviceLeases:
+        """The device leases of the bucket the hub created (LeaseError when it did not)."""
+        return cls(await LeaseBucket.open(js, DEVICE_LEASES, ttl), holder)
+
+    @contextlib.asynccontextmanager
+    async def timing(
+        self, device: str, report: Report = _ignore, stop: asyncio.Event | None = None
+    ) -> AsyncIterator[HeldLease]:
+        """Hold `device` exclusively for a timed window: its timing lease, and no shared
+        work left running on it. `report` says what it waits for, in words. Watch the
+        held lease's `lost`, or call its `check()` before trusting what was timed."""
+        key = f"{device}.timing"
+        async with contextlib.AsyncExitStack() as stack:
+            while True:
+                try:
+                    held = await stack.enter_async_context(
+                        self.leases.held(key, self.holder, wait=False)
+                    )
+                    break
+                except LeaseError:
+                    other = await self.leases.current(key)
+                    if other is not None:  # else just released: take it
+                        report(f"waiting for the lease on {device}, held by {other.holder}")
+                        await _pause(stop)
+            while busy := await self.shared_holders(device):
+                report(f"waiting for {', '.join(busy)} to finish on {device}")
+                held.check()
+                await _pause(stop)
+            report(f"timing on {device} (lease {held.token})")
+            yield held
+
+    @contextlib.asynccontextmanager
+    async def shared(
+        self, device: str, report: Report = _ignore, stop: asyncio.Event | None = None
+    ) -> AsyncIterator[HeldLease]:
+        """Hold a share of `device` between its timed windows (verification,
+        compilation). Losing it does not spoil the work: a timed window that then
+        overlaps it reports the contention."""
+        key = f"{device}.shared.{_token(self.holder)}"
+        timing = f"{device}.timing"
+        while True:
+            async with self.leases.held(key, self.holder, stop=stop) as held:
+                window = await self.leases.current(timing)
+                if window is None or window.holder == self.holder:
+                    yield held
+                    return
+            report(f"waiting for {window.holder}'s timed window on {device}")
+            while (await self.leases.current(timing)) is not None:
+                await _pause(stop)
+
+    async def shared_holders(self, device: str) -> list[str]:
+        """Who holds a share of `device` now."""
+        prefix = f"$KV.{self.leases.bucket}.{device}.shared."
+        info = await self.leases.js.stream_info(
+            kv_stream(self.leases.bucket), subjects_filter=f"{prefix}*"
+        )
+        holders = []
+        for subject in sorted((info.state.subjects or {}).keys()):
+            lease = await self.leases.current(subject.removeprefix(f"$KV.{self.leases.bucket}."))
+            if lease is not None and lease.holder != self.holder:
+                holders.append(lease.holder)
+        return holders
+
+    async def timing_holder(self, device: str) -> str | None:
+        """Who times on `device` now, if anyone."""
+        lease = await self.leases.current(f"{device}.timing")
+        return lease.holder if lease else None
+
+
+async def _pause(stop: asyncio.Event | None) -> None:
+    if stop is None:
+        await asyncio.sleep(POLL_SECONDS)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), POLL_SECONDS)
+    if stop.is_set():
+        raise AcquireStopped("stopped while waiting for a device")

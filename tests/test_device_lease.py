@@ -1,0 +1,137 @@
+"""Device leases against a real nats-server: one timed window at a time on a device,
+shared work (verification, compilation) only between windows, and a dead holder's lease
+expiring."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from bus.connection import Client, connect, jetstream
+from bus.device_lease import DeviceLeases, device_key
+from bus.lease import DEVICE_LEASES, LeaseLost, ensure_lease_bucket
+from bus.server import EmbeddedNatsServer
+
+DEVICE = device_key("cpu", "host-a.example.com")
+
+
+async def _leases(nc: Client, holder: str, ttl: int = 10) -> DeviceLeases:
+    await ensure_lease_bucket(jetstream(nc), DEVICE_LEASES)
+    return await DeviceLeases.open(jetstream(nc), holder, ttl)
+
+
+def test_device_keys_are_kv_safe_and_per_device() -> None:
+    assert device_key("cpu", "host-a.example.com") == "cpu.host-a_example_com"
+    assert device_key("cuda", "gpu-host", "1") == "cuda.gpu-host.1"
+    assert device_key("cuda", "gpu-host", "0") != device_key("cuda", "gpu-host", "1")
+
+
+@pytest.mark.asyncio
+async def test_benchmarkers_time_one_at_a_time_and_say_whom_they_wait_for(nc: Client) -> None:
+    inside: list[str] = []
+    overlaps: list[list[str]] = []
+    said: dict[str, list[str]] = {"b1": [], "b2": [], "b3": []}
+
+    async def time_something(who: str) -> None:
+        leases = await _leases(nc, who)
+        for _ in range(3):
+            async with leases.timing(DEVICE, said[who].append) as held:
+                inside.append(who)
+                if len(inside) > 1:
+                    overlaps.append(list(inside))
+                await asyncio.sleep(0.05)
+                held.check()
+                inside.remove(who)
+
+    await asyncio.wait_for(asyncio.gather(*(time_something(w) for w in said)), 60)
+    assert overlaps == []
+    waited = [s for says in said.values() for s in says if s.startswith("waiting for the lease")]
+    assert waited, said
+    assert all(f"on {DEVICE}, held by b" in s for s in waited)
+    assert all(s.startswith(f"timing on {DEVICE} (lease ") for s in said["b1"][-1:])
+
+
+@pytest.mark.asyncio
+async def test_shared_work_never_runs_in_a_timed_window(nc: Client) -> None:
+    """Verifiers share the device between windows; a benchmarker waits for the running
+    ones, and new ones wait for its window to end."""
+    events: list[tuple[str, str]] = []
+    timing_now = False
+    violations: list[str] = []
+
+    async def verify(who: str, rounds: int) -> None:
+        leases = await _leases(nc, who)
+        for _ in range(rounds):
+            async with leases.shared(DEVICE):
+                if timing_now:
+                    violations.append(who)
+                events.append((who, "start"))
+                await asyncio.sleep(0.03)
+                if timing_now:
+                    violations.append(who)
+                events.append((who, "end"))
+
+    async def bench(who: str) -> None:
+        nonlocal timing_now
+        leases = await _leases(nc, who)
+        for _ in range(3):
+            async with leases.timing(DEVICE):
+                timing_now = True
+                events.append((who, "timing"))
+                await asyncio.sleep(0.1)
+                timing_now = False
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(asyncio.gather(verify("v1", 12), verify("v2", 12), bench("b1")), 60)
+    assert violations == []
+    assert sum(1 for _, what in events if what == "timing") == 3
+    verifying_together = 0
+    running: set[str] = set()
+    for who, what in events:
+        if what == "start":
+            running.add(who)
+            verifying_together = max(verifying_together, len(running))
+        elif what == "end":
+            running.discard(who)
+    assert verifying_together == 2  # shared work is shared: verifiers overlap each other
+
+
+@pytest.mark.asyncio
+async def test_a_dead_benchmarker_s_lease_expires_and_the_next_one_times(
+    nats_server: EmbeddedNatsServer,
+) -> None:
+    """A holder that stops renewing (its connection gone, as when its process dies) frees
+    the device after the TTL; the next holder gets a larger fencing token."""
+    dead = await connect(nats_server.url, "dead")
+    alive = await connect(nats_server.url, "alive")
+    try:
+        first = await _leases(dead, "b-dead", ttl=2)
+        held = await first.leases.try_acquire(f"{DEVICE}.timing", "b-dead")
+        assert held is not None
+        await dead.close()  # no release, no renewal: it died holding the device
+        second = await _leases(alive, "b-alive", ttl=2)
+        said: list[str] = []
+        began = time.monotonic()
+        async with second.timing(DEVICE, said.append) as window:
+            waited = time.monotonic() - began
+            assert window.token > held.token
+        assert said[0] == f"waiting for the lease on {DEVICE}, held by b-dead"
+        assert 0.5 < waited < 30
+    finally:
+        await alive.close()
+
+
+@pytest.mark.asyncio
+async def test_a_lease_taken_over_is_lost_to_its_old_holder(nc: Client) -> None:
+    leases = await _leases(nc, "b1", ttl=2)
+    other = await _leases(nc, "b2", ttl=2)
+    async with leases.timing(DEVICE) as held:
+        # it stalled past the TTL without renewing (a frozen process), and b2 took over
+        await leases.leases.release(held.lease)
+        taken = await other.leases.try_acquire(f"{DEVICE}.timing", "b2")
+        assert taken is not None
+        await asyncio.wait_for(held.lost.wait(), 10)
+        with pytest.raises(LeaseLost):
+            held.check()

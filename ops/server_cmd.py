@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
             "(KF_RECORDER_LEASE). A second server against the same NATS, with its own HOME "
             "and store, waits as a standby, and takes over when the owner's lease expires "
             "(--lease-ttl seconds after its last renewal), reading the stream from its own "
-            "store's cursor. A recorder that lost its lease stops with an error."
+            "store's cursor. A recorder of a cluster that lost its lease writes nothing more "
+            "and stands by again."
         ),
     )(server)
 
@@ -98,13 +99,38 @@ def server(
     except AuthError as exc:
         raise UserError(str(exc)) from exc
     except (LeaseLost, FencedOut) as exc:
-        raise UserError(
-            f"recording stopped, this server was deposed: {exc} (another recorder may hold "
-            "the lease now; start this one again to stand by)"
-        ) from exc
+        raise UserError(f"recording stopped, this server was deposed: {exc}") from exc
 
 
 async def _serve(
+    stop: asyncio.Event,
+    home: Path,
+    nats_url: str | None,
+    listen: str,
+    port: int,
+    auth: bool,
+    tls: TlsFiles | None,
+    ca_file: Path | None,
+    external: ClientAuth | None,
+    lease_ttl: int,
+) -> None:
+    """Record; a server of a cluster that is deposed (its renewals went unanswered for a
+    whole TTL, say while the cluster elected a leader) writes nothing more and stands by
+    again, so a cluster with one recorder goes on recording once the lease is free."""
+    while True:
+        try:
+            await _record(
+                stop, home, nats_url, listen, port, auth, tls, ca_file, external, lease_ttl
+            )
+            return
+        except (LeaseLost, FencedOut) as exc:
+            if nats_url is None or stop.is_set():
+                raise
+            log.warning("deposed; standing by again", error=str(exc))
+            typer.echo(f"kfactory server: deposed ({exc}); standing by again", err=True)
+
+
+async def _record(
     stop: asyncio.Event,
     home: Path,
     nats_url: str | None,

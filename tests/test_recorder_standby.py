@@ -163,10 +163,13 @@ async def test_a_deposed_owner_that_wakes_up_late_writes_nothing_more(
         await _answered_by(nc, tmp_path / "b" / "events.duckdb", 20)
         owner.send_signal(signal.SIGCONT)  # it wakes up with `during` in its buffers
         owner_log = _log(tmp_path / "a")
-        assert owner.wait(30) not in (0, None), owner_log.read_text()
+        await _logged(tmp_path / "a", "standing by again")
         assert "lost" in owner_log.read_text()
-        standby.send_signal(signal.SIGTERM)
-        assert standby.wait(30) == 0, _log(tmp_path / "b").read_text()
+        assert owner.poll() is None, owner_log.read_text()  # a standby now, not dead
+        assert _stored(tmp_path / "a" / "events.duckdb") == [[10, 10, 10, 10]]
+        for process in (owner, standby):
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0, owner_log.read_text()
     finally:
         for process in (owner, standby):
             if process is not None and process.poll() is None:
@@ -174,7 +177,6 @@ async def test_a_deposed_owner_that_wakes_up_late_writes_nothing_more(
                 process.kill()
                 process.wait()
         await nc.close()
-    assert _stored(tmp_path / "a" / "events.duckdb") == [[10, 10, 10, 10]]
     assert _stored(tmp_path / "b" / "events.duckdb") == [[20, 20, 20, 20]]
 
 

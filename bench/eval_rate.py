@@ -180,6 +180,7 @@ def swarm_rate(problem: str, shape: dict[str, int], candidates: int, label: str)
                 "--json",
             ],
             env=env,
+            cwd=tree,  # `-m` puts the working directory first on the path: the tree's
             capture_output=True,
             text=True,
         )

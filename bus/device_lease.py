@@ -76,8 +76,8 @@ class DeviceLeases:
     async def open(
         cls, js: JetStreamContext, holder: str, ttl: int = DEVICE_LEASE_TTL
     ) -> DeviceLeases:
-        """The device leases of the bucket the hub created (LeaseError when it did not)."""
-        return cls(await LeaseBucket.open(js, DEVICE_LEASES, ttl), holder)
+        """The device leases of the bucket the hub creates (waiting until it has)."""
+        return cls(await LeaseBucket.open(js, DEVICE_LEASES, ttl, wait=True), holder)
 
     @contextlib.asynccontextmanager
     async def timing(

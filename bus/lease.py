@@ -159,14 +159,26 @@ class LeaseBucket:
         self._write_prefix = "" if api == DEFAULT_PREFIX else f"{api}."
 
     @classmethod
-    async def open(cls, js: JetStreamContext, bucket: str, ttl: float) -> LeaseBucket:
-        """The leases of an existing `bucket` (see ensure_lease_bucket), each `ttl` s long."""
+    async def open(
+        cls, js: JetStreamContext, bucket: str, ttl: float, *, wait: bool = False
+    ) -> LeaseBucket:
+        """The leases of an existing `bucket` (see ensure_lease_bucket), each `ttl` s long;
+        `wait`: until the hub has created it (an actor may start before the hub), saying
+        so every 30 s, else LeaseError at once."""
         if ttl < 1 or ttl != math.floor(ttl):
             raise LeaseError(f"a lease TTL is a whole number of seconds >= 1, not {ttl}")
-        try:
-            info = await js.stream_info(kv_stream(bucket))
-        except NotFoundError as exc:
-            raise LeaseError(f"no lease bucket {bucket} (the hub creates it)") from exc
+        said = -math.inf
+        while True:
+            try:
+                info = await js.stream_info(kv_stream(bucket))
+                break
+            except NotFoundError as exc:
+                if not wait:
+                    raise LeaseError(f"no lease bucket {bucket} (the hub creates it)") from exc
+            if time.monotonic() - said >= 30:
+                said = time.monotonic()
+                log.info("waiting for the hub to create the lease bucket", bucket=bucket)
+            await asyncio.sleep(0.25)
         if not info.config.allow_msg_ttl:
             raise LeaseError(f"the bucket {bucket} does not allow per-message TTLs")
         created = info.created.isoformat() if info.created else ""
@@ -260,7 +272,9 @@ class LeaseBucket:
         try:
             await self.js.publish(
                 self._write_subject(lease.key),
-                headers={KV_OP: KV_DEL, _EXPECTED_LAST: str(lease.revision)},
+                # the marker expires too, so released keys (one per process that ever
+                # took a share) do not pile up in the bucket
+                headers={KV_OP: KV_DEL, _EXPECTED_LAST: str(lease.revision), _TTL: str(self.ttl)},
             )
         except APIError as exc:
             if exc.err_code in _WRONG_LAST_SEQUENCE:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from nats.js.errors import NotFoundError
 
 from bus.connection import Client, connect, jetstream
 from bus.lease import (
@@ -20,6 +21,7 @@ from bus.lease import (
     LeaseError,
     LeaseLost,
     ensure_lease_bucket,
+    kv_stream,
 )
 from bus.server import EmbeddedNatsServer
 from ops.hub import Hub, running_hub
@@ -144,7 +146,8 @@ async def test_bad_ttls_keys_and_buckets_are_refused(leases: LeaseBucket, nc: Cl
 
 @pytest.mark.asyncio
 async def test_only_the_users_given_a_bucket_may_use_it(tmp_path: Path) -> None:
-    """The benchmarker holds device leases and the hub the recorder's; a verifier neither."""
+    """The benchmarker and the verifier hold device leases and the hub the recorder's; a
+    planner neither."""
     async with running_hub(tmp_path / "home") as hub:  # credentials on
         await _check_bucket_permissions(hub)
         assert hub.server is not None
@@ -154,7 +157,7 @@ async def test_only_the_users_given_a_bucket_may_use_it(tmp_path: Path) -> None:
 
 
 async def _check_bucket_permissions(hub: Hub) -> None:
-    granted = {"benchmarker": DEVICE_LEASES, "hub": RECORDER_LEASES}
+    granted = {"benchmarker": DEVICE_LEASES, "verifier": DEVICE_LEASES, "hub": RECORDER_LEASES}
     for user, bucket in granted.items():
         client = await connect(hub.url, user, auth=hub.auth(user))
         try:
@@ -163,7 +166,7 @@ async def _check_bucket_permissions(hub: Hub) -> None:
             assert lease is not None and await leases.release(lease)
         finally:
             await client.close()
-    for user, bucket in [("verifier", DEVICE_LEASES), ("benchmarker", RECORDER_LEASES)]:
+    for user, bucket in [("planner", DEVICE_LEASES), ("benchmarker", RECORDER_LEASES)]:
         client = await connect(hub.url, user, auth=hub.auth(user))
         try:
             with pytest.raises(TimeoutError):  # the server drops a refused request
@@ -172,3 +175,30 @@ async def _check_bucket_permissions(hub: Hub) -> None:
                 await jetstream(client, timeout=0.5).publish(f"$KV.{bucket}.probe", b"{}")
         finally:
             await client.close()
+
+
+@pytest.mark.asyncio
+async def test_an_actor_started_before_the_hub_waits_for_the_bucket(nc: Client) -> None:
+    opening = asyncio.ensure_future(LeaseBucket.open(jetstream(nc), BUCKET, ttl=TTL, wait=True))
+    await asyncio.sleep(0.5)
+    assert not opening.done()  # no bucket yet: it waits, where wait=False would refuse
+    await ensure_lease_bucket(jetstream(nc), BUCKET)
+    leases = await asyncio.wait_for(opening, 10)
+    assert await leases.try_acquire("k", "host-a") is not None
+
+
+@pytest.mark.asyncio
+async def test_a_released_key_leaves_nothing_behind_once_its_ttl_passes(
+    nc: Client, leases: LeaseBucket
+) -> None:
+    lease = await leases.try_acquire("gone", "host-a")
+    assert lease is not None and await leases.release(lease)
+    js = jetstream(nc)
+    deadline = time.monotonic() + TTL + 10
+    while True:
+        try:
+            await js.get_msg(kv_stream(BUCKET), subject=f"$KV.{BUCKET}.gone")
+        except NotFoundError:
+            break  # the release marker expired as well
+        assert time.monotonic() < deadline, "the release marker never expired"
+        await asyncio.sleep(0.2)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from kernels.design_space import Template
+from kernels.design_space import ParamValue, Template
 from kernels.spec import Problem
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -154,6 +154,11 @@ def summary(samples: dict[str, list[int]], reference: str) -> dict[str, dict[str
     return out
 
 
+def choice(trial: optuna.trial.Trial, name: str, choices: tuple[ParamValue, ...]) -> int:
+    """The index of the choice the trial suggests (optuna stores the value itself)."""
+    return choices.index(trial.suggest_categorical(name, list(choices)))
+
+
 @dataclass
 class SearchResult:
     best: dict[str, Any]
@@ -168,7 +173,7 @@ def search_template(
     budget: int,
     seed: int,
     calls: int = 5,
-    fixed: dict[str, Any] | None = None,
+    fixed: dict[str, ParamValue] | None = None,
 ) -> SearchResult:
     """`budget` distinct valid points of `template`, proposed by TPE (the planner's sampler
     settings), each compiled and timed here: the median of `calls` calls on rotated sets
@@ -185,10 +190,10 @@ def search_template(
         if len(evaluated) >= budget:
             break
         trial = study.ask()
-        params = {
+        params: dict[str, ParamValue] = {
             p.name: fixed[p.name]
             if p.name in fixed
-            else trial.suggest_categorical(p.name, list(p.choices))
+            else p.choices[choice(trial, p.name, p.choices)]
             for p in template.params
         }
         key = repr(sorted(params.items()))
@@ -198,8 +203,9 @@ def search_template(
         seen.add(key)
         rendered = template.render(params)
         try:
-            library = compile_library(f"{template.name}-{len(evaluated)}", rendered.source,
-                                      rendered.flags)
+            library = compile_library(
+                f"{template.name}-{len(evaluated)}", rendered.source, rendered.flags
+            )
         except RuntimeError as exc:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             evaluated.append({"params": params, "error": str(exc)[:300]})

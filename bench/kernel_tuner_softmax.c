@@ -2,14 +2,14 @@
    space of issue 13, as Kernel Tuner sees it. KT defines the tunables as macros:
    THREADS (OpenMP threads), ALGORITHM (0: max, exp+sum, scale; 1: online max+sum by
    blocks, then exp and scale), VECTOR_WIDTH (omp simd simdlen), UNROLL (vectors per
-   block step) and FAST_EXP (0: libm expf; 1: a Cephes polynomial). Valid C and C++. */
+   block step) and FAST_EXP (0: libm expf; 1: a Cephes polynomial). Valid C and C++. Plain
+   `#pragma omp` lines (macros expand in them): Kernel Tuner looks for that text to know
+   that a library uses OpenMP and must not be unloaded (unloading one crashed it). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <time.h>
 
-#define KT_PRAGMA(x) _Pragma(#x)
-#define KT_DO_PRAGMA(x) KT_PRAGMA(x)
 #define KT_BLOCK (VECTOR_WIDTH * UNROLL)
 
 static inline float kt_fast_exp(float x) {
@@ -39,12 +39,12 @@ static inline float kt_fast_exp(float x) {
 static void softmax_row(const float *__restrict__ x, float *__restrict__ y, int64_t n) {
 #if ALGORITHM == 0
     float m = -FLT_MAX;
-    KT_DO_PRAGMA(omp simd simdlen(VECTOR_WIDTH) reduction(max : m))
+    #pragma omp simd simdlen(VECTOR_WIDTH) reduction(max : m)
     for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
     float s = 0.0f;
     int64_t j0 = 0;
     for (; j0 + KT_BLOCK <= n; j0 += KT_BLOCK) {
-        KT_DO_PRAGMA(omp simd simdlen(VECTOR_WIDTH) reduction(+ : s))
+        #pragma omp simd simdlen(VECTOR_WIDTH) reduction(+ : s)
         for (int64_t j = j0; j < j0 + KT_BLOCK; ++j) {
             const float e = KT_EXP(x[j] - m);
             y[j] = e;
@@ -56,32 +56,32 @@ static void softmax_row(const float *__restrict__ x, float *__restrict__ y, int6
         s += y[j];
     }
     const float inv = 1.0f / s;
-    KT_DO_PRAGMA(omp simd simdlen(VECTOR_WIDTH))
+    #pragma omp simd simdlen(VECTOR_WIDTH)
     for (int64_t j = 0; j < n; ++j) y[j] *= inv;
 #else
     float m = -FLT_MAX, s = 0.0f;
     for (int64_t j0 = 0; j0 < n; j0 += KT_BLOCK) {
         const int64_t end = j0 + KT_BLOCK < n ? j0 + KT_BLOCK : n;
         float bm = -FLT_MAX;
-        KT_DO_PRAGMA(omp simd simdlen(VECTOR_WIDTH) reduction(max : bm))
+        #pragma omp simd simdlen(VECTOR_WIDTH) reduction(max : bm)
         for (int64_t j = j0; j < end; ++j) bm = x[j] > bm ? x[j] : bm;
         if (bm > m) {
             s *= KT_EXP(m - bm);
             m = bm;
         }
         float bs = 0.0f;
-        KT_DO_PRAGMA(omp simd simdlen(VECTOR_WIDTH) reduction(+ : bs))
+        #pragma omp simd simdlen(VECTOR_WIDTH) reduction(+ : bs)
         for (int64_t j = j0; j < end; ++j) bs += KT_EXP(x[j] - m);
         s += bs;
     }
     const float inv = 1.0f / s;
-    KT_DO_PRAGMA(omp simd simdlen(VECTOR_WIDTH))
+    #pragma omp simd simdlen(VECTOR_WIDTH)
     for (int64_t j = 0; j < n; ++j) y[j] = KT_EXP(x[j] - m) * inv;
 #endif
 }
 
 void kernel(const float *x, float *y, int64_t rows, int64_t cols) {
-    KT_DO_PRAGMA(omp parallel for schedule(static) num_threads(THREADS))
+    #pragma omp parallel for schedule(static) num_threads(THREADS)
     for (int64_t r = 0; r < rows; ++r) softmax_row(x + r * cols, y + r * cols, cols);
 }
 

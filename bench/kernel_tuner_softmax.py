@@ -88,7 +88,6 @@ def kernel_tuner_brute_force(workload: Workload) -> dict[str, Any]:
         strategy="brute_force",
         iterations=7,
         verbose=False,
-        quiet=True,
     )
     seconds = time.time() - started
     valid = [r for r in results if isinstance(r.get("time"), float)]

@@ -1,8 +1,8 @@
 /* Row softmax for Kernel Tuner's comparison (bench/kernel_tuner_softmax.py): the 96-point
    space of issue 13, as Kernel Tuner sees it. KT defines the tunables as macros:
    THREADS (OpenMP threads), ALGORITHM (0: max, exp+sum, scale; 1: online max+sum by
-   blocks, then exp and scale), VECTOR_WIDTH (omp simd simdlen), UNROLL (vectors per
-   block step) and FAST_EXP (0: libm expf; 1: a Cephes polynomial). Valid C and C++. Plain
+   blocks, then exp and scale), VECTOR_WIDTH (omp simd simdlen), UNROLL (vectors per step
+   of the exp loops: simdlen VECTOR_WIDTH * UNROLL) and FAST_EXP (0: libm expf; 1: a Cephes polynomial). Valid C and C++. Plain
    `#pragma omp` lines (macros expand in them): Kernel Tuner looks for that text to know
    that a library uses OpenMP and must not be unloaded (unloading one crashed it). */
 #include <float.h>
@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#define KT_BLOCK (VECTOR_WIDTH * UNROLL)
+#define KT_BLOCK 1024 /* the online algorithm's block: a running max per block */
 
 static inline float kt_fast_exp(float x) {
     x = x < -87.0f ? -87.0f : x;
@@ -42,18 +42,11 @@ static void softmax_row(const float *__restrict__ x, float *__restrict__ y, int6
     #pragma omp simd simdlen(VECTOR_WIDTH) reduction(max : m)
     for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
     float s = 0.0f;
-    int64_t j0 = 0;
-    for (; j0 + KT_BLOCK <= n; j0 += KT_BLOCK) {
-        #pragma omp simd simdlen(VECTOR_WIDTH) reduction(+ : s)
-        for (int64_t j = j0; j < j0 + KT_BLOCK; ++j) {
-            const float e = KT_EXP(x[j] - m);
-            y[j] = e;
-            s += e;
-        }
-    }
-    for (int64_t j = j0; j < n; ++j) {
-        y[j] = KT_EXP(x[j] - m);
-        s += y[j];
+    #pragma omp simd simdlen(VECTOR_WIDTH * UNROLL) reduction(+ : s)
+    for (int64_t j = 0; j < n; ++j) {
+        const float e = KT_EXP(x[j] - m);
+        y[j] = e;
+        s += e;
     }
     const float inv = 1.0f / s;
     #pragma omp simd simdlen(VECTOR_WIDTH)
@@ -70,12 +63,12 @@ static void softmax_row(const float *__restrict__ x, float *__restrict__ y, int6
             m = bm;
         }
         float bs = 0.0f;
-        #pragma omp simd simdlen(VECTOR_WIDTH) reduction(+ : bs)
+            #pragma omp simd simdlen(VECTOR_WIDTH * UNROLL) reduction(+ : bs)
         for (int64_t j = j0; j < end; ++j) bs += KT_EXP(x[j] - m);
         s += bs;
     }
     const float inv = 1.0f / s;
-    #pragma omp simd simdlen(VECTOR_WIDTH)
+    #pragma omp simd simdlen(VECTOR_WIDTH * UNROLL)
     for (int64_t j = 0; j < n; ++j) y[j] = KT_EXP(x[j] - m) * inv;
 #endif
 }

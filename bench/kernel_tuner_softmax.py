@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -90,22 +91,24 @@ def kernel_tuner_brute_force(workload: Workload) -> dict[str, Any]:
         verbose=False,
     )
     seconds = time.time() - started
-    valid = [r for r in results if isinstance(r.get("time"), float)]
-    best = min(valid, key=lambda r: r["time"])
+    valid = sorted(
+        (r for r in results if isinstance(r.get("time"), float)), key=lambda r: r["time"]
+    )
     return {
         "version": env.get("kernel_tuner_version", kernel_tuner.__version__),
         "evaluated": len(results),
         "timed": len(valid),
         "seconds": seconds,
-        "best": {k: best[k] for k in KT_SPACE},
-        "best_ms_by_kernel_tuner": best["time"],
+        "best": {k: valid[0][k] for k in KT_SPACE},
+        "best_ms_by_kernel_tuner": valid[0]["time"],
+        "ranked": [{**{k: r[k] for k in KT_SPACE}, "time_ms": r["time"]} for r in valid],
     }
 
 
-def kernel_tuner_library(config: dict[str, int]) -> Path:
+def kernel_tuner_library(config: dict[str, int], name: str) -> Path:
     defines = "".join(f"#define {k} {v}\n" for k, v in config.items())
     source = defines + 'extern "C" {\n' + KT_SOURCE.read_text() + "\n}\n"
-    return compile_library("kernel_tuner_best", source, KT_FLAGS, compiler="g++")
+    return compile_library(name, source, KT_FLAGS, compiler="g++")
 
 
 def main_example_library() -> tuple[Path, str] | None:
@@ -130,6 +133,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--skip-kt", action="store_true", help="reuse the last brute force (its own JSON)"
+    )
+    parser.add_argument(
+        "--skip-search", action="store_true", help="reuse the last run's factory best point"
+    )
+    parser.add_argument(
+        "--kt-top", type=int, default=3, help="Kernel Tuner's fastest N configs (its timing)"
     )
     args = parser.parse_args()
     started = time.time()
@@ -158,13 +167,25 @@ def main() -> None:
     )
 
     template = TEMPLATES["softmax_rows"]
-    found = search_template(template, workload, args.budget, args.seed)
+    if args.skip_search and out.exists():
+        search = json.loads(out.read_text())["factory_search"]
+    else:
+        found = search_template(template, workload, args.budget, args.seed)
+        search = {
+            "template": template.name,
+            "budget": args.budget,
+            "seed": args.seed,
+            "seconds": found.seconds,
+            "best": found.best,
+            "best_ms_in_search": found.best_ms,
+            "evaluated": found.evaluated,
+        }
     loads["after_search"] = load_average()
     print(
-        f"factory search over {template.name}: {len(found.evaluated)} points in "
-        f"{found.seconds:.0f} s, best {found.best} at {found.best_ms:.2f} ms"
+        f"factory search over {template.name}: {len(search['evaluated'])} points in "
+        f"{search['seconds']:.0f} s, best {search['best']} at {search['best_ms_in_search']:.2f} ms"
     )
-    rendered = template.render(found.best)
+    rendered = template.render(search["best"])
     verdict = verify(
         spec, CpuBackend(cache_dir=BUILD_DIR / "verify"), rendered.source, rendered.flags
     )
@@ -173,10 +194,15 @@ def main() -> None:
     print(f"the factory's best point verified (max relative error {verdict.max_rel_err:.1e})")
 
     factory_lib = compile_library("factory_best", rendered.source, rendered.flags)
+    ranked = kt.get("ranked", [kt["best"]])[: args.kt_top]
+    kt_names = [f"kernel_tuner_{i + 1}" for i in range(len(ranked))]
     contenders = {
-        "kernel_tuner_best": native_call(kernel_tuner_library(kt["best"]), workload),
-        "factory_best": native_call(factory_lib, workload),
+        name: native_call(
+            kernel_tuner_library({k: int(config[k]) for k in KT_SPACE}, name), workload
+        )
+        for name, config in zip(kt_names, ranked, strict=True)
     }
+    contenders["factory_best"] = native_call(factory_lib, workload)
     example = main_example_library()
     if example is not None:
         contenders["main_example"] = native_call(example[0], workload)
@@ -188,12 +214,15 @@ def main() -> None:
         errors[name] = workload.max_rel_error(0) if name != "numpy" else 0.0
     samples = interleaved(contenders, args.rounds, workload.sets)
     loads["end"] = load_average()
-    table = summary(samples, "kernel_tuner_best")
+    fastest_kt = min(kt_names, key=lambda n: statistics.median(samples[n]))
+    table = summary(samples, fastest_kt)
     for name, row in table.items():
         row["bandwidth_fraction"] = workload.nbytes / (row["median_ms"] / 1e3) / bandwidth
         row["max_rel_error"] = errors[name]
+    print(f"\nKernel Tuner's configs: {dict(zip(kt_names, ranked, strict=True))}")
+    print(f"the fastest of them in this run: {fastest_kt}; ratios are against it")
     print(
-        f"\n{'kernel':20s} {'median ms':>10s} {'IQR ms':>14s} {'vs KT best':>11s} "
+        f"{'kernel':20s} {'median ms':>10s} {'IQR ms':>14s} {'vs KT best':>11s} "
         f"{'of bandwidth':>13s} {'max rel err':>12s}"
     )
     for name, row in table.items():
@@ -211,16 +240,10 @@ def main() -> None:
                 "calibrated_bandwidth_gbs": calibration.memory_bandwidth_gbs,
                 "cpu_model": calibration.cpu_model,
                 "kernel_tuner": kt,
-                "factory_search": {
-                    "template": template.name,
-                    "budget": args.budget,
-                    "seed": args.seed,
-                    "seconds": found.seconds,
-                    "best": found.best,
-                    "best_ms_in_search": found.best_ms,
-                    "evaluated": found.evaluated,
-                    "verified": True,
-                },
+                "factory_search": search,
+                "factory_best_verified_max_rel_err": verdict.max_rel_err,
+                "kernel_tuner_contenders": dict(zip(kt_names, ranked, strict=True)),
+                "ratios_against": fastest_kt,
                 "main_example": example[1] if example else None,
                 "interleaved": table,
                 "load_average": loads,

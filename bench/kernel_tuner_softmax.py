@@ -38,6 +38,7 @@ from native_harness import (  # noqa: E402
     BUILD_DIR,
     Workload,
     compile_library,
+    copy_call,
     interleaved,
     load_average,
     native_call,
@@ -208,27 +209,33 @@ def main() -> None:
         contenders["main_example"] = native_call(example[0], workload)
 
     contenders["numpy"] = timed(lambda i: spec.baseline(workload.inputs[i]))
+    copy = copy_call(workload, "x", "y")
     errors = {}
     for name, call in contenders.items():
         call(0)
         errors[name] = workload.max_rel_error(0) if name != "numpy" else 0.0
+    contenders["copy_x_to_y"] = copy
+    errors["copy_x_to_y"] = float("nan")
     samples = interleaved(contenders, args.rounds, workload.sets)
     loads["end"] = load_average()
     fastest_kt = min(kt_names, key=lambda n: statistics.median(samples[n]))
     table = summary(samples, fastest_kt)
+    copy_ms = table["copy_x_to_y"]["median_ms"]
     for name, row in table.items():
         row["bandwidth_fraction"] = workload.nbytes / (row["median_ms"] / 1e3) / bandwidth
+        row["fraction_of_copy_in_this_run"] = copy_ms / row["median_ms"]
         row["max_rel_error"] = errors[name]
     print(f"\nKernel Tuner's configs: {dict(zip(kt_names, ranked, strict=True))}")
     print(f"the fastest of them in this run: {fastest_kt}; ratios are against it")
     print(
         f"{'kernel':20s} {'median ms':>10s} {'IQR ms':>14s} {'vs KT best':>11s} "
-        f"{'of bandwidth':>13s} {'max rel err':>12s}"
+        f"{'of bandwidth':>13s} {'of copy now':>12s} {'max rel err':>12s}"
     )
     for name, row in table.items():
         print(
             f"{name:20s} {row['median_ms']:10.2f} {row['q1_ms']:6.2f}-{row['q3_ms']:<7.2f} "
             f"{row['speedup_vs_reference']:10.2f}x {row['bandwidth_fraction']:12.1%} "
+            f"{row['fraction_of_copy_in_this_run']:11.1%} "
             f"{row['max_rel_error']:12.1e}"
         )
     print(f"load average: {loads}")

@@ -112,6 +112,35 @@ def native_call(library: Path, workload: Workload, symbol: str = "kernel") -> Ca
     return call
 
 
+CALIBRATION_SOURCE = Path(__file__).resolve().parent.parent / "gpu_workers/cpu/calibration.c"
+
+
+def copy_call(workload: Workload, source: str, destination: str) -> Call:
+    """The calibration's all-core non-temporal copy, input `source` to output
+    `destination`: the bandwidth ceiling measured in the same run, under the same load."""
+    library = compile_library(
+        "calibration_copy", CALIBRATION_SOURCE.read_text(), ("-O3", "-march=native", "-fopenmp")
+    )
+    fn = ctypes.CDLL(str(library)).kf_stream_copy
+    fn.restype = None
+    out = workload.outputs[destination]
+    sets = [
+        (
+            workload.inputs[i][source].ctypes.data_as(ctypes.c_void_p),
+            out.ctypes.data_as(ctypes.c_void_p),
+            ctypes.c_int64(out.size),
+        )
+        for i in range(workload.sets)
+    ]
+
+    def call(i: int) -> int:
+        started = time.perf_counter_ns()
+        fn(*sets[i % len(sets)])
+        return time.perf_counter_ns() - started
+
+    return call
+
+
 def timed(fn: Callable[[int], object]) -> Call:
     def call(i: int) -> int:
         started = time.perf_counter_ns()

@@ -51,6 +51,16 @@ def compile_library(name: str, source: str, flags: tuple[str, ...], compiler: st
     return lib
 
 
+def aligned(array: np.ndarray, alignment: int = 64) -> np.ndarray:
+    """A copy of `array` whose data starts on an `alignment`-byte boundary, as the
+    factory's harness passes every array."""
+    raw = np.empty(array.nbytes + alignment, dtype=np.uint8)
+    start = -raw.ctypes.data % alignment
+    out = raw[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
 @dataclass
 class Workload:
     """`sets` input sets of a problem at a shape (the factory's own generator), one output
@@ -64,11 +74,15 @@ class Workload:
 
     def __post_init__(self) -> None:
         self.inputs = [
-            self.spec.generate(self.shape, "normal", seed=1000 + i) for i in range(self.sets)
+            {
+                k: aligned(v)
+                for k, v in self.spec.generate(self.shape, "normal", seed=1000 + i).items()
+            }
+            for i in range(self.sets)
         ]
         full = self.spec.full_shape(self.shape)
         self.outputs = {
-            a.name: np.zeros(a.shape(full), dtype=np.float32) for a in self.spec.outputs
+            a.name: aligned(np.zeros(a.shape(full), dtype=np.float32)) for a in self.spec.outputs
         }
 
     def args(self, i: int) -> list[Any]:

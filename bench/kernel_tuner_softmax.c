@@ -2,7 +2,8 @@
    space of issue 13, as Kernel Tuner sees it. KT defines the tunables as macros:
    THREADS (OpenMP threads), ALGORITHM (0: max, exp+sum, scale; 1: online max+sum by
    blocks, then exp and scale), VECTOR_WIDTH (omp simd simdlen), UNROLL (vectors per step
-   of the exp loops: simdlen VECTOR_WIDTH * UNROLL) and FAST_EXP (0: libm expf; 1: a Cephes polynomial). Valid C and C++. Plain
+   of the exp loops: simdlen VECTOR_WIDTH * UNROLL) and FAST_EXP (0: libm expf; 1: a Cephes polynomial,
+   built with -ffast-math). Valid C and C++. Plain
    `#pragma omp` lines (macros expand in them): Kernel Tuner looks for that text to know
    that a library uses OpenMP and must not be unloaded (unloading one crashed it). */
 #include <float.h>

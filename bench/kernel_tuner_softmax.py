@@ -5,7 +5,8 @@ Usage (Kernel Tuner lives in bench/.kt only, never in the package: `make bench-k
   .venv/bin/python bench/kernel_tuner_softmax.py --budget 40 --rounds 20
 
 1. Kernel Tuner 1.5.0 brute-forces the issue's 96-point space (threads 1|2, algorithm
-   three-pass|online, vector width 4|8|16, unroll 1|2|4|8, fast exp 0|1;
+   three-pass|online, vector width 4|8|16, unroll 1|2|4|8, fast exp 0|1: libm expf or a
+   polynomial exp built with -ffast-math;
    bench/kernel_tuner_softmax.c), with its own timing and its answer check.
 2. The factory's side: a TPE search over the `softmax_rows` template (the planner's
    sampler), `--budget` points, each compiled and timed in this process (not a

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow check bench clean
+.PHONY: run test test-slow check bench bench-kt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ check: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/kfactory bench store --json
+
+# Kernel Tuner for the comparison bench only (bench/.kt, never a package dependency).
+KT := bench/.kt
+
+$(KT)/.installed: $(STAMP)
+	$(BIN)/pip install --quiet --target $(KT) kernel_tuner==1.5.0
+	touch $@
+
+bench-kt: $(KT)/.installed
+	$(BIN)/python bench/kernel_tuner_softmax.py
 
 clean:
 	rm -rf $(VENV) .kfactory .pytest_cache .mypy_cache .ruff_cache

@@ -13,6 +13,7 @@ from kernels.design_space import (
     Rendered,
     Template,
 )
+from kernels.host_isa import host_has
 
 FLAG_CHOICES: tuple[str, ...] = (
     "-O3 -march=native",
@@ -104,6 +105,205 @@ def _row_template(
         defaults=defaults,
         best_known=best,
     )
+
+
+# The row kernels that can reach the memory limit (softmax, rmsnorm, layernorm, the fused
+# chain): one vector layer (`_vec.c.j2`, portable or explicit AVX-512), the next rows
+# prefetched while a row works out of cache, streaming stores for the final write only,
+# and per kernel the structure of its passes.
+
+
+def _stream_params() -> tuple[Param, ...]:
+    return (
+        Param("threads", (0, 1, 2), "OpenMP threads over rows; 0 = all cores"),
+        Param("schedule", ("static", "dynamic"), "OpenMP schedule of rows"),
+        Param("simdlen", (8, 16), "floats per vector"),
+        Param(
+            "isa",
+            ("portable", "avx512"),
+            "portable: GCC vector extensions, lowered to what the flags enable; avx512: "
+            "explicit 512-bit intrinsics (16 floats, only on a host with AVX-512)",
+        ),
+        Param("unroll", (1, 2, 4), "vectors per loop step (and independent accumulators)"),
+        Param(
+            "streaming",
+            (False, True),
+            "non-temporal stores for the final write of the output, which nothing reads again",
+        ),
+        Param(
+            "prefetch",
+            (0, 1, 2),
+            "prefetch the row this many rows ahead while a row is worked from cache (0 = off)",
+        ),
+        Param("flags", FLAG_CHOICES, "compiler flags"),
+    )
+
+
+def _avx512_is_16_wide(p: Params) -> bool:
+    return p["isa"] != "avx512" or int(p["simdlen"]) == 16
+
+
+def _avx512_on_this_host(p: Params) -> bool:
+    return p["isa"] != "avx512" or host_has("avx512f")
+
+
+STREAM_CONSTRAINTS: tuple[Constraint, ...] = (
+    ROW_CONSTRAINTS[1],
+    Constraint(
+        "explicit AVX-512 is 16 floats wide",
+        "isa avx512 works on __m512 registers: simdlen 16",
+        _avx512_is_16_wide,
+    ),
+    Constraint(
+        "explicit AVX-512 only where the host has it",
+        "isa avx512 needs a host whose CPU flags list avx512f (restriction on the host's ISA)",
+        _avx512_on_this_host,
+    ),
+)
+
+
+def _online_keeps_no_buffer(p: Params) -> bool:
+    return p["fuse"] == "none" or (not p["buffer"] and int(p["tile"]) == 0)
+
+
+def _softmax_streams_an_untouched_output(p: Params) -> bool:
+    return not p["streaming"] or bool(p["buffer"]) or p["fuse"] == "online"
+
+
+def _chain_streams_an_untouched_output(p: Params) -> bool:
+    return not p["streaming"] or p["intermediate"] != "output"
+
+
+def _stream_template(
+    name: str,
+    problem: str,
+    file: str,
+    algorithm: str,
+    extra: tuple[Param, ...],
+    constraints: tuple[Constraint, ...],
+    shape_defaults: dict[str, ParamValue],
+    best: dict[str, ParamValue],
+) -> Template:
+    defaults: dict[str, ParamValue] = {
+        "threads": 0,
+        "schedule": "static",
+        "simdlen": 8,
+        "isa": "portable",
+        "unroll": 2,
+        "streaming": False,
+        "prefetch": 0,
+        "flags": "-O3 -march=native",
+        **shape_defaults,
+    }
+    return Template(
+        name=name,
+        problem=problem,
+        target="cpu",
+        file=file,
+        algorithm=algorithm,
+        params=(*_stream_params(), *extra),
+        constraints=(*STREAM_CONSTRAINTS, *constraints),
+        defaults=defaults,
+        best_known={**defaults, **best},
+    )
+
+
+SOFTMAX_ROWS = _stream_template(
+    "softmax_rows",
+    "softmax",
+    "softmax_rows.c.j2",
+    "per tile: max, then exp into a row buffer (or the output) and its sum; one scaling "
+    "pass writes the output. Or online: one sweep for max and sum, then exp and scale",
+    (
+        Param(
+            "fuse",
+            ("none", "online"),
+            "none: a max pass, then exp; online: max and sum in one sweep of x (running max, "
+            "rescaled sum), exp computed again in the output pass",
+        ),
+        Param(
+            "buffer",
+            (False, True),
+            "exp values kept in a per-thread row buffer (L1/L2) instead of the output row",
+        ),
+        Param(
+            "tile",
+            (0, 512, 2048),
+            "max and exp sweep the row in tiles of this many floats, each still in L1 "
+            "(0 = the whole row per sweep)",
+        ),
+    ),
+    (
+        Constraint(
+            "online keeps no buffer",
+            "the online sweep stores nothing: buffer and tile belong to fuse none",
+            _online_keeps_no_buffer,
+        ),
+        Constraint(
+            "streaming only to an untouched output",
+            "a non-temporal store to a line the row just wrote (exp values in the output) "
+            "evicts it from cache first: stream only with a buffer or the online sweep",
+            _softmax_streams_an_untouched_output,
+        ),
+    ),
+    {"fuse": "none", "buffer": False, "tile": 0},
+    # the best point bench/kernel_tuner_softmax.py's search found on a shared 2-core AVX2
+    # EPYC; on a quiet AVX-512 host the search may well prefer buffer + streaming
+    {"unroll": 2, "tile": 2048, "flags": "-O3 -march=native -ffast-math"},
+)
+
+RMSNORM_ROWS = _stream_template(
+    "rmsnorm_rows",
+    "rmsnorm",
+    "rmsnorm.c.j2",
+    "sum of squares over the row, then a scale pass from cache",
+    (),
+    (),
+    {},
+    {"streaming": True, "prefetch": 1},
+)
+
+LAYERNORM_ROWS = _stream_template(
+    "layernorm_rows",
+    "layernorm",
+    "layernorm.c.j2",
+    "mean and variance (two sweeps, or one with shifted sums), then the output pass",
+    (
+        Param(
+            "fuse",
+            ("none", "online"),
+            "none: a mean pass, then a variance pass; online: sum and sum of squares "
+            "(shifted by the row's first element) in one sweep",
+        ),
+    ),
+    (),
+    {"fuse": "none"},
+    {"streaming": True, "prefetch": 1, "fuse": "online"},
+)
+
+RESIDUAL_RMSNORM_GELU_FUSED = _stream_template(
+    "residual_rmsnorm_gelu_fused",
+    "residual_rmsnorm_gelu",
+    "residual_rmsnorm_gelu.c.j2",
+    "per row: h = x + r and its sum of squares in one sweep, then gelu(h * inv * w)",
+    (
+        Param(
+            "intermediate",
+            ("output", "buffer", "recompute"),
+            "where h = x + r waits for the scale: in the output row, in a per-thread row "
+            "buffer (L1/L2), or recomputed from x and r (still in cache)",
+        ),
+    ),
+    (
+        Constraint(
+            "streaming only to an untouched output",
+            "h kept in the output row is re-read: stream only with a buffer or recompute",
+            _chain_streams_an_untouched_output,
+        ),
+    ),
+    {"intermediate": "output"},
+    {"streaming": True, "prefetch": 1, "intermediate": "buffer"},
+)
 
 
 def _matmul_tiles_fit_l2(p: Params) -> bool:
@@ -237,29 +437,11 @@ MATMUL_PACKED = Template(
 TEMPLATES: dict[str, Template] = {
     t.name: t
     for t in (
-        _row_template(
-            "softmax_threepass",
-            "softmax",
-            "softmax_threepass.c.j2",
-            "max pass, exp-and-sum pass, scale pass",
-        ),
-        _row_template(
-            "softmax_online",
-            "softmax",
-            "softmax_online.c.j2",
-            "one pass with a running max and rescaled sum, then one output pass",
-        ),
-        _row_template("rmsnorm_rows", "rmsnorm", "rmsnorm.c.j2", "sum of squares, scale pass"),
-        _row_template(
-            "layernorm_rows", "layernorm", "layernorm.c.j2", "mean pass, variance pass, output"
-        ),
+        SOFTMAX_ROWS,
+        RMSNORM_ROWS,
+        LAYERNORM_ROWS,
         _row_template("gelu_stream", "gelu", "gelu.c.j2", "elementwise, chunked over threads"),
-        _row_template(
-            "residual_rmsnorm_gelu_fused",
-            "residual_rmsnorm_gelu",
-            "residual_rmsnorm_gelu.c.j2",
-            "one fused pass per row: add, sum of squares, then scale and gelu",
-        ),
+        RESIDUAL_RMSNORM_GELU_FUSED,
         _row_template(
             "kda_recurrent",
             "kda",
@@ -279,7 +461,7 @@ def templates_for(problem: str, target: str = "cpu") -> list[Template]:
 
 
 EXAMPLE_TEMPLATES: dict[str, str] = {
-    "softmax": "softmax_threepass",
+    "softmax": "softmax_rows",
     "rmsnorm": "rmsnorm_rows",
     "layernorm": "layernorm_rows",
     "gelu": "gelu_stream",

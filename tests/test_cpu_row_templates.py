@@ -1,0 +1,136 @@
+"""The row templates that can reach the memory limit (softmax, rmsnorm, layernorm, the fused
+chain): every pass structure compiles, the explicit AVX-512 path compiles with -mavx512f
+and is searched only on a host that has it, streaming stores write only what nothing reads
+again, and points of every structure pass the factory's verifier."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.verifier import verify
+from kernels.builtin import BUILTIN
+from kernels.design_space import Template
+from kernels.host_isa import host_cpu_flags
+from kernels.templates import TEMPLATES
+from tests.cpu_support import cpu_backend, kf_cache
+
+__all__ = ["cpu_backend", "kf_cache"]
+
+ROW_TEMPLATES = ("softmax_rows", "rmsnorm_rows", "layernorm_rows", "residual_rmsnorm_gelu_fused")
+STRUCTURE = ("fuse", "buffer", "tile", "streaming", "intermediate")
+
+
+def one_point_per_structure(template: Template) -> list[dict[str, object]]:
+    """The first valid point of each combination of the structural parameters."""
+    names = [n for n in STRUCTURE if n in template.space()]
+    found: dict[tuple[object, ...], dict[str, object]] = {}
+    for point in template.valid_points():
+        found.setdefault(tuple(point[n] for n in names), dict(point))
+    return list(found.values())
+
+
+def compile_object(source: str, flags: tuple[str, ...], folder: Path, name: str) -> str:
+    """gcc's errors for `source` built with `flags` at -O0 (a quick check of the source: the
+    verification tests build at the point's own optimisation level)."""
+    src = folder / f"{name}.c"
+    src.write_text(source)
+    quick = [f for f in flags if not f.startswith("-O") and f != "-funroll-loops"]
+    proc = subprocess.run(
+        ["gcc", *quick, "-O0", "-fPIC", "-Wall", "-Wno-psabi", "-c", str(src), "-o", f"{src}.o"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.stderr if proc.returncode else ""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_the_avx512_path_compiles_with_avx512f_and_refuses_to_build_without(
+    tmp_path: Path,
+) -> None:
+    """Rendered past the host restriction (this host may lack AVX-512): it must build for
+    AVX-512 even where it cannot run. Every other structure is built by the verification
+    tests below."""
+    jobs: list[tuple[str, str, tuple[str, ...]]] = []
+    for name in ROW_TEMPLATES:
+        template = TEMPLATES[name]
+        explicit = {**template.best_known, "isa": "avx512", "simdlen": 16}
+        rendered = template.generate(explicit, "fp32")
+        assert "_mm512_" in rendered.source and "__m512" in rendered.source
+        jobs.append((f"{name}-avx512", rendered.source, (*rendered.flags, "-mavx512f")))
+    plain = tuple(f for f in jobs[0][2] if f not in ("-mavx512f", "-march=native"))
+    jobs.append(("plain", jobs[0][1], plain))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        errors = list(pool.map(lambda j: compile_object(j[1], j[2], tmp_path, j[0]), jobs))
+    assert errors[:-1] == [""] * len(ROW_TEMPLATES)
+    assert "explicit AVX-512 path" in errors[-1]
+
+
+def test_the_avx512_path_is_searched_only_on_a_host_that_has_it() -> None:
+    has = "avx512f" in host_cpu_flags()
+    for name in ROW_TEMPLATES:
+        template = TEMPLATES[name]
+        wide = {**template.best_known, "isa": "avx512", "simdlen": 16}
+        assert template.is_valid(wide) == has, name
+        assert not template.is_valid({**wide, "simdlen": 8})
+        offered = {p["isa"] for p in template.valid_points()}
+        assert offered == ({"portable", "avx512"} if has else {"portable"})
+
+
+def test_streaming_stores_only_where_nothing_reads_the_output_again() -> None:
+    softmax = TEMPLATES["softmax_rows"]
+    into_output = {**softmax.defaults, "fuse": "none", "buffer": False, "streaming": True}
+    assert "streaming only to an untouched output" in softmax.violations(into_output)
+    assert softmax.is_valid({**into_output, "buffer": True})
+    assert softmax.is_valid({**into_output, "fuse": "online"})
+    chain = TEMPLATES["residual_rmsnorm_gelu_fused"]
+    assert not chain.is_valid({**chain.defaults, "intermediate": "output", "streaming": True})
+    for name in ROW_TEMPLATES:
+        template = TEMPLATES[name]
+        for point in one_point_per_structure(template):
+            if not point["streaming"]:
+                continue
+            source = template.render(point).source
+            row_function = source[source.index("static void ") :]
+            after_first_stream = row_function[
+                row_function.index("v_stream(") : row_function.index("void kernel(")
+            ]
+            # after the first non-temporal store nothing reads the output row
+            assert "v_load(y" not in after_first_stream, (name, point)
+            assert not re.search(r"=[^;]*\byt?\[", after_first_stream), (name, point)
+
+
+def test_one_point_of_each_row_template_off_its_best_known_verifies(
+    cpu_backend: CpuBackend,
+) -> None:
+    others = {
+        "softmax_rows": {"fuse": "online", "tile": 0, "streaming": True, "prefetch": 2},
+        "rmsnorm_rows": {"simdlen": 16, "unroll": 1, "streaming": False, "threads": 1},
+        "layernorm_rows": {"fuse": "none", "unroll": 4, "prefetch": 0},
+        "residual_rmsnorm_gelu_fused": {"intermediate": "recompute", "streaming": True},
+    }
+    for name, change in others.items():
+        template = TEMPLATES[name]
+        point = {**template.best_known, **change}
+        rendered = template.render(point)
+        verdict = verify(BUILTIN[template.problem], cpu_backend, rendered.source, rendered.flags)
+        assert verdict.verified, (name, point, verdict.seed, verdict.rejection)
+
+
+@pytest.mark.slow  # one verification per pass structure: about 90 s
+@pytest.mark.parametrize("name", ROW_TEMPLATES)
+def test_every_pass_structure_of_the_row_templates_verifies(
+    name: str, cpu_backend: CpuBackend
+) -> None:
+    template = TEMPLATES[name]
+    for point in one_point_per_structure(template):
+        rendered = template.render(point)
+        verdict = verify(BUILTIN[template.problem], cpu_backend, rendered.source, rendered.flags)
+        assert verdict.verified, (name, point, verdict.seed, verdict.rejection)

@@ -2,9 +2,9 @@
 exhaustive best of a design space, as a fraction of the space.
 
 Usage:
-  .venv/bin/python bench/space_table.py --template softmax_threepass    # measure once
+  .venv/bin/python bench/space_table.py --template softmax_rows    # measure once
   .venv/bin/python bench/search_efficiency.py                           # replay, 10 seeds
-  .venv/bin/python bench/search_efficiency.py --template softmax_threepass --shape 256x4096
+  .venv/bin/python bench/search_efficiency.py --template softmax_rows --shape 256x4096
 
 The space was measured exhaustively once on this host (`bench/space_table.py`: every
 valid point compiled, checked and timed; the table is cached under bench/results/). The
@@ -41,7 +41,7 @@ TARGET = 0.12
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problem", default="softmax")
-    parser.add_argument("--template", default="softmax_threepass")
+    parser.add_argument("--template", default="softmax_rows")
     parser.add_argument("--shape", default="2048x512")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--per-generation", type=int, default=8)

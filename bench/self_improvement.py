@@ -3,7 +3,7 @@ ran at another shape? Warm start against cold start, in evaluations to reach 95%
 exhaustive best.
 
 Usage:
-  .venv/bin/python bench/space_table.py --template softmax_threepass    # measure once
+  .venv/bin/python bench/space_table.py --template softmax_rows    # measure once
   .venv/bin/python bench/self_improvement.py                            # replay, 5 seeds
 
 The space was measured exhaustively once on this host at both shapes
@@ -44,7 +44,7 @@ TARGET = 0.5
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problem", default="softmax")
-    parser.add_argument("--template", default="softmax_threepass")
+    parser.add_argument("--template", default="softmax_rows")
     parser.add_argument("--shape-a", default="256x4096")
     parser.add_argument("--shape-b", default="2048x512")
     parser.add_argument("--budget", type=int, default=60, help="the earlier campaign's")

@@ -3,7 +3,7 @@ be replayed against real timings for many seeds.
 
 Usage:
   .venv/bin/python bench/space_table.py                      # softmax at 256x4096 and 2048x512
-  .venv/bin/python bench/space_table.py --template softmax_threepass   # one space of it
+  .venv/bin/python bench/space_table.py --template softmax_rows   # one space of it
   .venv/bin/python bench/space_table.py --problem rmsnorm --shapes 1024x4096
 
 Every valid point of every space the planner searches for the problem (cpu, fp32) is

@@ -208,39 +208,43 @@ class Benchmarker(Actor):
         history = await self._reader.catch_up(event.event_id)
         problem = await asyncio.to_thread(load_problem, event.problem)
         job = timing_job(history, event, problem.dims)
-        if job is None:
-            return
-        incumbent = job.incumbent
-        async with self._leases.shared(self._device, self.status):
-            self.status("building")
-            builds = await asyncio.to_thread(
-                build_for_timing,
-                event.target,
-                problem,
-                job.source,
-                job.flags,
-                event.dtype,
-                incumbent=(incumbent.source, tuple(incumbent.flags)) if incumbent else None,
-            )
-        if isinstance(builds, Rejection):  # did not build: no window, no calibration needed
-            decide_timed(event, out, builds, device="", incumbent=None)
-            return
-        async with self._leases.timing(self._device, self.status) as held:
-            # another benchmarker may have timed it while this one waited (a redelivery)
-            if timing_job(await self._reader.catch_up(), event, problem.dims) is None:
+        while job is not None:
+            incumbent = job.incumbent
+            async with self._leases.shared(self._device, self.status):
+                self.status("building")
+                builds = await asyncio.to_thread(
+                    build_for_timing,
+                    event.target,
+                    problem,
+                    job.source,
+                    job.flags,
+                    event.dtype,
+                    incumbent=(incumbent.source, tuple(incumbent.flags)) if incumbent else None,
+                )
+            if isinstance(builds, Rejection):  # did not build: no window, no calibration
+                decide_timed(event, out, builds, device="", incumbent=None)
                 return
-            calibration, outcome = await asyncio.to_thread(
-                self._time, builds, problem, event.dtype, job.shape
+            async with self._leases.timing(self._device, self.status) as held:
+                # The history as it is now: another benchmarker may have timed this kernel
+                # while this one waited (a redelivery), or promoted a new best since the
+                # build: then build against that one, outside the window, and come back.
+                fresh = timing_job(await self._reader.catch_up(), event, problem.dims)
+                if fresh is None or _candidate(fresh.incumbent) != _candidate(incumbent):
+                    job = fresh
+                    continue
+                calibration, outcome = await asyncio.to_thread(
+                    self._time, builds, problem, event.dtype, job.shape
+                )
+                held.check()  # lost meanwhile: presumed dead, its result is not published
+            decide_timed(
+                event,
+                out,
+                outcome,
+                device=calibration.host,
+                incumbent=_candidate(incumbent),
+                window=TimedWindow(self._device, held.token),
             )
-            held.check()  # lost meanwhile: presumed dead, its result is not published
-        decide_timed(
-            event,
-            out,
-            outcome,
-            device=calibration.host,
-            incumbent=incumbent.candidate_id if incumbent else None,
-            window=TimedWindow(self._device, held.token),
-        )
+            return
 
     def _time(
         self,
@@ -258,3 +262,7 @@ class Benchmarker(Actor):
             shape=shape,
             recalibrate=lambda: recalibrate(self.target),
         )
+
+
+def _candidate(incumbent: Incumbent | None) -> str | None:
+    return incumbent.candidate_id if incumbent is not None else None

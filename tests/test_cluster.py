@@ -12,6 +12,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StreamConfig
+from nats.js.errors import NoStreamResponseError
 
 from bus.cluster import LocalCluster, wait_for_jetstream
 from bus.connection import connect, jetstream
@@ -24,7 +25,7 @@ async def publish_until_acked(js: JetStreamContext, subject: str, data: bytes) -
     while True:
         try:
             return await js.publish(subject, data, timeout=2, headers={"Nats-Msg-Id": subject})
-        except (NatsTimeoutError, NoRespondersError):
+        except (NatsTimeoutError, NoRespondersError, NoStreamResponseError):
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)

@@ -18,7 +18,7 @@ problem = "softmax"
 target = "cpu"
 shapes = [[256, 1024]]
 [budget]
-candidates = 6
+candidates = 5
 wall_time = "10m"
 stop_at_roofline = 1.5
 [search]
@@ -47,7 +47,7 @@ def test_llm_variations_are_verified_fixed_retried_and_recorded(tmp_path: Path) 
     broken = good + "\nthis line is not C;\n"
     script = [
         Reply(fenced(good, "improved")),  # generation 1: improve(seed)
-        Reply(fenced(broken, "crossed")),  # generation 1: crossover -> fails to compile
+        Reply(fenced(broken, "broken")),  # generation 1: improve again -> fails to compile
         HttpError(500),  # generation 2: fix(broken): an API error, retried...
         Reply(fenced(good, "fixed")),  # ... and answered
         Delay(5.0),  # generation 2: another variation times out, retried...
@@ -74,7 +74,9 @@ def test_llm_variations_are_verified_fixed_retried_and_recorded(tmp_path: Path) 
         "payload->>'error' AS error, payload->>'candidate_id' AS candidate, "
         "payload->'prompt' AS prompt FROM events WHERE type = 'LlmExchanged' ORDER BY position",
     )
-    assert [row["op"] for row in exchanges][:3] == ["improve", "crossover", "fix"]
+    # softmax has one template: generation 0 is its one seed (so 4 variations fill the
+    # budget of 5), the archive starts with one elite and generation 1 improves it twice (crossover, which needs two, is tested in test_llm_archive.py)
+    assert [row["op"] for row in exchanges][:3] == ["improve", "improve", "fix"]
     assert [row["attempts"] for row in exchanges] == ["1", "1", "2", "2"]
 
     verified_llm = sql(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -92,7 +93,11 @@ def server(
     try:
         run_command(
             lambda stop: _serve(
-                stop, folder, nats, listen, port, not no_auth, tls, tls_ca, external, lease_ttl
+                stop,
+                of_a_cluster=nats is not None,
+                record=lambda: _record(
+                    stop, folder, nats, listen, port, not no_auth, tls, tls_ca, external, lease_ttl
+                ),
             ),
             stopped_status=0,  # a server's normal end is a signal: what it got is recorded
         )
@@ -103,28 +108,17 @@ def server(
 
 
 async def _serve(
-    stop: asyncio.Event,
-    home: Path,
-    nats_url: str | None,
-    listen: str,
-    port: int,
-    auth: bool,
-    tls: TlsFiles | None,
-    ca_file: Path | None,
-    external: ClientAuth | None,
-    lease_ttl: int,
+    stop: asyncio.Event, *, of_a_cluster: bool, record: Callable[[], Awaitable[None]]
 ) -> None:
     """Record; a server of a cluster that is deposed (its renewals went unanswered for a
     whole TTL, say while the cluster elected a leader) writes nothing more and stands by
     again, so a cluster with one recorder goes on recording once the lease is free."""
     while True:
         try:
-            await _record(
-                stop, home, nats_url, listen, port, auth, tls, ca_file, external, lease_ttl
-            )
+            await record()
             return
         except (LeaseLost, FencedOut) as exc:
-            if nats_url is None or stop.is_set():
+            if not of_a_cluster or stop.is_set():
                 raise
             log.warning("deposed; standing by again", error=str(exc))
             typer.echo(f"kfactory server: deposed ({exc}); standing by again", err=True)

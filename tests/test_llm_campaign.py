@@ -75,7 +75,8 @@ def test_llm_variations_are_verified_fixed_retried_and_recorded(tmp_path: Path) 
         "payload->'prompt' AS prompt FROM events WHERE type = 'LlmExchanged' ORDER BY position",
     )
     # softmax has one template: generation 0 is its one seed (so 4 variations fill the
-    # budget of 5), the archive starts with one elite and generation 1 improves it twice (crossover, which needs two, is tested in test_llm_archive.py)
+    # budget of 5), the archive starts with one elite and generation 1 improves it twice
+    # (crossover, which needs two, is tested in test_llm_archive.py)
     assert [row["op"] for row in exchanges][:3] == ["improve", "improve", "fix"]
     assert [row["attempts"] for row in exchanges] == ["1", "1", "2", "2"]
 

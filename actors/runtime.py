@@ -12,7 +12,7 @@ for redelivery; nothing is acked that was not done.
 
 While it runs, the runtime publishes the actor's heartbeat (`bus/heartbeat.py`): what it
 serves, the event it is handling, and its state in words, which a handler sets with
-`self.status(...)` (for instance while it waits for the host's benchmark lock).
+`self.status(...)` (for instance while it waits for a device's lease).
 """
 
 from __future__ import annotations

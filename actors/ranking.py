@@ -117,23 +117,51 @@ def _timed_at(candidate: Candidate) -> datetime:
     return candidate.benchmark.ts
 
 
+def short_id(candidate: Candidate) -> str:
+    """`gN:cM`, the candidate's generation and number without its campaign."""
+    return ":".join(candidate.candidate_id.rsplit(":", 2)[-2:])
+
+
+def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]:
+    """The promotion walk (see `promotions`), with each timed kernel's standing in words."""
+    timed = sorted(at_campaign_shape(candidates), key=_timed_at)
+    chain: list[Candidate] = []
+    standing: dict[str, str] = {}
+    for challenger in timed:
+        if not chain:
+            chain.append(challenger)
+            standing[challenger.candidate_id] = "promoted: timed first"
+            continue
+        best = chain[-1]
+        verdict = beat_in_head_to_head(challenger, best)
+        if verdict is not None:
+            words = "beat" if verdict else "lost to"
+            how = f"{words} {short_id(best)} head to head"
+        else:
+            verdict = clearly_faster(challenger, best)
+            how = ("faster than " if verdict else "not clearly faster than ") + (
+                f"{short_id(best)} by own time"
+            )
+        standing[challenger.candidate_id] = ("promoted: " if verdict else "") + how
+        if verdict:
+            chain.append(challenger)
+    return chain, standing
+
+
 def promotions(candidates: list[Candidate]) -> list[Candidate]:
     """The kernels that became the best, in the order they were promoted: walking the
     kernels in the order they were timed, the first timed kernel, then each kernel that
     beat the best of its time head to head (or, timed against another kernel, is clearly
     faster by its own time)."""
-    timed = sorted(at_campaign_shape(candidates), key=_timed_at)
-    chain: list[Candidate] = []
-    for challenger in timed:
-        if not chain:
-            chain.append(challenger)
-            continue
-        verdict = beat_in_head_to_head(challenger, chain[-1])
-        if verdict is None:
-            verdict = clearly_faster(challenger, chain[-1])
-        if verdict:
-            chain.append(challenger)
-    return chain
+    return _walk(candidates)[0]
+
+
+def standings(candidates: list[Candidate]) -> dict[str, str]:
+    """Why each timed kernel is or is not the best, by candidate id: "promoted: beat g0:c1
+    head to head", "lost to g0:c1 head to head", "not clearly faster than g1:c0 by own
+    time". A leaderboard shows it, since its other rows are sorted by own median, which
+    can put a kernel faster than the best that never beat it."""
+    return _walk(candidates)[1]
 
 
 def best_of(candidates: list[Candidate]) -> Candidate | None:

@@ -19,7 +19,7 @@ from pygments.lexers import CLexer, CudaLexer
 from actors.best_kernels import kernel_text, ranked
 from actors.campaign_overview import evaluation_order
 from actors.history import Candidate, History
-from actors.ranking import CampaignBaseline, campaign_baseline, speedup_over
+from actors.ranking import CampaignBaseline, campaign_baseline, speedup_over, standings
 from actors.story import Rebuilt
 from eventstore.events import Event, HostCalibrated
 from kernels.loading import load_problem
@@ -36,6 +36,7 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
     campaign = history.campaigns[campaign_id]
     board = ranked(history, campaign_id)
     baseline = campaign_baseline(history.campaign_candidates(campaign_id))
+    standing = standings(history.campaign_candidates(campaign_id))
     cited = _cited_events(rebuilt, history, campaign_id)
     curve = _curve_figure(history, campaign_id, baseline)
     roofline, roofline_note = _roofline_figure(board, calibrations)
@@ -50,7 +51,10 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
         curve_html=curve.to_html(full_html=False, include_plotlyjs=True, div_id="curve"),
         roofline_html=roofline.to_html(full_html=False, include_plotlyjs=False, div_id="roofline"),
         roofline_note=roofline_note,
-        board=[_board_row(rank, c, baseline) for rank, c in enumerate(board, 1)],
+        board=[
+            {**_board_row(rank, c, baseline), "standing": standing.get(c.candidate_id, "")}
+            for rank, c in enumerate(board, 1)
+        ],
         baseline=baseline.words() if baseline else "none timed",
         lessons=campaign.lessons,
         cited=cited,

@@ -37,7 +37,13 @@ from actors.campaign import (
 )
 from actors.history import History
 from actors.planner import summary
-from actors.ranking import CampaignBaseline, best_of, campaign_baseline, speedup_over
+from actors.ranking import (
+    CampaignBaseline,
+    best_of,
+    campaign_baseline,
+    speedup_over,
+    standings,
+)
 from actors.spaces import design_spaces
 from bus.auth import AuthError, ClientAuth
 from bus.connection import INTERACTIVE_WAIT, connect, jetstream
@@ -481,7 +487,9 @@ def _result(
     if campaign.finished is not None:
         result["finished"] = campaign.finished.reason
     timed = ranked(history, campaign_id)  # the best, then by own median time
-    baseline = campaign_baseline(history.campaign_candidates(campaign_id))
+    candidates = history.campaign_candidates(campaign_id)
+    baseline = campaign_baseline(candidates)
+    standing = standings(candidates)
     result["by_generation"] = _generations(history, campaign_id, baseline)
     result["campaign_baseline"] = (
         {**baseline.as_dict(), "words": baseline.words()} if baseline else None
@@ -497,6 +505,7 @@ def _result(
             "speedup": speedup_over(c, baseline),
             "own_baseline_speedup": c.benchmark.speedup,
             "roofline_fraction": c.benchmark.roofline_fraction,
+            "standing": standing.get(c.candidate_id, ""),
         }
         for rank, c in enumerate(timed[:10], 1)
         if c.benchmark is not None
@@ -518,6 +527,7 @@ def _print_results(result: dict[str, Any]) -> None:
         "IQR ms",
         "speedup",
         "roofline",
+        "standing",
     ):
         board.add_column(column)
     for row in result["leaderboard"]:
@@ -525,13 +535,14 @@ def _print_results(result: dict[str, Any]) -> None:
         speedup = row["speedup"] if row["speedup"] is not None else row["own_baseline_speedup"]
         board.add_row(
             str(row["rank"]),
-            candidate.rsplit(":", 2)[-2] + ":" + candidate.rsplit(":", 1)[-1],
+            ":".join(candidate.rsplit(":", 2)[-2:]),
             row["template"],
             " ".join(f"{k}={v}" for k, v in row["params"].items()),
             f"{row['median_ms']:.3f}",
             f"{row['iqr_ms']:.3f}",
             f"{speedup:.2f}x",
             f"{row['roofline_fraction']:.0%}",
+            row["standing"],
         )
     for row in result["by_generation"]:
         if row["lessons_used"]:
@@ -549,6 +560,12 @@ def _print_results(result: dict[str, Any]) -> None:
             markup=False,
         )
     out.print(board)
+    if result["leaderboard"]:
+        out.print(
+            "rank 1 is the best: the last kernel promoted, by a head-to-head run against the "
+            "best of its time; the others follow by their own median, timed in other runs",
+            markup=False,
+        )
     if result["campaign_baseline"] is not None:
         out.print(f"campaign baseline: {result['campaign_baseline']['words']}", markup=False)
     finished = result.get("finished")

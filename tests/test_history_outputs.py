@@ -166,6 +166,7 @@ def test_the_report_renders_in_headless_chromium(home: Path, tmp_path: Path) -> 
         start = dom.stdout.index(f'id="{chart}"')
         assert "main-svg" in dom.stdout[start : start + 20_000], f"{chart} was not drawn"
     assert "Leaderboard" in dom.stdout and "Winning kernel" in dom.stdout
+    assert "promoted: timed first" in text, "the leaderboard says how its best was promoted"
     shot = tmp_path / "report.png"
     subprocess.run(
         [

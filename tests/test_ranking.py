@@ -3,19 +3,21 @@ time at the campaign's shape, one campaign-level baseline, promotion by head-to-
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import msgspec
+from rich.console import Console
 
 from actors.audit import audit_projections
 from actors.best_kernels import ranked
 from actors.campaign import Budget, CampaignSpec
 from actors.history import History
 from actors.librarian import decide_librarian
-from actors.ranking import best_of, campaign_baseline, speedup_over
+from actors.ranking import best_of, campaign_baseline, speedup_over, standings
 from actors.runtime import Reactions
 from actors.story import generations as story_generations
 from eventstore.codec import encode
@@ -36,6 +38,8 @@ from eventstore.events import (
 from eventstore.store import Recorded
 from gpu_workers.benchmarker import TimingRun, head_to_head, paired_ratios, within_noise
 from ops.run_cmd import _generations as run_generations
+from ops.run_cmd import _print_results as print_results
+from ops.run_cmd import _result as run_result
 
 CAMPAIGN = "ranked"
 ACTOR = ActorRef(role="benchmarker", instance="benchmarker-0", host="test")
@@ -192,6 +196,28 @@ def test_the_fastest_own_time_wins_where_the_speedup_ranking_would_not() -> None
     assert speedups == [100 / 8, 100 / 9, 100 / 10]  # one baseline: the order of own times
 
 
+def test_each_row_says_why_it_is_or_is_not_the_best() -> None:
+    log = noisy_baselines()
+    # c3 is faster by its own median than the best, c1, but lost to it head to head;
+    # c4 was timed against no kernel and is within c1's noise.
+    log.timed("c3", median_ms=7.9, baseline_ms=100.0, versus="c1", faster=False)
+    log.timed("c4", median_ms=8.05, baseline_ms=100.0, iqr_ms=0.2)
+    log.timed("c5", median_ms=6.0, baseline_ms=100.0)
+    words = {
+        k.rsplit(":", 1)[-1]: v
+        for k, v in standings(log.history.campaign_candidates(CAMPAIGN)).items()
+    }
+    assert words == {
+        "c0": "promoted: timed first",
+        "c1": "promoted: beat g0:c0 head to head",
+        "c2": "lost to g0:c1 head to head",
+        "c3": "lost to g0:c1 head to head",
+        "c4": "not clearly faster than g0:c1 by own time",
+        "c5": "promoted: faster than g0:c1 by own time",
+    }
+    assert ids(ranked(log.history, CAMPAIGN))[:3] == ["c5", "c3", "c1"]
+
+
 def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best() -> None:
     log = noisy_baselines(planned=3)  # the generation is settled: the librarian closes it
     history = log.history
@@ -269,3 +295,15 @@ def test_head_to_head_pairs_rounds_and_calls_a_straddle_noise() -> None:
     close = TimingRun(kernel_ns=[95, 104, 97, 102], incumbent_ns=[100, 100, 100, 100])
     versus = head_to_head(paired_ratios(close), remeasured=False)
     assert versus.faster and within_noise(versus)  # looks faster, but not in most rounds
+
+
+def test_runs_leaderboard_shows_each_rows_standing(capsys: Any) -> None:
+    log = noisy_baselines()
+    result = run_result(log.history, CAMPAIGN, Console(file=io.StringIO()))
+    rows = {row["candidate"].rsplit(":", 1)[-1]: row for row in result["leaderboard"]}
+    assert [row["rank"] for row in result["leaderboard"]] == [1, 2, 3]
+    assert rows["c1"]["rank"] == 1 and rows["c1"]["standing"].startswith("promoted: beat")
+    assert rows["c2"]["standing"] == "lost to g0:c1 head to head"
+    print_results(result)
+    out = capsys.readouterr().out
+    assert "standing" in out and "lost to g0:c1" in out and "rank 1 is the best" in out

@@ -32,7 +32,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from search_replay import OBJECTIVES, Campaign, column, random_search, search, spaces_of  # noqa: E402
+from search_replay import (  # noqa: E402
+    Campaign,
+    column,
+    random_search,
+    replay_arguments,
+    search,
+    spaces_of,
+    table_facts,
+)
 from space_table import RESULTS, load_table, table_path  # noqa: E402
 
 TARGET = 0.12
@@ -40,15 +48,9 @@ TARGET = 0.12
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--problem", default="softmax")
-    parser.add_argument("--template", default="softmax_rows")
+    replay_arguments(parser)
     parser.add_argument("--shape", default="2048x512")
     parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--per-generation", type=int, default=8)
-    parser.add_argument("--fraction", type=float, default=0.95)
-    parser.add_argument(
-        "--objective", choices=OBJECTIVES, default="ratio", help="which figure of the table"
-    )
     args = parser.parse_args()
 
     table = load_table(args.problem, args.template, [args.shape])
@@ -80,14 +82,10 @@ def main() -> None:
     best_key = max(measured.ratio, key=lambda k: measured.ratio[k] or 0.0)
     report: dict[str, Any] = {
         "problem": args.problem,
-        "templates": table["templates"],
         "shape": args.shape,
-        "host": table["host"],
-        "table": str(table_path(args.problem, args.template).relative_to(ROOT)),
-        "objective": args.objective,
-        "table_objective": table["objective"],
-        "measured_load_average": [table["load_average_before"], table["load_average_after"]],
-        "replay_load_average": [load_before, os.getloadavg()],
+        **table_facts(
+            table, table_path(args.problem, args.template), ROOT, args.objective, load_before
+        ),
         "exhaustive": total,
         "rejected": rejected,
         "best_ratio": measured.best,

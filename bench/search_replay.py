@@ -7,6 +7,8 @@ search can be replayed for many seeds.
 
 from __future__ import annotations
 
+import argparse
+import os
 import random
 import sys
 from collections.abc import Sequence
@@ -54,6 +56,32 @@ class Measured:
 OBJECTIVES = ("ratio", "own-time")
 """ratio: the reference point's median over the point's, timed in the same rounds;
 own-time: 1 ms over the point's own median (no reference, so no reference noise)."""
+
+
+def replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options both replayed figures take (search efficiency, self-improvement)."""
+    parser.add_argument("--problem", default="softmax")
+    parser.add_argument("--template", default="softmax_rows")
+    parser.add_argument("--per-generation", type=int, default=8)
+    parser.add_argument("--fraction", type=float, default=0.95)
+    parser.add_argument(
+        "--objective", choices=OBJECTIVES, default="ratio", help="which figure of the table"
+    )
+
+
+def table_facts(
+    table: dict[str, Any], table_file: Path, root: Path, objective: str, load_before: Any
+) -> dict[str, Any]:
+    """What a replayed figure's report says of the table it replayed against."""
+    return {
+        "templates": table["templates"],
+        "host": table["host"],
+        "table": str(table_file.relative_to(root)),
+        "objective": objective,
+        "table_objective": table["objective"],
+        "measured_load_average": [table["load_average_before"], table["load_average_after"]],
+        "replay_load_average": [load_before, os.getloadavg()],
+    }
 
 
 def column(table: dict[str, Any], shape: str, objective: str = "ratio") -> Measured:

@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from search_replay import OBJECTIVES, Campaign, column, search, spaces_of  # noqa: E402
+from search_replay import Campaign, column, replay_arguments, search, spaces_of, table_facts  # noqa: E402
 from space_table import RESULTS, load_table, table_path  # noqa: E402
 
 TARGET = 0.5
@@ -43,17 +43,11 @@ TARGET = 0.5
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--problem", default="softmax")
-    parser.add_argument("--template", default="softmax_rows")
+    replay_arguments(parser)
     parser.add_argument("--shape-a", default="256x4096")
     parser.add_argument("--shape-b", default="2048x512")
     parser.add_argument("--budget", type=int, default=60, help="the earlier campaign's")
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--per-generation", type=int, default=8)
-    parser.add_argument("--fraction", type=float, default=0.95)
-    parser.add_argument(
-        "--objective", choices=OBJECTIVES, default="ratio", help="which figure of the table"
-    )
     args = parser.parse_args()
 
     table = load_table(args.problem, args.template, [args.shape_a, args.shape_b])
@@ -96,15 +90,11 @@ def main() -> None:
     best_a_at_b = at_b.ratio[best_a_key]
     report: dict[str, Any] = {
         "problem": args.problem,
-        "templates": table["templates"],
         "shape_a": args.shape_a,
         "shape_b": args.shape_b,
-        "host": table["host"],
-        "table": str(table_path(args.problem, args.template).relative_to(ROOT)),
-        "objective": args.objective,
-        "table_objective": table["objective"],
-        "measured_load_average": [table["load_average_before"], table["load_average_after"]],
-        "replay_load_average": [load_before, os.getloadavg()],
+        **table_facts(
+            table, table_path(args.problem, args.template), ROOT, args.objective, load_before
+        ),
         "space": len(at_b.ratio),
         "earlier_budget": args.budget,
         "per_generation": args.per_generation,

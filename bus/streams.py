@@ -59,6 +59,10 @@ _KEPT = (
 )
 
 
+class StreamRefused(RuntimeError):
+    """The server would not create the events stream as configured."""
+
+
 def default_replicas(server_info: dict[str, object]) -> int:
     """The replica count for the server a client is connected to (its INFO): a server
     that is part of a cluster names it."""
@@ -80,8 +84,15 @@ async def ensure_events_stream(js: JetStreamContext, replicas: int | None = None
     except NotFoundError:
         try:
             return await js.add_stream(config)
-        except BadRequestError:  # created concurrently by another process
-            pass
+        except BadRequestError as refused:
+            try:  # created concurrently by another process?
+                await js.stream_info(STREAM)
+            except NotFoundError:
+                raise StreamRefused(
+                    f"JetStream refused to create {STREAM} with {replicas} replica(s): "
+                    f"{refused.description}"
+                    + (f" (a cluster needs {replicas} or more nodes)" if replicas > 1 else "")
+                ) from refused
     return await js.update_stream(config)
 
 

@@ -17,6 +17,7 @@ from nats.js.errors import NoStreamResponseError
 
 from bus.cluster import LocalCluster, wait_for_jetstream
 from bus.connection import connect, jetstream
+from bus.streams import StreamRefused, ensure_events_stream
 
 
 async def publish_until_acked(js: JetStreamContext, subject: str, data: bytes) -> PubAck:
@@ -69,3 +70,15 @@ async def test_a_replicated_stream_keeps_every_message_through_a_node_kill(
             assert read == [b"before", b"during", b"after"]
         finally:
             await only_n1.close()
+
+
+@pytest.mark.asyncio
+async def test_two_nodes_cannot_hold_the_events_stream_and_say_so(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, size=2) as cluster:
+        await wait_for_jetstream(cluster.url)
+        nc = await connect(cluster.url, "two-nodes")
+        try:
+            with pytest.raises(StreamRefused, match=r"3 replica.*3 or more nodes"):
+                await ensure_events_stream(jetstream(nc))
+        finally:
+            await nc.close()

@@ -125,9 +125,7 @@ def main() -> None:
     ceilings = max((ceilings_before, ceilings_after), key=lambda c: c.exp_per_s_all_best)
     bound_ms = ceilings.bound_s(workload.nbytes, elements) * 1e3
 
-    reference = (
-        min(kt_names, key=lambda n: statistics.median(samples[n])) if kt_names else "numpy"
-    )
+    reference = min(kt_names, key=lambda n: statistics.median(samples[n])) if kt_names else "numpy"
     table = summary(samples, reference)
     copy_ms = table["copy_x_to_y"]["median_ms"]
     for name, row in table.items():

@@ -13,7 +13,9 @@ float64 reference first. Then the ceilings of bench/roofline.py (copy bandwidth,
 throughput) give the softmax bound max(bytes / bandwidth, exps / exp rate).
 Reports the median, IQR, the median of per-round ratios against the fastest Kernel Tuner
 config, the fraction of the calibrated copy bandwidth and of the copy timed in this run,
-and the load average. Writes bench/results/softmax_limit.json.
+and the load average; and the CPU time of each call (all threads of this process), whose
+per-round ratios a loaded host skews far less than the wall time's. Writes
+bench/results/softmax_limit.json.
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def main() -> None:
 
     ceilings_before = measure(copy_bytes=workload.nbytes, rounds=5)
     loads["after_roofline"] = load_average()
-    samples = interleaved(contenders, args.rounds, workload.sets)
+    cpu: dict[str, list[int]] = {}
+    samples = interleaved(contenders, args.rounds, workload.sets, cpu=cpu)
     loads["after_interleaved"] = load_average()
     ceilings_after = measure(copy_bytes=workload.nbytes, rounds=5)
     loads["end"] = load_average()
@@ -127,6 +130,7 @@ def main() -> None:
 
     reference = min(kt_names, key=lambda n: statistics.median(samples[n])) if kt_names else "numpy"
     table = summary(samples, reference)
+    cpu_table = summary(cpu, reference)
     copy_ms = table["copy_x_to_y"]["median_ms"]
     for name, row in table.items():
         row["calibrated_bandwidth_fraction"] = (
@@ -135,6 +139,8 @@ def main() -> None:
         row["fraction_of_copy_in_this_run"] = copy_ms / row["median_ms"]
         row["of_roofline_bound"] = bound_ms / row["median_ms"]
         row["max_rel_error"] = errors[name]
+        row["cpu_median_ms"] = cpu_table[name]["median_ms"]
+        row["cpu_speedup_vs_reference"] = cpu_table[name]["speedup_vs_reference"]
     print(
         f"\nhost {calibration.cpu_model}; calibrated copy {calibration.memory_bandwidth_gbs:.1f}"
         f" GB/s; ratios against {reference}"
@@ -147,14 +153,15 @@ def main() -> None:
     )
     print(
         f"{'kernel':22s} {'median ms':>10s} {'IQR ms':>14s} {'vs ref':>7s} {'of calib':>9s} "
-        f"{'of copy':>8s} {'of bound':>9s} {'max rel err':>12s}"
+        f"{'of copy':>8s} {'of bound':>9s} {'max rel err':>12s} {'cpu ms':>8s} {'cpu vs ref':>10s}"
     )
     for name, row in sorted(table.items(), key=lambda kv: kv[1]["median_ms"]):
         print(
             f"{name:22s} {row['median_ms']:10.2f} {row['q1_ms']:6.2f}-{row['q3_ms']:<7.2f} "
             f"{row['speedup_vs_reference']:6.2f}x {row['calibrated_bandwidth_fraction']:8.1%} "
             f"{row['fraction_of_copy_in_this_run']:7.1%} {row['of_roofline_bound']:8.1%} "
-            f"{row['max_rel_error']:12.1e}"
+            f"{row['max_rel_error']:12.1e} {row['cpu_median_ms']:8.2f} "
+            f"{row['cpu_speedup_vs_reference']:9.2f}x"
         )
     print(f"load average: {loads}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

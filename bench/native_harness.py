@@ -165,18 +165,28 @@ def timed(fn: Callable[[int], object]) -> Call:
 
 
 def interleaved(
-    contenders: dict[str, Call], rounds: int, sets: int, warmup: int = 2
+    contenders: dict[str, Call],
+    rounds: int,
+    sets: int,
+    warmup: int = 2,
+    cpu: dict[str, list[int]] | None = None,
 ) -> dict[str, list[int]]:
     """Every contender once per round on input set (round % sets), the starting contender
-    rotating each round; `warmup` untimed rounds first."""
+    rotating each round; `warmup` untimed rounds first. With `cpu`, also the CPU time this
+    process spent in each call (all its threads), which other work on the host inflates
+    far less than the wall time."""
     names = list(contenders)
     samples: dict[str, list[int]] = {n: [] for n in names}
     for r in range(warmup + rounds):
         for k in range(len(names)):
             name = names[(r + k) % len(names)]
+            cpu_started = time.process_time_ns()
             ns = contenders[name](r % sets)
+            cpu_ns = time.process_time_ns() - cpu_started
             if r >= warmup:
                 samples[name].append(ns)
+                if cpu is not None:
+                    cpu.setdefault(name, []).append(cpu_ns)
     return samples
 
 

@@ -232,6 +232,13 @@ SOFTMAX_ROWS = _stream_template(
             "max and exp sweep the row in tiles of this many floats, each still in L1 "
             "(0 = the whole row per sweep)",
         ),
+        Param(
+            "exp",
+            ("cephes", "exp2_5", "exp2_4"),
+            "the vector exp of the passes (arguments <= 0): cephes, the vector layer's "
+            "degree-6 exp; exp2_5 / exp2_4, 2^(d log2 e) with a degree-5 / degree-4 "
+            "polynomial and a truncating round (relative error 2.3e-7 / 2.7e-6, fewer ops)",
+        ),
     ),
     (
         Constraint(
@@ -246,7 +253,7 @@ SOFTMAX_ROWS = _stream_template(
             _softmax_streams_an_untouched_output,
         ),
     ),
-    {"fuse": "none", "buffer": False, "tile": 0},
+    {"fuse": "none", "buffer": False, "tile": 0, "exp": "cephes"},
     # the best point bench/kernel_tuner_softmax.py's search found on a shared 2-core AVX2
     # EPYC; on a quiet AVX-512 host the search may well prefer buffer + streaming
     {"unroll": 2, "tile": 2048, "flags": "-O3 -march=native -ffast-math"},

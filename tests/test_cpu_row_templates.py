@@ -5,18 +5,20 @@ again, and points of every structure pass the factory's verifier."""
 
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.verifier import verify
 from kernels.builtin import BUILTIN
-from kernels.design_space import Template
+from kernels.design_space import ParamValue, Template
 from kernels.host_isa import host_cpu_flags
 from kernels.templates import TEMPLATES
 from tests.cpu_support import cpu_backend, kf_cache
@@ -27,10 +29,10 @@ ROW_TEMPLATES = ("softmax_rows", "rmsnorm_rows", "layernorm_rows", "residual_rms
 STRUCTURE = ("fuse", "buffer", "tile", "streaming", "intermediate")
 
 
-def one_point_per_structure(template: Template) -> list[dict[str, object]]:
+def one_point_per_structure(template: Template) -> list[dict[str, ParamValue]]:
     """The first valid point of each combination of the structural parameters."""
     names = [n for n in STRUCTURE if n in template.space()]
-    found: dict[tuple[object, ...], dict[str, object]] = {}
+    found: dict[tuple[object, ...], dict[str, ParamValue]] = {}
     for point in template.valid_points():
         found.setdefault(tuple(point[n] for n in names), dict(point))
     return list(found.values())
@@ -110,8 +112,14 @@ def test_streaming_stores_only_where_nothing_reads_the_output_again() -> None:
 def test_one_point_of_each_row_template_off_its_best_known_verifies(
     cpu_backend: CpuBackend,
 ) -> None:
-    others = {
-        "softmax_rows": {"fuse": "online", "tile": 0, "streaming": True, "prefetch": 2},
+    others: dict[str, dict[str, ParamValue]] = {
+        "softmax_rows": {
+            "fuse": "online",
+            "tile": 0,
+            "streaming": True,
+            "prefetch": 2,
+            "exp": "exp2_4",
+        },
         "rmsnorm_rows": {"simdlen": 16, "unroll": 1, "streaming": False, "threads": 1},
         "layernorm_rows": {"fuse": "none", "unroll": 4, "prefetch": 0},
         "residual_rmsnorm_gelu_fused": {"intermediate": "recompute", "streaming": True},
@@ -130,7 +138,48 @@ def test_every_pass_structure_of_the_row_templates_verifies(
     name: str, cpu_backend: CpuBackend
 ) -> None:
     template = TEMPLATES[name]
-    for point in one_point_per_structure(template):
+    exps = template.space().get("exp", ())
+    for i, point in enumerate(one_point_per_structure(template)):
+        if exps:  # softmax's exps in turn: each structure with one, every exp in several
+            point = {**point, "exp": exps[i % len(exps)]}
         rendered = template.render(point)
         verdict = verify(BUILTIN[template.problem], cpu_backend, rendered.source, rendered.flags)
         assert verdict.verified, (name, point, verdict.seed, verdict.rejection)
+
+
+PROBE = """
+void probe(const float *d, float *out, int64_t n) {
+    for (int64_t j = 0; j + KF_W <= n; j += KF_W) v_store(out + j, sm_exp(v_load(d + j)));
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("exp", ["cephes", "exp2_5", "exp2_4"])
+def test_the_softmax_exps_are_close_to_exp_for_every_argument_a_softmax_gives_them(
+    exp: str, tmp_path: Path
+) -> None:
+    """Each exp choice, called alone on d <= 0 (what the passes give it) under the point's
+    -ffast-math: within 1e-5 of exp (the problem allows 1e-4), NaN stays NaN, and -inf
+    gives a value below the problem's atol."""
+    template = TEMPLATES["softmax_rows"]
+    rendered = template.render({**template.best_known, "exp": exp})
+    src = tmp_path / "probe.c"
+    src.write_text(rendered.source + PROBE)
+    lib = tmp_path / "probe.so"
+    subprocess.run(
+        ["gcc", *rendered.flags, "-fPIC", "-shared", str(src), "-o", str(lib), "-lm"],
+        check=True,
+    )
+    fn = ctypes.CDLL(str(lib)).probe
+    d = np.concatenate(
+        [np.linspace(-87.0, 0.0, 100_000, dtype=np.float32), [0.0, -0.0, -1e-30, np.nan]]
+    ).astype(np.float32)
+    d = np.concatenate([d, np.full(-len(d) % 16, -np.inf, dtype=np.float32)])
+    out = np.zeros_like(d)
+    fn(d.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), len(d))
+    finite = np.isfinite(d)
+    exact = np.exp(d[finite].astype(np.float64))
+    assert np.max(np.abs(out[finite] - exact) / exact) < 1e-5
+    assert np.isnan(out[np.isnan(d)]).all()
+    assert (out[np.isneginf(d)] < 1e-30).all() and (out[np.isneginf(d)] >= 0).all()

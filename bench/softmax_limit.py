@@ -1,0 +1,196 @@
+"""Row softmax 4096x4096 fp32 near this host's limit (issue 13's second figure).
+
+Usage (Kernel Tuner's brute force first: `make bench-kt`, or bench/kernel_tuner_softmax.py,
+which writes bench/results/kernel_tuner_brute_force.json):
+  kfactory best CAMPAIGN --home HOME -o /tmp/factory_best.c
+  .venv/bin/python bench/softmax_limit.py --factory /tmp/factory_best.c --rounds 20
+
+One neutral interleaved run (bench/native_harness.py): Kernel Tuner's fastest configs (by
+its own timing), the factory's best (a file from `kfactory best`, flags on its first line),
+the hand-written AVX2 kernels of bench/softmax_hand.c (each structure x exp variant asked
+for), numpy and the calibration's copy. Each contender's output is checked against the
+float64 reference first. Then the ceilings of bench/roofline.py (copy bandwidth, exp
+throughput) give the softmax bound max(bytes / bandwidth, exps / exp rate).
+Reports the median, IQR, the median of per-round ratios against the fastest Kernel Tuner
+config, the fraction of the calibrated copy bandwidth and of the copy timed in this run,
+and the load average; and the CPU time of each call (all threads of this process), whose
+per-round ratios a loaded host skews far less than the wall time's. Writes
+bench/results/softmax_limit.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kernel_tuner_softmax import KT_SPACE, SHAPE, kernel_tuner_library  # noqa: E402
+from native_harness import (  # noqa: E402
+    Call,
+    Workload,
+    compile_library,
+    copy_call,
+    interleaved,
+    load_average,
+    native_call,
+    summary,
+    timed,
+)
+from roofline import measure  # noqa: E402
+
+from gpu_workers.cache_root import cache_root  # noqa: E402
+from gpu_workers.cpu.calibrate import load_or_calibrate  # noqa: E402
+from kernels.builtin import BUILTIN  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+HAND_SOURCE = ROOT / "bench" / "softmax_hand.c"
+HAND_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp")
+STRUCTURES = {0: "3pass", 1: "buf_nt", 2: "buf", 3: "online"}
+EXPS = {0: "cephes", 3: "exp2d3", 4: "exp2d4", 5: "exp2d5"}
+
+
+def hand_library(structure: int, exp: int) -> tuple[str, Path]:
+    name = f"hand_{STRUCTURES[structure]}_{EXPS[exp]}"
+    defines = f"#define STRUCTURE {structure}\n#define EXP {exp}\n"
+    return name, compile_library(name, defines + HAND_SOURCE.read_text(), HAND_FLAGS)
+
+
+def source_library(path: Path, name: str) -> Path:
+    """A kernel file whose first line is `// kfactory-flags: ...` (as `kfactory best`
+    writes it), built with those flags."""
+    text = path.read_text()
+    first = text.splitlines()[0]
+    if not first.startswith("// kfactory-flags:"):
+        raise SystemExit(f"{path}: the first line is not `// kfactory-flags: ...`")
+    return compile_library(name, text, tuple(first.split(":", 1)[1].split()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
+    parser.add_argument("--factory", type=Path, action="append", default=[], help="kernel file")
+    parser.add_argument("--kt-top", type=int, default=3, help="Kernel Tuner's fastest N configs")
+    parser.add_argument(
+        "--hand",
+        default="0:5,0:4,0:0,1:5,2:5,3:5",
+        help="hand-written variants STRUCTURE:EXP, comma separated (see softmax_hand.c)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "softmax_limit.json")
+    args = parser.parse_args()
+    started = time.time()
+    loads: dict[str, list[float]] = {"start": load_average()}
+    calibration = load_or_calibrate(cache_root())
+    bandwidth = calibration.memory_bandwidth_gbs * 1e9
+    spec = BUILTIN["softmax"]
+    workload = Workload(spec, SHAPE)
+    elements = SHAPE["rows"] * SHAPE["cols"]
+
+    contenders: dict[str, Call] = {}
+    kt_path = RESULTS / "kernel_tuner_brute_force.json"
+    kt: dict[str, Any] = json.loads(kt_path.read_text()) if kt_path.exists() else {}
+    kt_names: list[str] = []
+    for i, config in enumerate(kt.get("ranked", [])[: args.kt_top]):
+        name = f"kernel_tuner_{i + 1}"
+        library = kernel_tuner_library({k: int(config[k]) for k in KT_SPACE}, name)
+        contenders[name] = native_call(library, workload)
+        kt_names.append(name)
+    for i, path in enumerate(args.factory):
+        name = f"factory_{i + 1}"
+        contenders[name] = native_call(source_library(path, name), workload)
+    for variant in filter(None, args.hand.split(",")):
+        structure, exp = (int(v) for v in variant.split(":"))
+        name, library = hand_library(structure, exp)
+        contenders[name] = native_call(library, workload)
+    contenders["numpy"] = timed(lambda i: spec.baseline(workload.inputs[i]))
+
+    errors: dict[str, float] = {}
+    for name, call in contenders.items():
+        call(0)
+        errors[name] = workload.max_rel_error(0) if name != "numpy" else 0.0
+        print(f"{name}: max relative error {errors[name]:.1e}", flush=True)
+    contenders["copy_x_to_y"] = copy_call(workload, "x", "y")
+    errors["copy_x_to_y"] = float("nan")
+
+    ceilings_before = measure(copy_bytes=workload.nbytes, rounds=5)
+    loads["after_roofline"] = load_average()
+    cpu: dict[str, list[int]] = {}
+    samples = interleaved(contenders, args.rounds, workload.sets, cpu=cpu)
+    loads["after_interleaved"] = load_average()
+    ceilings_after = measure(copy_bytes=workload.nbytes, rounds=5)
+    loads["end"] = load_average()
+    ceilings = max((ceilings_before, ceilings_after), key=lambda c: c.exp_per_s_all_best)
+    bound_ms = ceilings.bound_s(workload.nbytes, elements) * 1e3
+
+    reference = min(kt_names, key=lambda n: statistics.median(samples[n])) if kt_names else "numpy"
+    table = summary(samples, reference)
+    cpu_table = summary(cpu, reference)
+    copy_ms = table["copy_x_to_y"]["median_ms"]
+    for name, row in table.items():
+        row["calibrated_bandwidth_fraction"] = (
+            workload.nbytes / (row["median_ms"] / 1e3) / bandwidth
+        )
+        row["fraction_of_copy_in_this_run"] = copy_ms / row["median_ms"]
+        row["of_roofline_bound"] = bound_ms / row["median_ms"]
+        row["max_rel_error"] = errors[name]
+        row["cpu_median_ms"] = cpu_table[name]["median_ms"]
+        row["cpu_speedup_vs_reference"] = cpu_table[name]["speedup_vs_reference"]
+    print(
+        f"\nhost {calibration.cpu_model}; calibrated copy {calibration.memory_bandwidth_gbs:.1f}"
+        f" GB/s; ratios against {reference}"
+    )
+    print(
+        f"roofline now: copy {ceilings.copy_gbs_best:.1f} GB/s (median "
+        f"{ceilings.copy_gbs_median:.1f}), exp {ceilings.exp_per_s_all_best / 1e9:.2f} G/s on "
+        f"{ceilings.threads} cores (median {ceilings.exp_per_s_all_median / 1e9:.2f}): "
+        f"bound {bound_ms:.2f} ms"
+    )
+    print(
+        f"{'kernel':22s} {'median ms':>10s} {'IQR ms':>14s} {'vs ref':>7s} {'of calib':>9s} "
+        f"{'of copy':>8s} {'of bound':>9s} {'max rel err':>12s} {'cpu ms':>8s} {'cpu vs ref':>10s}"
+    )
+    for name, row in sorted(table.items(), key=lambda kv: kv[1]["median_ms"]):
+        print(
+            f"{name:22s} {row['median_ms']:10.2f} {row['q1_ms']:6.2f}-{row['q3_ms']:<7.2f} "
+            f"{row['speedup_vs_reference']:6.2f}x {row['calibrated_bandwidth_fraction']:8.1%} "
+            f"{row['fraction_of_copy_in_this_run']:7.1%} {row['of_roofline_bound']:8.1%} "
+            f"{row['max_rel_error']:12.1e} {row['cpu_median_ms']:8.2f} "
+            f"{row['cpu_speedup_vs_reference']:9.2f}x"
+        )
+    print(f"load average: {loads}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "shape": SHAPE,
+                "bytes_moved": workload.nbytes,
+                "calibrated_bandwidth_gbs": calibration.memory_bandwidth_gbs,
+                "cpu_model": calibration.cpu_model,
+                "kernel_tuner_contenders": dict(
+                    zip(kt_names, kt.get("ranked", [])[: args.kt_top], strict=False)
+                ),
+                "factory_sources": [str(p) for p in args.factory],
+                "ratios_against": reference,
+                "roofline": {
+                    "before": ceilings_before.to_json(),
+                    "after": ceilings_after.to_json(),
+                    "bound_ms": bound_ms,
+                },
+                "interleaved": table,
+                "load_average": loads,
+                "seconds": time.time() - started,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

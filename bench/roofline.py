@@ -1,0 +1,222 @@
+"""A lower bound for a CPU kernel on this host, from ceilings measured now, in one process.
+
+Two ceilings, timed interleaved round by round so that load on a shared host hits both:
+- copy bandwidth: the calibration's own all-core non-temporal copy (gpu_workers/cpu/
+  calibration.c, `kf_stream_copy`), bytes = read N + write N, as the calibration counts them;
+- exp throughput: the factory's vectorised exp (`v_exp` of the row templates' vector layer,
+  at simdlen 8, -O3 -march=native -ffast-math) as the softmax exp pass uses it, load,
+  subtract, exp, accumulate, on an L1-resident row, on one core and on every core.
+
+A kernel that moves B bytes and computes E exps needs at least
+max(B / copy bandwidth, E / exp throughput) seconds: `Ceilings.bound_s(B, E)`.
+
+API (also used for rmsnorm, layernorm and the fused chain):
+  ceilings = measure(copy_bytes=..., rounds=...)   # Ceilings, best and median per ceiling
+  ceilings.bound_s(bytes_moved, exps)              # seconds, from the best (ceiling) values
+  ceilings.to_json()                               # a plain dict for a results file
+
+Usage: python bench/roofline.py [--rows 4096 --cols 4096] [--rounds 15]
+prints the ceilings and softmax's bound (2 x rows x cols x 4 bytes, rows x cols exps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from native_harness import aligned, compile_library, load_average  # noqa: E402
+
+from gpu_workers.cpu.calibrate import CALIBRATION_SOURCE  # noqa: E402
+
+EXP_ROW_FLOATS = 2048
+"""8 KiB per thread: stays in L1 on any x86-64."""
+EXP_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp")
+COPY_FLAGS = ("-O3", "-march=native", "-fopenmp")
+"""The calibration's own flags (gpu_workers/cpu/calibrate.py)."""
+
+EXP_KERNEL = """{% include "_common.c.j2" %}
+{% include "_vec.c.j2" %}
+#include <omp.h>
+/* Each of `threads` threads: `reps` sweeps of exp(x - 1) over its own L1-resident row of n
+   floats, summed into 4 accumulators. Returns the sum (so nothing is optimised away). */
+double kf_exp_sweeps(const float *x, int64_t n, int64_t reps, int threads) {
+    double total = 0.0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+        float row[n] __attribute__((aligned(64)));
+        memcpy(row, x, (size_t)n * sizeof(float));
+        const kf_v one = v_set1(1.0f);
+        kf_v a0 = v_set1(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t r = 0; r < reps; ++r) {
+            for (int64_t j = 0; j + 4 * KF_W <= n; j += 4 * KF_W) {
+                a0 = v_add(a0, v_exp(v_sub(v_load(row + j), one)));
+                a1 = v_add(a1, v_exp(v_sub(v_load(row + j + KF_W), one)));
+                a2 = v_add(a2, v_exp(v_sub(v_load(row + j + 2 * KF_W), one)));
+                a3 = v_add(a3, v_exp(v_sub(v_load(row + j + 3 * KF_W), one)));
+            }
+            __asm__ volatile("" : : : "memory");
+        }
+        total += v_hsum(v_add(v_add(a0, a1), v_add(a2, a3)));
+    }
+    return total;
+}
+"""
+
+
+def exp_source() -> str:
+    """EXP_KERNEL with the row templates' vector layer (portable, simdlen 8)."""
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("kernels", "cpu_templates"),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    context = {"template": "roofline exp", "simdlen": 8, "isa": "portable", "unroll": 4}
+    return environment.from_string(EXP_KERNEL).render(**context)
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """This host's ceilings as measured by `measure` (best = the ceiling, median = typical
+    under the load at the time)."""
+
+    copy_bytes: int
+    copy_gbs_best: float
+    copy_gbs_median: float
+    threads: int
+    exp_per_s_core_best: float
+    exp_per_s_core_median: float
+    exp_per_s_all_best: float
+    exp_per_s_all_median: float
+    rounds: int
+    load_average_before: list[float]
+    load_average_after: list[float]
+
+    def bound_s(self, bytes_moved: float, exps: float) -> float:
+        """The least time a kernel moving `bytes_moved` bytes and computing `exps` exps on
+        every core can take: max(bytes / copy bandwidth, exps / exp throughput)."""
+        return max(bytes_moved / (self.copy_gbs_best * 1e9), exps / self.exp_per_s_all_best)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure(copy_bytes: int = 128 << 20, rounds: int = 15, exp_reps: int = 2000) -> Ceilings:
+    """Copy bandwidth for `copy_bytes` (read + write; each buffer holds half) and exp
+    throughput on one core and on all cores, interleaved over `rounds` rounds after one
+    warm-up round."""
+    before = load_average()
+    copy_lib = ctypes.CDLL(
+        str(compile_library("roofline_copy", CALIBRATION_SOURCE.read_text(), COPY_FLAGS))
+    )
+    copy = copy_lib.kf_stream_copy
+    copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    copy.restype = None
+    exp_lib = ctypes.CDLL(str(compile_library("roofline_exp", exp_source(), EXP_FLAGS)))
+    sweeps = exp_lib.kf_exp_sweeps
+    sweeps.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+    sweeps.restype = ctypes.c_double
+
+    n = copy_bytes // 8
+    rng = np.random.default_rng(0)
+    src = aligned(rng.standard_normal(n, dtype=np.float32))
+    dst = aligned(rng.standard_normal(n, dtype=np.float32))
+    row = aligned(rng.standard_normal(EXP_ROW_FLOATS, dtype=np.float32))
+    threads = os.cpu_count() or 1
+
+    def time_copy() -> float:
+        started = time.perf_counter()
+        copy(src.ctypes.data, dst.ctypes.data, n)
+        return time.perf_counter() - started
+
+    def time_exp(t: int) -> float:
+        started = time.perf_counter()
+        total = sweeps(row.ctypes.data, EXP_ROW_FLOATS, exp_reps, t)
+        elapsed = time.perf_counter() - started
+        if not np.isfinite(total):
+            raise RuntimeError(f"the exp sweep returned {total}")
+        return elapsed
+
+    copy_s: list[float] = []
+    one_s: list[float] = []
+    all_s: list[float] = []
+    for r in range(rounds + 1):
+        samples = (time_copy(), time_exp(1), time_exp(threads))
+        if r:
+            copy_s.append(samples[0])
+            one_s.append(samples[1])
+            all_s.append(samples[2])
+    if not np.array_equal(src, dst):
+        raise RuntimeError("the calibration copy kernel produced a wrong copy")
+    moved = 2 * n * 4
+    exps = EXP_ROW_FLOATS * exp_reps
+    return Ceilings(
+        copy_bytes=moved,
+        copy_gbs_best=moved / min(copy_s) / 1e9,
+        copy_gbs_median=moved / statistics.median(copy_s) / 1e9,
+        threads=threads,
+        exp_per_s_core_best=exps / min(one_s),
+        exp_per_s_core_median=exps / statistics.median(one_s),
+        exp_per_s_all_best=threads * exps / min(all_s),
+        exp_per_s_all_median=threads * exps / statistics.median(all_s),
+        rounds=rounds,
+        load_average_before=before,
+        load_average_after=load_average(),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--cols", type=int, default=4096)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args()
+    elements = args.rows * args.cols
+    ceilings = measure(copy_bytes=2 * elements * 4, rounds=args.rounds)
+    bound = ceilings.bound_s(2 * elements * 4, elements)
+    report = {
+        **ceilings.to_json(),
+        "softmax": {"rows": args.rows, "cols": args.cols, "bound_ms": bound * 1e3},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    c = ceilings
+    print(f"load average {c.load_average_before} -> {c.load_average_after}, {c.rounds} rounds")
+    print(
+        f"copy ({c.copy_bytes >> 20} MiB moved): best {c.copy_gbs_best:.1f} GB/s, "
+        f"median {c.copy_gbs_median:.1f} GB/s"
+    )
+    print(
+        f"exp, one core: best {c.exp_per_s_core_best / 1e9:.2f} G/s, "
+        f"median {c.exp_per_s_core_median / 1e9:.2f} G/s"
+    )
+    print(
+        f"exp, {c.threads} cores: best {c.exp_per_s_all_best / 1e9:.2f} G/s, "
+        f"median {c.exp_per_s_all_median / 1e9:.2f} G/s"
+    )
+    memory_ms = 2 * elements * 4 / (c.copy_gbs_best * 1e9) * 1e3
+    exp_ms = elements / c.exp_per_s_all_best * 1e3
+    print(
+        f"softmax {args.rows}x{args.cols}: bound {bound * 1e3:.2f} ms "
+        f"(memory {memory_ms:.2f} ms, exp {exp_ms:.2f} ms)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -20,7 +20,9 @@ during each run is recorded (`busy`, in cores), because other work on the host s
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -33,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from native_harness import (
     BUILD_DIR,
+    CALIBRATION_SOURCE,
+    Call,
     Workload,
     compile_library,
-    copy_call,
     interleaved,
     load_average,
     native_call,
@@ -43,6 +46,7 @@ from native_harness import (
     summary,
     timed,
 )
+from roofline import Ceilings, measure
 
 from gpu_workers.benchmarker import benchmark
 from gpu_workers.cache_root import cache_root
@@ -118,9 +122,75 @@ def repeatability(problem: str, repeats: int) -> dict[str, Any]:
 
 FRACTION_PROBLEMS = ("rmsnorm", "layernorm", "residual_rmsnorm_gelu")
 
+STORE_COPY_SOURCE = """#include <stdint.h>
+/* The calibration's copy loop (kf_stream_copy) with ordinary stores: every line written is
+   first read into cache (write-allocate), as in a kernel that does not stream its output. */
+void kf_store_copy(const float *restrict src, float *restrict dst, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < n / 64; ++b)
+        for (int i = 0; i < 64; ++i) dst[b * 64 + i] = src[b * 64 + i];
+    for (int64_t i = (n / 64) * 64; i < n; ++i) dst[i] = src[i];
+}
+"""
+COPY_FLAGS = ("-O3", "-march=native", "-fopenmp")
+"""The calibration's flags; the store copy adds -fno-tree-loop-distribute-patterns so that
+gcc keeps the loop rather than calling memcpy."""
+
+
+def library_call(library: Path, symbol: str, workload: Workload) -> Call:
+    """`symbol(x, y, n)` on the workload's input x and output y: a copy timed like a kernel."""
+    fn = getattr(ctypes.CDLL(str(library)), symbol)
+    fn.restype = None
+    out = workload.outputs["y"]
+    sets = [
+        (
+            workload.inputs[i]["x"].ctypes.data_as(ctypes.c_void_p),
+            out.ctypes.data_as(ctypes.c_void_p),
+            ctypes.c_int64(out.size),
+        )
+        for i in range(workload.sets)
+    ]
+
+    def call(i: int) -> int:
+        started = time.perf_counter_ns()
+        fn(*sets[i % len(sets)])
+        return time.perf_counter_ns() - started
+
+    return call
+
+
+def in_cache(library: Path, workload: Workload, llc_bytes: int) -> Call:
+    """The kernel on as many rows as fit in a quarter of the last-level cache (all arrays),
+    called until it has done the full shape's rows: its time with the data in cache, i.e.
+    what its arithmetic costs, per full shape. On a loaded host each call's fork and join
+    can wait for a descheduled thread, so read its best time, not its median."""
+    spec, shape = workload.spec, workload.shape
+    per_row = spec.nbytes({**shape, "rows": 1})
+    rows = max(1, min(shape["rows"], llc_bytes // 4 // per_row))
+    small = Workload(spec, {**shape, "rows": rows})
+    call = native_call(library, small)
+    repeats = -(-shape["rows"] // rows)
+    scale = shape["rows"] / (rows * repeats)
+
+    def timed_in_cache(i: int) -> int:
+        call(i)  # the rows come into cache
+        return round(sum(call(i) for _ in range(repeats)) * scale)
+
+    return timed_in_cache
+
+
+def paired_fraction(
+    kernel: list[int], copy: list[int], kernel_bytes: int, copy_bytes: int
+) -> float:
+    """The median over rounds of (kernel bytes / kernel time) / (copy bytes / copy time),
+    both timed in the same round."""
+    return statistics.median(
+        (kernel_bytes / k) / (copy_bytes / c) for k, c in zip(kernel, copy, strict=True)
+    )
+
 
 def searched_fraction(
-    problem: str, budget: int, rounds: int, bandwidth_gbs: float
+    problem: str, budget: int, rounds: int, bandwidth_gbs: float, llc_bytes: int
 ) -> dict[str, Any]:
     spec = BUILTIN[problem]
     template = TEMPLATES[EXAMPLE_TEMPLATES[problem]]
@@ -133,32 +203,49 @@ def searched_fraction(
     if not verdict.verified:
         raise SystemExit(f"{problem}: the best point failed verification: {verdict.rejection}")
     example = template.render(template.best_known)
+    best_library = compile_library(f"{problem}-best", rendered.source, rendered.flags)
+    points = {"searched_best": found.best, "example": dict(template.best_known)}
     contenders = {
-        "searched_best": native_call(
-            compile_library(f"{problem}-best", rendered.source, rendered.flags), workload
-        ),
+        "searched_best": native_call(best_library, workload),
         "example": native_call(
             compile_library(f"{problem}-example", example.source, example.flags), workload
         ),
         "numpy": timed(lambda i: spec.baseline(workload.inputs[i])),
     }
-    copy = copy_call(workload, "x", "y")
     errors = {}
     for name, call in contenders.items():
         call(0)
         errors[name] = workload.max_rel_error(0) if name != "numpy" else 0.0
-    contenders["copy_x_to_y"] = copy
-    errors["copy_x_to_y"] = float("nan")
-    table = summary(interleaved(contenders, rounds, workload.sets), "numpy")
-    # the copy moves x and y only: the problem's bytes at the copy's rate
-    copy_gbs = 2 * workload.inputs[0]["x"].nbytes / (table["copy_x_to_y"]["median_ms"] / 1e3)
+    contenders["best_in_cache"] = in_cache(best_library, workload, llc_bytes)
+    nt = compile_library("calibration_copy", CALIBRATION_SOURCE.read_text(), COPY_FLAGS)
+    store = compile_library(
+        "store_copy", STORE_COPY_SOURCE, (*COPY_FLAGS, "-fno-tree-loop-distribute-patterns")
+    )
+    contenders["copy_nt"] = library_call(nt, "kf_stream_copy", workload)
+    contenders["copy_store"] = library_call(store, "kf_store_copy", workload)
+    samples = interleaved(contenders, rounds, workload.sets)
+    table: dict[str, dict[str, Any]] = {k: dict(v) for k, v in summary(samples, "numpy").items()}
+    output_bytes = sum(workload.outputs[a.name].nbytes for a in spec.outputs)
+    copy_bytes = 2 * workload.outputs["y"].nbytes
     for name, row in table.items():
-        moved = 2 * workload.inputs[0]["x"].nbytes if name == "copy_x_to_y" else workload.nbytes
-        gbs = moved / (row["median_ms"] / 1e3)
-        row["bandwidth_fraction"] = gbs / (bandwidth_gbs * 1e9)
-        row["fraction_of_copy_in_this_run"] = gbs / copy_gbs
-        row["max_rel_error"] = errors[name]
-    return {
+        ns = samples[name]
+        counted = copy_bytes if name.startswith("copy") else workload.nbytes
+        streams = name == "copy_nt" or bool(points.get(name, {}).get("streaming", False))
+        # lines written without streaming stores are read first (write-allocate)
+        traffic = counted + (0 if streams else output_bytes)
+        row["best_ms"] = min(ns) / 1e6
+        row["bytes_counted"] = counted
+        row["bytes_with_write_allocate"] = traffic
+        row["store"] = "non-temporal" if streams else "write-allocate"
+        row["gbs"] = counted / (row["median_ms"] / 1e3) / 1e9
+        row["of_calibrated"] = row["gbs"] / bandwidth_gbs
+        row["best_of_calibrated"] = counted / (row["best_ms"] / 1e3) / 1e9 / bandwidth_gbs
+        row["traffic_of_calibrated"] = traffic / (row["median_ms"] / 1e3) / 1e9 / bandwidth_gbs
+        row["of_copy_nt"] = paired_fraction(ns, samples["copy_nt"], counted, copy_bytes)
+        same = samples["copy_nt" if streams else "copy_store"]
+        row["of_copy_same_store"] = paired_fraction(ns, same, counted, copy_bytes)
+        row["max_rel_error"] = errors.get(name, float("nan"))
+    result: dict[str, Any] = {
         "problem": problem,
         "template": template.name,
         "shape": spec.default_shape,
@@ -174,40 +261,76 @@ def searched_fraction(
         "interleaved": table,
         "load_average": load_average(),
     }
+    return result
 
 
-def fractions(budget: int, rounds: int) -> None:
+def roofline_bound(result: dict[str, Any], ceilings: Ceilings) -> dict[str, float]:
+    """The chain's least time from bench/roofline.py: max(bytes / copy bandwidth, exps / exp
+    throughput), both ceilings measured in this run. Every gelu form of the template costs
+    one exp per element (the sigmoid form); exp2_poly* is a cheaper exp than v_exp, whose
+    rate roofline measures, so for those points the exp term is an upper estimate."""
+    exps = result["shape"]["rows"] * result["shape"]["cols"]
+    return {
+        "exps": exps,
+        "memory_ms": result["bytes_moved"] / (ceilings.copy_gbs_best * 1e9) * 1e3,
+        "exp_ms": exps / ceilings.exp_per_s_all_best * 1e3,
+        "bound_ms": ceilings.bound_s(result["bytes_moved"], exps) * 1e3,
+    }
+
+
+def print_fraction(result: dict[str, Any]) -> None:
+    print(f"\n{result['problem']} ({result['template']}): best {result['search']['best']}")
+    print(
+        f"  {'kernel':14s} {'median ms':>9s} {'best ms':>8s} {'GB/s':>6s} {'of calib':>8s} "
+        f"{'best/cal':>8s} {'+w-alloc':>8s} {'of NT copy':>10s} {'of same-store copy':>18s}"
+    )
+    for name, row in result["interleaved"].items():
+        print(
+            f"  {name:14s} {row['median_ms']:9.2f} {row['best_ms']:8.2f} {row['gbs']:6.1f} "
+            f"{row['of_calibrated']:8.1%} {row['best_of_calibrated']:8.1%} "
+            f"{row['traffic_of_calibrated']:8.1%} {row['of_copy_nt']:10.1%} "
+            f"{row['of_copy_same_store']:9.1%} ({row['store'][:5]})"
+        )
+    if "roofline" in result:
+        b = result["roofline"]
+        print(
+            f"  roofline bound {b['bound_ms']:.2f} ms (memory {b['memory_ms']:.2f} ms at the best "
+            f"copy, {b['exps']:.0f} exps {b['exp_ms']:.2f} ms at the best exp rate)"
+        )
+    print(f"  load average {result['load_average']}")
+
+
+def fractions(budget: int, rounds: int, problems: tuple[str, ...]) -> None:
     started = time.time()
     loads = [load_average()]
     calibration = load_or_calibrate(cache_root())
     print(
         f"host {calibration.cpu_model}, {calibration.cores} cores; calibrated copy bandwidth "
-        f"{calibration.memory_bandwidth_gbs:.1f} GB/s; load average {loads[0]}"
+        f"{calibration.memory_bandwidth_gbs:.1f} GB/s ({calibration.method}); load average "
+        f"{loads[0]}"
     )
     found = []
-    for problem in FRACTION_PROBLEMS:
-        result = searched_fraction(problem, budget, rounds, calibration.memory_bandwidth_gbs)
-        found.append(result)
-        print(f"\n{problem} ({result['template']}): best {result['search']['best']}")
-        print(
-            f"  {'kernel':14s} {'median ms':>10s} {'IQR ms':>14s} {'of bandwidth':>13s} "
-            f"{'of copy now':>12s}"
+    for problem in problems:
+        result = searched_fraction(
+            problem, budget, rounds, calibration.memory_bandwidth_gbs, calibration.llc_bytes
         )
-        for name, row in result["interleaved"].items():
-            print(
-                f"  {name:14s} {row['median_ms']:10.2f} {row['q1_ms']:6.2f}-{row['q3_ms']:<7.2f} "
-                f"{row['bandwidth_fraction']:12.1%} {row['fraction_of_copy_in_this_run']:11.1%}"
-            )
-        print(f"  load average {result['load_average']}")
+        if "gelu" in problem:
+            ceilings = measure(copy_bytes=result["bytes_moved"], rounds=rounds)
+            result["ceilings"] = ceilings.to_json()
+            result["roofline"] = roofline_bound(result, ceilings)
+        found.append(result)
+        print_fraction(result)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "cpu_fractions.json"
     out.write_text(
         json.dumps(
             {
                 "calibrated_bandwidth_gbs": calibration.memory_bandwidth_gbs,
+                "calibration_method": calibration.method,
                 "cpu_model": calibration.cpu_model,
                 "results": found,
                 "load_average_start": loads[0],
+                "load_average_end": load_average(),
                 "seconds": time.time() - started,
             },
             indent=2,
@@ -225,9 +348,12 @@ def main() -> None:
     parser.add_argument("--fractions", action="store_true", help="bandwidth fractions only")
     parser.add_argument("--budget", type=int, default=40, help="points per search (--fractions)")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds (--fractions)")
+    parser.add_argument(
+        "--fraction-problems", default=",".join(FRACTION_PROBLEMS), help="(--fractions)"
+    )
     args = parser.parse_args()
     if args.fractions:
-        fractions(args.budget, args.rounds)
+        fractions(args.budget, args.rounds, tuple(args.fraction_problems.split(",")))
         return
     started = time.time()
     calibration = load_or_calibrate(cache_root(), force=args.recalibrate)

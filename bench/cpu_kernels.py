@@ -9,8 +9,17 @@ Usage:
 --fractions: for rmsnorm, layernorm and residual_rmsnorm_gelu at 4096x4096, a TPE search
 over the problem's row template (bench/native_harness.py: the planner's sampler, each
 point compiled and timed in process), the best point verified by the factory's verifier,
-then one interleaved run of that point, the example kernel and numpy (medians over
-rounds). Writes bench/results/cpu_fractions.json with the load average.
+then one interleaved run of: that point; the same point as main's space could say it
+(when a parameter added since moved); the template's example (best_known, the "before");
+numpy; the best point on rows that fit in cache (its arithmetic); the calibration's
+non-temporal copy and the same copy with ordinary stores (write-allocate), x to y. Per
+kernel: median and best ms, GB/s of the bytes the problem counts (read + written, as the
+calibration counts its copy), their fraction of the calibrated bandwidth (median; best,
+as the calibration takes its best of 15; median with the write-allocate reads of ordinary
+stores added), and the median per-round fraction of the non-temporal copy and of the
+copy with the kernel's own kind of store. For the chain, bench/roofline.py's bound from
+ceilings measured in the same run. Writes bench/results/cpu_fractions.json with the load
+average.
 
 Prints a table and writes bench/results/cpu_kernels.json. Every figure is measured here,
 on this host, by the same code paths the factory uses. The CPU that other processes used
@@ -132,6 +141,8 @@ void kf_store_copy(const float *restrict src, float *restrict dst, int64_t n) {
     for (int64_t i = (n / 64) * 64; i < n; ++i) dst[i] = src[i];
 }
 """
+MAIN_SPACE: dict[str, Any] = {"gelu": "exp"}
+"""The value main's space (99fb9dd) had for each parameter added since."""
 COPY_FLAGS = ("-O3", "-march=native", "-fopenmp")
 """The calibration's flags; the store copy adds -fno-tree-loop-distribute-patterns so that
 gcc keeps the loop rather than calling memcpy."""
@@ -212,6 +223,14 @@ def searched_fraction(
         ),
         "numpy": timed(lambda i: spec.baseline(workload.inputs[i])),
     }
+    before = {**found.best, **{k: v for k, v in MAIN_SPACE.items() if k in found.best}}
+    if before != found.best:
+        # the best point as main's space (99fb9dd) could say it: the new parameter's effect
+        old = template.render(before)
+        points["best_in_main_space"] = before
+        contenders["best_in_main_space"] = native_call(
+            compile_library(f"{problem}-main-space", old.source, old.flags), workload
+        )
     errors = {}
     for name, call in contenders.items():
         call(0)

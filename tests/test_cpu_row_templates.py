@@ -130,7 +130,7 @@ def test_one_point_of_each_row_template_off_its_best_known_verifies(
         assert verdict.verified, (name, point, verdict.seed, verdict.rejection)
 
 
-@pytest.mark.slow  # one verification per pass structure (the chain: 15 with its gelu forms, 210 s at load 11)
+@pytest.mark.slow  # one verification per pass structure (the chain: 15 points, 210 s at load 11)
 @pytest.mark.parametrize("name", ROW_TEMPLATES)
 def test_every_pass_structure_of_the_row_templates_verifies(
     name: str, cpu_backend: CpuBackend

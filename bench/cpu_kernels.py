@@ -9,17 +9,17 @@ Usage:
 --fractions: for rmsnorm, layernorm and residual_rmsnorm_gelu at 4096x4096, a TPE search
 over the problem's row template (bench/native_harness.py: the planner's sampler, each
 point compiled and timed in process); its 3 fastest points timed again interleaved, the
-fastest of them verified by the factory's verifier; then one interleaved run of: that point; the same point as main's space could say it
-(when a parameter added since moved); the template's example (best_known, the "before");
-numpy; the best point on rows that fit in cache (its arithmetic); the calibration's
-non-temporal copy and the same copy with ordinary stores (write-allocate), x to y. Per
-kernel: median and best ms, GB/s of the bytes the problem counts (read + written, as the
-calibration counts its copy), their fraction of the calibrated bandwidth (median; best,
-as the calibration takes its best of 15; median with the write-allocate reads of ordinary
-stores added), and the median per-round fraction of the non-temporal copy and of the
-copy with the kernel's own kind of store. For the chain, bench/roofline.py's bound from
-ceilings measured in the same run. Writes bench/results/cpu_fractions.json with the load
-average.
+fastest of them verified by the factory's verifier; then one interleaved run of: that
+point; the same point as main's space could say it (when a parameter added since moved);
+the template's example (best_known, the "before"); numpy; the best point on rows that fit
+in cache (its arithmetic); the calibration's non-temporal copy and the same copy with
+ordinary stores (write-allocate), x to y. Per kernel: median and best ms, GB/s of the
+bytes the problem counts (read + written, as the calibration counts its copy), their
+fraction of the calibrated bandwidth (median; best, as the calibration takes its best of
+15; median with the write-allocate reads of ordinary stores added), and the median
+per-round fraction of the non-temporal copy and of the copy with the kernel's own kind of
+store. For the chain, bench/roofline.py's bound from ceilings measured in the same run.
+Writes bench/results/cpu_fractions.json with the load average.
 
 Prints a table and writes bench/results/cpu_kernels.json. Every figure is measured here,
 on this host, by the same code paths the factory uses. The CPU that other processes used

@@ -11,15 +11,16 @@ over the problem's row template (bench/native_harness.py: the planner's sampler,
 point compiled and timed in process); its 3 fastest points timed again interleaved, the
 fastest of them verified by the factory's verifier; then one interleaved run of: that
 point; the same point as main's space could say it (when a parameter added since moved);
-the template's example (best_known, the "before"); numpy; the best point on rows that fit
-in cache (its arithmetic); the calibration's non-temporal copy and the same copy with
-ordinary stores (write-allocate), x to y. Per kernel: median and best ms, GB/s of the
-bytes the problem counts (read + written, as the calibration counts its copy), their
-fraction of the calibrated bandwidth (median; best, as the calibration takes its best of
-15; median with the write-allocate reads of ordinary stores added), and the median
-per-round fraction of the non-temporal copy and of the copy with the kernel's own kind of
-store. For the chain, bench/roofline.py's bound from ceilings measured in the same run.
-Writes bench/results/cpu_fractions.json with the load average.
+the template's example (best_known, the "before"); numpy; the calibration's non-temporal
+copy and the same copy with ordinary stores (write-allocate), x to y. Per kernel: median
+and best ms, GB/s of the bytes the problem counts (read + written, as the calibration
+counts its copy), their fraction of the calibrated bandwidth (median; best, as the
+calibration takes its best of 15; median with the write-allocate reads of ordinary stores
+added), and the median per-round fraction of the non-temporal copy and of the copy with
+the kernel's own kind of store. For the chain, bench/roofline.py's bound from ceilings
+measured in the same run. Then each timed point's arithmetic floor (one core, rows in L2,
+least of 300 calls), and the fraction of the calibrated bandwidth that floor leaves
+reachable. Writes bench/results/cpu_fractions.json with the load average.
 
 Prints a table and writes bench/results/cpu_kernels.json. Every figure is measured here,
 on this host, by the same code paths the factory uses. The CPU that other processes used
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -172,24 +174,37 @@ def library_call(library: Path, symbol: str, workload: Workload) -> Call:
     return call
 
 
-def in_cache(library: Path, workload: Workload, llc_bytes: int) -> Call:
-    """The kernel on as many rows as fit in a quarter of the last-level cache (all arrays),
-    called until it has done the full shape's rows: its time with the data in cache, i.e.
-    what its arithmetic costs, per full shape. On a loaded host each call's fork and join
-    can wait for a descheduled thread, so read its best time, not its median."""
+def l2_bytes() -> int:
+    """One core's L2 from sysfs; 256 KiB where it is not said."""
+    size = Path("/sys/devices/system/cpu/cpu0/cache/index2/size")
+    text = size.read_text().strip() if size.exists() else ""
+    units = {"K": 1 << 10, "M": 1 << 20}
+    if text[:-1].isdigit() and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return 256 << 10
+
+
+def arithmetic_floor(
+    template: Template, point: dict[str, Any], workload: Workload, calls: int = 300
+) -> dict[str, Any]:
+    """What the point's arithmetic costs when memory is free: its row function on one core
+    (threads 1, no prefetch, ordinary stores that stay in cache) on rows that fit in half of
+    that core's L2, the least time of `calls` calls (load only ever adds time, so the least
+    is the floor), per full shape on every core."""
     spec, shape = workload.spec, workload.shape
-    per_row = spec.nbytes({**shape, "rows": 1})
-    rows = max(1, min(shape["rows"], llc_bytes // 4 // per_row))
-    small = Workload(spec, {**shape, "rows": rows})
-    call = native_call(library, small)
-    repeats = -(-shape["rows"] // rows)
-    scale = shape["rows"] / (rows * repeats)
-
-    def timed_in_cache(i: int) -> int:
-        call(i)  # the rows come into cache
-        return round(sum(call(i) for _ in range(repeats)) * scale)
-
-    return timed_in_cache
+    rows = max(1, min(shape["rows"], l2_bytes() // 2 // spec.nbytes({**shape, "rows": 1})))
+    small = Workload(spec, {**shape, "rows": rows}, sets=1)
+    single = {**point, "threads": 1, "prefetch": 0, "streaming": False}
+    rendered = template.render(single)
+    name = f"{template.name}-floor-{abs(hash(repr(sorted(single.items()))))}"
+    call = native_call(compile_library(name, rendered.source, rendered.flags), small)
+    least = min(call(0) for _ in range(calls))
+    cores = os.cpu_count() or 1
+    return {
+        "rows_in_l2": rows,
+        "least_ns_per_call": least,
+        "ms": least * shape["rows"] / rows / cores / 1e6,
+    }
 
 
 def paired_fraction(
@@ -232,7 +247,7 @@ def final_round(
 
 
 def searched_fraction(
-    problem: str, budget: int, rounds: int, bandwidth_gbs: float, llc_bytes: int
+    problem: str, budget: int, rounds: int, bandwidth_gbs: float
 ) -> dict[str, Any]:
     spec = BUILTIN[problem]
     template = TEMPLATES[EXAMPLE_TEMPLATES[problem]]
@@ -247,7 +262,7 @@ def searched_fraction(
         raise SystemExit(f"{problem}: the best point failed verification: {verdict.rejection}")
     example = template.render(template.best_known)
     best_library = compile_library(f"{problem}-best", rendered.source, rendered.flags)
-    points = {"searched_best": best, "best_in_cache": best, "example": template.best_known}
+    points = {"searched_best": best, "example": template.best_known}
     contenders = {
         "searched_best": native_call(best_library, workload),
         "example": native_call(
@@ -267,7 +282,6 @@ def searched_fraction(
     for name, call in contenders.items():
         call(0)
         errors[name] = workload.max_rel_error(0) if name != "numpy" else 0.0
-    contenders["best_in_cache"] = in_cache(best_library, workload, llc_bytes)
     nt = compile_library("calibration_copy", CALIBRATION_SOURCE.read_text(), COPY_FLAGS)
     store = compile_library(
         "store_copy", STORE_COPY_SOURCE, (*COPY_FLAGS, "-fno-tree-loop-distribute-patterns")
@@ -314,6 +328,11 @@ def searched_fraction(
         "interleaved": table,
         "load_average": load_average(),
     }
+    memory_ms = workload.nbytes / (bandwidth_gbs * 1e9) * 1e3
+    floors = {n: arithmetic_floor(template, dict(p), workload) for n, p in points.items()}
+    for floor in floors.values():
+        floor["reachable_of_calibrated"] = memory_ms / max(memory_ms, floor["ms"])
+    result["floors"] = {"memory_ms_at_calibrated": memory_ms, "arithmetic": floors}
     return result
 
 
@@ -354,6 +373,14 @@ def print_fraction(result: dict[str, Any]) -> None:
             f"  roofline bound {b['bound_ms']:.2f} ms (memory {b['memory_ms']:.2f} ms at the best "
             f"copy, {b['exps']:.0f} exps {b['exp_ms']:.2f} ms at the best exp rate)"
         )
+    floors = result["floors"]
+    print(f"  memory floor {floors['memory_ms_at_calibrated']:.2f} ms at the calibrated bandwidth")
+    for name, floor in floors["arithmetic"].items():
+        print(
+            f"  arithmetic floor of {name}: {floor['ms']:.2f} ms (one core, rows in L2, least of "
+            f"300 calls, per shape on every core): at most {floor['reachable_of_calibrated']:.0%} "
+            "of the calibrated bandwidth"
+        )
     print(f"  load average {result['load_average']}")
 
 
@@ -368,9 +395,7 @@ def fractions(budget: int, rounds: int, problems: tuple[str, ...]) -> None:
     )
     found = []
     for problem in problems:
-        result = searched_fraction(
-            problem, budget, rounds, calibration.memory_bandwidth_gbs, calibration.llc_bytes
-        )
+        result = searched_fraction(problem, budget, rounds, calibration.memory_bandwidth_gbs)
         if "gelu" in problem:
             ceilings = measure(copy_bytes=result["bytes_moved"], rounds=rounds)
             result["ceilings"] = ceilings.to_json()

@@ -278,7 +278,8 @@ LAYERNORM_ROWS = _stream_template(
     ),
     (),
     {"fuse": "none"},
-    {"streaming": True, "prefetch": 1, "fuse": "online"},
+    # not "online": its shifted one-sweep sums fail the verifier on some outlier rows
+    {"streaming": True, "prefetch": 1, "fuse": "none"},
 )
 
 RESIDUAL_RMSNORM_GELU_FUSED = _stream_template(

@@ -119,7 +119,7 @@ def test_one_point_of_each_row_template_off_its_best_known_verifies(
     others = {
         "softmax_rows": {"fuse": "online", "tile": 0, "streaming": True, "prefetch": 2},
         "rmsnorm_rows": {"simdlen": 16, "unroll": 1, "streaming": False, "threads": 1},
-        "layernorm_rows": {"fuse": "none", "unroll": 4, "prefetch": 0},
+        "layernorm_rows": {"simdlen": 16, "unroll": 4, "prefetch": 0},
         "residual_rmsnorm_gelu_fused": {"intermediate": "recompute", "streaming": True},
     }
     for name, change in others.items():

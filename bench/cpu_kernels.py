@@ -229,10 +229,12 @@ def final_round(
     ranked = sorted((e for e in found.evaluated if "median_ms" in e), key=lambda e: e["median_ms"])
     finalists = ranked[:FINALISTS]
     calls = {}
-    for k, entry in enumerate(finalists):
+    for place, entry in enumerate(finalists):
         rendered = template.render(entry["params"])
-        library = compile_library(f"{template.name}-finalist-{k}", rendered.source, rendered.flags)
-        calls[str(k)] = native_call(library, workload)
+        library = compile_library(
+            f"{template.name}-finalist-{place}", rendered.source, rendered.flags
+        )
+        calls[str(place)] = native_call(library, workload)
     table = summary(interleaved(calls, rounds, workload.sets), "0")
     report = []
     for k, row in table.items():

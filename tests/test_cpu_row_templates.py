@@ -147,8 +147,12 @@ def test_the_chains_cheapest_gelu_form_verifies(cpu_backend: CpuBackend) -> None
     16), under -ffast-math: within the problem's tolerance, NaN rows included. Every other
     gelu form is verified by the slow sweep of every structure (slow, above)."""
     template = TEMPLATES["residual_rmsnorm_gelu_fused"]
-    change = {"gelu": "exp2_poly4", "simdlen": 16, "flags": "-O3 -march=native -ffast-math"}
-    point = {**template.best_known, **change}
+    point = {
+        **template.best_known,
+        "gelu": "exp2_poly4",
+        "simdlen": 16,
+        "flags": "-O3 -march=native -ffast-math",
+    }
     assert template.is_valid(point)
     rendered = template.render(point)
     assert "v_gelu_fast(" in rendered.source and "v_recip(" in rendered.source

@@ -194,7 +194,7 @@ def arithmetic_floor(
     spec, shape = workload.spec, workload.shape
     rows = max(1, min(shape["rows"], l2_bytes() // 2 // spec.nbytes({**shape, "rows": 1})))
     small = Workload(spec, {**shape, "rows": rows}, sets=1)
-    single = {**point, "threads": 1, "prefetch": 0, "streaming": False}
+    single = {**point, "threads": 1, "schedule": "static", "prefetch": 0, "streaming": False}
     rendered = template.render(single)
     name = f"{template.name}-floor-{abs(hash(repr(sorted(single.items()))))}"
     call = native_call(compile_library(name, rendered.source, rendered.flags), small)

@@ -159,7 +159,7 @@ def test_calibration_measures_real_ceilings_once(
         # (whether a quiet one exists depends on what other xdist workers measured since;
         # test_calibration.py proves a contended one never becomes it)
         assert contended_path(calibration_path(kf_cache)).is_file()
-        assert "not kept" in calibration.method
+        assert "kept for minutes only" in calibration.method
 
 
 @pytest.mark.slow

@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/kfactory run campaigns/demo.toml
 
-# Three pytest-xdist workers: many tests wait on subprocesses and sockets, so even two
-# cores gain from a third. A test that must not run beside another names an xdist_group.
+# Three pytest-xdist workers (many tests wait on subprocesses and sockets); a test that
+# must not run beside another names an xdist_group.
 test: $(STAMP)
 	$(BIN)/pytest -n 3 --dist loadgroup
 

@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/kfactory run campaigns/demo.toml
 
+# Three pytest-xdist workers (many tests wait on subprocesses and sockets); a test that
+# must not run beside another names an xdist_group.
 test: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n 3 --dist loadgroup
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow

@@ -10,6 +10,7 @@ from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
 from gpu_workers.results import HostCalibration
 from gpu_workers.sandbox import Limits
+from tests.session_share import locked, shared_dir
 
 PLANTED = Path(__file__).parent / "planted"
 EXAMPLES = Path(__file__).parent.parent / "kernels" / "examples"
@@ -24,9 +25,8 @@ def planted(name: str) -> str:
 
 @pytest.fixture(scope="session")
 def kf_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "kf-cache"
-    path.mkdir(exist_ok=True)
-    return path
+    """The session's compile cache and calibration, one for all its xdist workers."""
+    return shared_dir(tmp_path_factory, "kf-cache")
 
 
 @pytest.fixture(scope="session")
@@ -36,4 +36,5 @@ def cpu_backend(kf_cache: Path) -> CpuBackend:
 
 @pytest.fixture(scope="session")
 def calibration(kf_cache: Path) -> HostCalibration:
-    return load_or_calibrate(kf_cache)
+    with locked(kf_cache):  # measured by one worker, read by the others
+        return load_or_calibrate(kf_cache)

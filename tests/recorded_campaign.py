@@ -22,6 +22,7 @@ from actors.history import History
 from eventstore.codec import decode, encode
 from eventstore.events import Event
 from eventstore.store import GENESIS, chain_hash
+from tests.session_share import locked, shared_dir
 
 CAMPAIGN_ID = "audited"
 CAMPAIGN = f"""
@@ -112,22 +113,23 @@ def kfactory(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
 
 
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """The home of the session's campaign and its `kfactory run --json` result."""
-    root = tmp_path_factory.getbasetemp() / "recorded-campaign"
+    """The home of the session's campaign and its `kfactory run --json` result: run once
+    per session, by whichever xdist worker asks first (the others wait for it)."""
+    root = shared_dir(tmp_path_factory, "recorded-campaign")
     result_file = root / "run.json"
-    if not result_file.exists():
-        root.mkdir(exist_ok=True)
-        (root / "campaign.toml").write_text(CAMPAIGN)
-        done = kfactory(
-            "run",
-            str(root / "campaign.toml"),
-            "--home",
-            str(root / "home"),
-            "--json",
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr
-        result_file.write_text(done.stdout)
+    with locked(root):
+        if not result_file.exists():
+            (root / "campaign.toml").write_text(CAMPAIGN)
+            done = kfactory(
+                "run",
+                str(root / "campaign.toml"),
+                "--home",
+                str(root / "home"),
+                "--json",
+                timeout=600,
+            )
+            assert done.returncode == 0, done.stderr
+            result_file.write_text(done.stdout)
     return root / "home", json.loads(result_file.read_text())
 
 

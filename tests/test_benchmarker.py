@@ -106,7 +106,7 @@ def test_every_timed_call_starts_from_poisoned_outputs(
 
 
 def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
-    cpu_backend: CpuBackend, calibration: HostCalibration, kf_cache: Path
+    cpu_backend: CpuBackend, calibration: HostCalibration, tmp_path: Path
 ) -> None:
     kernel = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
     incumbent = _build(cpu_backend, planted("tail_off_by_one").replace("cols - 1", "cols"))
@@ -117,7 +117,7 @@ def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
         calibration,
         incumbent=incumbent,
         shape=SMALL,
-        recalibrate=lambda: load_or_calibrate(kf_cache, force=True),
+        recalibrate=lambda: load_or_calibrate(tmp_path, force=True),  # not the shared cache
     )
     assert isinstance(result, BenchmarkResult), result
     assert result.kernel.runs >= MIN_RUNS

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_workers.calibration_cache import is_quiet
+from gpu_workers.calibration_cache import contended_path, is_quiet
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu.arena import PAGE, Arena, guard_ranges, layout
 from gpu_workers.cpu.calibrate import calibration_path, llc_bytes, load_or_calibrate
@@ -155,16 +155,18 @@ def test_calibration_measures_real_ceilings_once(
     if is_quiet(calibration):
         assert calibration_path(kf_cache).is_file()
         assert load_or_calibrate(kf_cache) == calibration  # from the cache, not measured again
-    else:  # measured while other work ran: used for this run, never kept
-        assert not calibration_path(kf_cache).is_file()
-        assert "not kept" in calibration.method
+    else:  # measured while other work ran: kept beside the quiet file for a few minutes
+        # (whether a quiet one exists depends on what other xdist workers measured since;
+        # test_calibration.py proves a contended one never becomes it)
+        assert contended_path(calibration_path(kf_cache)).is_file()
+        assert "kept for minutes only" in calibration.method
 
 
 @pytest.mark.slow
 def test_recalibration_agrees_with_the_cached_figures(
-    kf_cache: Path, calibration: HostCalibration
+    tmp_path: Path, calibration: HostCalibration
 ) -> None:
-    fresh = load_or_calibrate(kf_cache, force=True)
+    fresh = load_or_calibrate(tmp_path, force=True)  # measured afresh, beside the shared cache
     assert 0.5 < fresh.memory_bandwidth_gbs / calibration.memory_bandwidth_gbs < 2
 
 

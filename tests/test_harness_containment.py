@@ -52,12 +52,16 @@ def _run(backend: CpuBackend, build: CompiledKernel) -> Rejection | None:
     return judge_runs(SOFTMAX, SOFTMAX.tolerances["fp32"], trials, outcome.runs).rejection
 
 
-def _kernel_hosts_alive() -> list[int]:
+def _kernel_hosts_alive(library: str) -> list[int]:
+    """Kernel hosts (or their forks) of `library`: those of other tests running beside this
+    one, under pytest-xdist or another session, are not this test's business."""
     alive = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid in OWN_UIDS:
+                if entry.stat().st_uid in OWN_UIDS and library.encode() in (
+                    (entry / "cmdline").read_bytes().split(b"\0")
+                ):
                     alive.append(int(entry.name))
             except OSError:
                 continue
@@ -87,16 +91,16 @@ def test_children_cannot_be_made_and_nothing_outlives_the_run(
     cpu_backend: CpuBackend, kf_cache: Path
 ) -> None:
     build = _compiled(kf_cache, "harness_forks_a_survivor")
-    before = set(_kernel_hosts_alive())
+    before = set(_kernel_hosts_alive(build.library))
     for trial in plan_trials(SOFTMAX, "fp32", 2)[:2]:  # rows 4: libc fork; rows 1: raw syscall
         outcome = cpu_backend.run_trials(SOFTMAX, build, [trial])
         assert outcome.rejection is not None
         assert outcome.rejection.reason == "forbidden_syscall", outcome.rejection
         assert outcome.rejection.evidence["syscall"] in ("clone", "fork")
     deadline = time.monotonic() + 5
-    while set(_kernel_hosts_alive()) - before and time.monotonic() < deadline:
+    while set(_kernel_hosts_alive(build.library)) - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not set(_kernel_hosts_alive()) - before
+    assert not set(_kernel_hosts_alive(build.library)) - before
 
 
 def test_the_floating_point_state_is_reset_and_checked_around_every_call(

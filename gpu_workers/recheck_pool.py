@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu_workers.pass_band import Band, pass_band
 from kernels.spec import Arrays, Problem
 
 SETS = 2
@@ -60,10 +61,25 @@ class PoolEntry:
     def scales(self, problem: Problem) -> Arrays:
         return self._load("scale", [a.name for a in problem.outputs])
 
+    def bands(self, problem: Problem) -> dict[str, Band] | None:
+        """Each output's pass band (`gpu_workers.pass_band`), where the set has them (fp32)."""
+        names = [a.name for a in problem.outputs]
+        if not all((self.folder / f"band-lo-{n}.npy").is_file() for n in names):
+            return None
+        return {
+            n: Band(
+                lo=np.load(self.folder / f"band-lo-{n}.npy", mmap_mode="r"),
+                hi=np.load(self.folder / f"band-hi-{n}.npy", mmap_mode="r"),
+                nan_at=np.load(self.folder / f"band-nan-{n}.npy"),
+            )
+            for n in names
+        }
+
     def fill(self, problem: Problem, shape: dict[str, int], distribution: str, dtype: str) -> None:
-        """Draw the set from a fresh secret seed, with its reference, in a folder of its own
-        renamed into place when complete (a reader never sees half a set; of two drivers
-        filling the same set, the first to finish wins)."""
+        """Draw the set from a fresh secret seed, with its reference (and, for fp32, each
+        output's pass band), in a folder of its own renamed into place when complete (a
+        reader never sees half a set; of two drivers filling the same set, the first to
+        finish wins)."""
         seed = secrets.randbits(63)
         inputs = problem.generate(shape, distribution, seed, dtype)
         expected = problem.expected(inputs)
@@ -73,6 +89,12 @@ class PoolEntry:
         for kind, arrays in (("in", inputs), ("expected", expected), ("scale", scales)):
             for name, array in arrays.items():
                 np.save(partial / f"{kind}-{name}.npy", np.asarray(array))
+        if dtype == "fp32":
+            for name in expected:
+                band = pass_band(expected[name], scales[name], problem.tolerances[dtype])
+                np.save(partial / f"band-lo-{name}.npy", band.lo)
+                np.save(partial / f"band-hi-{name}.npy", band.hi)
+                np.save(partial / f"band-nan-{name}.npy", band.nan_at)
         (partial / SEED_FILE).write_text(str(seed))
         try:
             os.rename(partial, self.folder)

@@ -248,7 +248,7 @@ def _judge_and_recheck(
 
 Reference = tuple[Arrays | None, Arrays | None, dict[str, Band] | None]
 """A re-check's float64 reference, its error scale and its pass bands (None: the judge
-computes the reference and scale, and judges without bands)."""
+computes the reference and scale where it needs them, and judges without bands)."""
 
 
 def _recheck_inputs(

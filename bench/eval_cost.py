@@ -20,6 +20,9 @@ shape), with a cold compile cache, and splits the wall time into phases:
   driver's own code: baseline inputs, kernel host start and fresh inputs, warm-up,
   timing, judging the timed calls and the re-check of every distribution at the shape).
 
+With --warm-pool the worker's re-check pool is filled first (not counted): the re-check
+then costs what it does once a campaign has drawn every set.
+
 Prints a table; writes bench/results/eval_cost.json.
 """
 
@@ -94,8 +97,10 @@ def progress_marks() -> Iterator[list[tuple[str, float]]]:
 
 
 def phase_of(mark: str) -> str:
+    if mark.startswith("re-check after timing") and ", seed " in mark:
+        return "timing: re-check, the kernel's calls and judging (bands or float64)"
     if mark.startswith("re-check after timing"):
-        return "timing: re-check every distribution (call + float64 reference + compare)"
+        return "timing: re-check inputs (a pool set: filled on first use, else mapped)"
     return {
         "baseline inputs": "timing: baseline inputs",
         "starting the kernel": "timing: kernel host start, arenas, fresh inputs",
@@ -154,7 +159,26 @@ def timing_run_fresh_library(backend: CpuBackend) -> Path:
     return fresh_inputs_library(backend.cache_dir)
 
 
-def one_evaluation(problem: Problem, shape: dict[str, int], source: str) -> dict[str, float]:
+def fill_pool(problem: Problem, backend: CpuBackend, shape: dict[str, int]) -> float:
+    """Every set of the worker's re-check pool at `shape`, as a long campaign has them
+    after its first candidates; the seconds it took."""
+    from gpu_workers.recheck_pool import SETS, entry
+
+    if backend.recheck_pool is None:
+        return 0.0
+    started = time.perf_counter()
+    full = problem.full_shape(shape)
+    for distribution in problem.distributions:
+        for draw in range(SETS):
+            pooled = entry(backend.recheck_pool.folder, problem, full, "fp32", distribution, draw)
+            if not pooled.ready:
+                pooled.fill(problem, full, distribution, "fp32")
+    return time.perf_counter() - started
+
+
+def one_evaluation(
+    problem: Problem, shape: dict[str, int], source: str, warm_pool: bool
+) -> dict[str, float]:
     calibration = calibration_for("cpu")
     phases: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as cold:
@@ -163,6 +187,10 @@ def one_evaluation(problem: Problem, shape: dict[str, int], source: str) -> dict
             lambda: precheck(problem, cold_backend, source, FLAGS, "fp32")
         )
     backend = cpu_backend()  # the workers' own: long-lived, as in a campaign
+    if warm_pool:
+        phases["(not counted) filling every set of the re-check pool"] = fill_pool(
+            problem, backend, shape
+        )
     build = precheck(problem, backend, source, FLAGS, "fp32").build
     assert compiled.build is not None and build is not None
     seed = new_seed()
@@ -225,6 +253,11 @@ def main() -> None:
     parser.add_argument("--shape", default="rows=4096,cols=4096")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--label", default="now", help="name of this measurement in the JSON")
+    parser.add_argument(
+        "--warm-pool",
+        action="store_true",
+        help="fill the whole re-check pool first (a campaign past its first candidates)",
+    )
     args = parser.parse_args()
     problem = load_problem(args.problem)
     shape = {k: int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
@@ -232,7 +265,7 @@ def main() -> None:
     source = (tree / "kernels" / "examples" / f"{args.problem}.c").read_text()
     runs = []
     for i in range(args.repeats):
-        runs.append(one_evaluation(problem, shape, source))
+        runs.append(one_evaluation(problem, shape, source, args.warm_pool))
         print(f"  repeat {i + 1}/{args.repeats} done", file=sys.stderr)
     names = list(runs[0])
     table = {name: statistics.median(r.get(name, 0.0) for r in runs) for name in names}

@@ -4,6 +4,7 @@ Usage (the tree measured is the one on PYTHONPATH; run it for each tree in one s
   PYTHONPATH=/path/to/main .venv/bin/python bench/eval_rate.py --label before
   PYTHONPATH=$PWD .venv/bin/python bench/eval_rate.py --label after
   PYTHONPATH=$PWD .venv/bin/python bench/eval_rate.py --swarm --label after
+  PYTHONPATH=$PWD .venv/bin/python bench/eval_rate.py --swarm --tree /path/to/old --label old
 
 With --swarm it runs a real campaign instead (`kfactory run` of the tree, embedded hub,
 one verifier and one benchmarker working at once, the template writer, `--candidates` in
@@ -11,7 +12,9 @@ one generation, timed at --shape) in a fresh run folder and a fresh build cache 
 only a copy of this host's calibration, so no run compiles less than another or
 measures the host), and reads the rate from the recorded events: candidates settled
 (timed or rejected) over the time from the first kernel written to the last settled.
-It also reports, where the tree records them, the timing runs per candidate and the
+With --tree it runs that tree's `kfactory run` instead of the one on PYTHONPATH (this
+script's own code reads the result, so an older tree without this script can be measured
+alike). It also reports, where the tree records them, the timing runs per candidate and the
 host contention each result saw.
 
 Evaluates `--candidates` kernels in one process with the actors' own back end
@@ -41,10 +44,6 @@ from typing import Any
 import duckdb
 
 import kernels
-from actors.devices import calibration_for, compile_and_time, cpu_backend
-from gpu_workers.results import BenchmarkResult
-from gpu_workers.verifier import verify
-from kernels.loading import load_problem
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FLAGS = ("-O3", "-march=native", "-fopenmp")
@@ -57,21 +56,33 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=6)
     parser.add_argument("--label", default="now")
     parser.add_argument("--swarm", action="store_true", help="run a campaign (see above)")
+    parser.add_argument("--tree", type=Path, help="with --swarm: the tree whose campaign runs")
     args = parser.parse_args()
-    problem = load_problem(args.problem)
     shape = {k: int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
     if args.swarm:
-        _keep(args.label, swarm_rate(args.problem, shape, args.candidates, args.label))
+        tree = (args.tree or Path(kernels.__file__).resolve().parent.parent).resolve()
+        _keep(args.label, swarm_rate(args.problem, shape, args.candidates, args.label, tree))
         return
+    in_process(args.problem, shape, args.candidates, args.label)
+
+
+def in_process(problem_name: str, shape: dict[str, int], candidates: int, label: str) -> None:
+    """The candidates verified and timed one after another in this process."""
+    from actors.devices import calibration_for, compile_and_time, cpu_backend
+    from gpu_workers.results import BenchmarkResult
+    from gpu_workers.verifier import verify
+    from kernels.loading import load_problem
+
+    problem = load_problem(problem_name)
     tree = Path(kernels.__file__).resolve().parent.parent
-    example = (tree / "kernels" / "examples" / f"{args.problem}.c").read_text()
+    example = (tree / "kernels" / "examples" / f"{problem_name}.c").read_text()
     calibration = calibration_for("cpu")
     backend = cpu_backend()
     stamp = f"{os.getpid()}-{time.time_ns()}"
     incumbent: tuple[str, tuple[str, ...]] | None = None
     seconds: list[float] = []
     started = time.perf_counter()
-    for i in range(args.candidates):
+    for i in range(candidates):
         source = example + f"\n// candidate {stamp}-{i}\n"
         began = time.perf_counter()
         verdict = verify(problem, backend, source, FLAGS)
@@ -98,18 +109,18 @@ def main() -> None:
             file=sys.stderr,
         )
     total = time.perf_counter() - started
-    rate = args.candidates / (total / 60)
+    rate = candidates / (total / 60)
     load = os.getloadavg()[0]
     print(
-        f"{args.label}: {args.candidates} candidates in {total:.0f} s = {rate:.2f} per minute "
+        f"{label}: {candidates} candidates in {total:.0f} s = {rate:.2f} per minute "
         f"(median {statistics.median(seconds):.1f} s each; load average {load:.1f})"
     )
     _keep(
-        args.label,
+        label,
         {
-            "problem": args.problem,
+            "problem": problem_name,
             "shape": shape,
-            "candidates": args.candidates,
+            "candidates": candidates,
             "seconds": total,
             "per_minute": rate,
             "each_seconds": seconds,
@@ -142,11 +153,12 @@ seed = 1
 """
 
 
-def swarm_rate(problem: str, shape: dict[str, int], candidates: int, label: str) -> dict[str, Any]:
-    """One campaign of `candidates` run by the tree on PYTHONPATH; its settling rate."""
+def swarm_rate(
+    problem: str, shape: dict[str, int], candidates: int, label: str, tree: Path
+) -> dict[str, Any]:
+    """One campaign of `candidates` run by `tree`; its settling rate."""
     from gpu_workers.cpu.calibrate import calibration_path
 
-    tree = Path(kernels.__file__).resolve().parent.parent
     calibration = calibration_path()
     if not calibration.is_file():
         raise SystemExit(f"no calibration of this host in {calibration}: run `kfactory check`")

@@ -4,9 +4,11 @@ After timing, a kernel is re-checked on every distribution at the timed shape. A
 campaign's shape (16 M elements for softmax 4096x4096) drawing those inputs and computing
 their float64 references costs more than the timing itself, and is the same work for
 every candidate. The pool keeps, for each distribution, `SETS` input sets drawn from seeds
-no one is told, each with its reference and error scale, as .npy files in one private
-folder the worker creates (mode 0700) and removes. Each re-check draws, per distribution,
-one set from its own secret seed.
+no one is told, as .npy files in one private folder the worker creates (mode 0700) and
+removes. For fp32 a set keeps, instead of its float64 reference, each output's pass band
+(`gpu_workers.pass_band`): outputs inside it pass on float32 comparisons, and only for
+an output outside it is the reference made again (other dtypes keep the reference and
+error scale). Each re-check draws, per distribution, one set from its own secret seed.
 
 Why this keeps the rule: a kernel cannot predict which inputs it gets. Its process sees
 an empty read-only root and may open nothing (seccomp), so it can neither read the pool
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu_workers.pass_band import Band, pass_band
 from kernels.spec import Arrays, Problem
 
 SETS = 2
@@ -54,23 +57,55 @@ class PoolEntry:
     def inputs(self, problem: Problem) -> Arrays:
         return self._load("in", [a.name for a in problem.inputs])
 
-    def expected(self, problem: Problem) -> Arrays:
-        return self._load("expected", [a.name for a in problem.outputs])
+    def expected(self, problem: Problem) -> Arrays | None:
+        """The float64 reference, where the set keeps one (not with bands: the judge
+        computes it from the inputs for an output outside its band)."""
+        return self._kept("expected", problem)
 
-    def scales(self, problem: Problem) -> Arrays:
-        return self._load("scale", [a.name for a in problem.outputs])
+    def scales(self, problem: Problem) -> Arrays | None:
+        return self._kept("scale", problem)
+
+    def _kept(self, kind: str, problem: Problem) -> Arrays | None:
+        names = [a.name for a in problem.outputs]
+        if not all((self.folder / f"{kind}-{n}.npy").is_file() for n in names):
+            return None
+        return self._load(kind, names)
+
+    def bands(self, problem: Problem) -> dict[str, Band] | None:
+        """Each output's pass band (`gpu_workers.pass_band`), where the set has them (fp32)."""
+        names = [a.name for a in problem.outputs]
+        if not all((self.folder / f"band-lo-{n}.npy").is_file() for n in names):
+            return None
+        return {
+            n: Band(
+                lo=np.load(self.folder / f"band-lo-{n}.npy", mmap_mode="r"),
+                hi=np.load(self.folder / f"band-hi-{n}.npy", mmap_mode="r"),
+                nan_at=np.load(self.folder / f"band-nan-{n}.npy"),
+            )
+            for n in names
+        }
 
     def fill(self, problem: Problem, shape: dict[str, int], distribution: str, dtype: str) -> None:
-        """Draw the set from a fresh secret seed, with its reference, in a folder of its own
-        renamed into place when complete (a reader never sees half a set; of two drivers
-        filling the same set, the first to finish wins)."""
+        """Draw the set from a fresh secret seed, with each output's pass band (fp32; other
+        dtypes: the float64 reference and scale), in a folder of its own renamed into
+        place when complete (a reader never sees half a set; of two drivers filling the
+        same set, the first to finish wins)."""
         seed = secrets.randbits(63)
         inputs = problem.generate(shape, distribution, seed, dtype)
         expected = problem.expected(inputs)
         scales = problem.scales(inputs, expected)
         self.folder.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}-", dir=self.folder.parent))
-        for kind, arrays in (("in", inputs), ("expected", expected), ("scale", scales)):
+        kept = [("in", inputs)]
+        if dtype == "fp32":  # the bands judge; the reference is made again only on a miss
+            for name in expected:
+                band = pass_band(expected[name], scales[name], problem.tolerances[dtype])
+                np.save(partial / f"band-lo-{name}.npy", band.lo)
+                np.save(partial / f"band-hi-{name}.npy", band.hi)
+                np.save(partial / f"band-nan-{name}.npy", band.nan_at)
+        else:
+            kept += [("expected", expected), ("scale", scales)]
+        for kind, arrays in kept:
             for name, array in arrays.items():
                 np.save(partial / f"{kind}-{name}.npy", np.asarray(array))
         (partial / SEED_FILE).write_text(str(seed))
@@ -78,13 +113,6 @@ class PoolEntry:
             os.rename(partial, self.folder)
         except OSError:  # filled meanwhile by another driver: keep theirs
             shutil.rmtree(partial, ignore_errors=True)
-
-
-def _save_atomically(path: Path, array: np.ndarray) -> None:
-    partial = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(partial, "wb") as out:
-        np.save(out, array)
-    os.replace(partial, path)
 
 
 def entry(

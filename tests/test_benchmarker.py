@@ -170,6 +170,10 @@ def test_the_recheck_pool_keeps_its_references_and_still_catches_a_wrong_kernel(
     assert per_distribution == set(softmax.distributions)
     assert len(sets) <= SETS * len(softmax.distributions)
     assert pool.stat().st_mode & 0o077 == 0  # private to the worker
+    # each set keeps its pass band, not its float64 reference: later kernels are judged
+    # in float32 (`pass_band`), and the reference is made again only for one outside it
+    assert all(list(folder.glob("band-lo-*.npy")) for folder in sets)
+    assert not list(pool.rglob("expected-*.npy"))
     # right on the timed (normal) inputs, wrong only on the pool's nonfinite sets
     bad = _build(backend, planted("evidence_ignores_nan"))
     rejected = benchmark(softmax, backend, bad, calibration, shape=SMALL)

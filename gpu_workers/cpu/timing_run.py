@@ -31,6 +31,7 @@ from gpu_workers.cpu.kernel_process import (
     kernel_process,
 )
 from gpu_workers.interleave import Call, interleave
+from gpu_workers.pass_band import Band
 from gpu_workers.recheck_pool import entry
 from gpu_workers.results import Rejection
 from gpu_workers.verifier import trial_seed
@@ -235,28 +236,35 @@ def _judge_and_recheck(
                 break
             seed = trial_seed(job.recheck_seed, index, distribution)
             files.write_progress(f"re-check after timing: {distribution} inputs at {job.shape}")
-            inputs, expected, scales, seed = _recheck_inputs(problem, job, distribution, seed)
+            inputs, reference, seed = _recheck_inputs(problem, job, distribution, seed)
             what = f"re-check after timing: {distribution} inputs at {job.shape}, seed {seed}"
             files.write_progress(what)
             call = kernel.run_once(inputs, what, seed)
-            call.expected, call.scales = expected, scales
+            call.expected, call.scales, call.bands = reference
             pending.append(judges.submit(judge_calls, problem, job.dtype, [call]))
             rechecked.append(distribution)
         return next((r for f in pending if (r := f.result()) is not None), None)
 
 
+Reference = tuple[Arrays | None, Arrays | None, dict[str, Band] | None]
+"""A re-check's float64 reference, its error scale and its pass bands (None: the judge
+computes the reference and scale where it needs them, and judges without bands)."""
+
+
 def _recheck_inputs(
     problem: Problem, job: p.BenchJob, distribution: str, seed: int
-) -> tuple[Arrays, Arrays | None, Arrays | None, int]:
-    """One distribution's re-check inputs, their reference and scale (None: the judge
-    computes them), and the seed they were drawn from: a set of the worker's secret pool,
-    chosen by `seed` (filled here on first use), or drawn afresh from `seed`."""
+) -> tuple[Arrays, Reference, int]:
+    """One distribution's re-check inputs, their reference, and the seed they were drawn
+    from: a set of the worker's secret pool, chosen by `seed` (filled here on first use),
+    or drawn afresh from `seed`."""
     if job.recheck_pool is None:
-        return problem.generate(job.shape, distribution, seed, job.dtype), None, None, seed
+        inputs = problem.generate(job.shape, distribution, seed, job.dtype)
+        return inputs, (None, None, None), seed
     pooled = entry(Path(job.recheck_pool), problem, job.shape, job.dtype, distribution, seed)
     if not pooled.ready:
         pooled.fill(problem, job.shape, distribution, job.dtype)
-    return pooled.inputs(problem), pooled.expected(problem), pooled.scales(problem), pooled.seed
+    reference = (pooled.expected(problem), pooled.scales(problem), pooled.bands(problem))
+    return pooled.inputs(problem), reference, pooled.seed
 
 
 def bench(job: p.BenchJob) -> p.BenchReply:

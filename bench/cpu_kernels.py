@@ -30,7 +30,6 @@ during each run is recorded (`busy`, in cores), because other work on the host s
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
@@ -47,11 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from native_harness import (
     BUILD_DIR,
     CALIBRATION_SOURCE,
-    Call,
     SearchResult,
     Workload,
     compile_library,
     interleaved,
+    library_call,
     load_average,
     native_call,
     search_template,
@@ -150,28 +149,6 @@ MAIN_SPACE: dict[str, Any] = {"gelu": "exp"}
 COPY_FLAGS = ("-O3", "-march=native", "-fopenmp")
 """The calibration's flags; the store copy adds -fno-tree-loop-distribute-patterns so that
 gcc keeps the loop rather than calling memcpy."""
-
-
-def library_call(library: Path, symbol: str, workload: Workload) -> Call:
-    """`symbol(x, y, n)` on the workload's input x and output y: a copy timed like a kernel."""
-    fn = getattr(ctypes.CDLL(str(library)), symbol)
-    fn.restype = None
-    out = workload.outputs["y"]
-    sets = [
-        (
-            workload.inputs[i]["x"].ctypes.data_as(ctypes.c_void_p),
-            out.ctypes.data_as(ctypes.c_void_p),
-            ctypes.c_int64(out.size),
-        )
-        for i in range(workload.sets)
-    ]
-
-    def call(i: int) -> int:
-        started = time.perf_counter_ns()
-        fn(*sets[i % len(sets)])
-        return time.perf_counter_ns() - started
-
-    return call
 
 
 def l2_bytes() -> int:

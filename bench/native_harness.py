@@ -135,7 +135,15 @@ def copy_call(workload: Workload, source: str, destination: str) -> Call:
     library = compile_library(
         "calibration_copy", CALIBRATION_SOURCE.read_text(), ("-O3", "-march=native", "-fopenmp")
     )
-    fn = ctypes.CDLL(str(library)).kf_stream_copy
+    return library_call(library, "kf_stream_copy", workload, source, destination)
+
+
+def library_call(
+    library: Path, symbol: str, workload: Workload, source: str = "x", destination: str = "y"
+) -> Call:
+    """`symbol(source, destination, n)` of a compiled library on the workload's arrays:
+    a copy timed like a kernel, rotating through the input sets."""
+    fn = getattr(ctypes.CDLL(str(library)), symbol)
     fn.restype = None
     out = workload.outputs[destination]
     sets = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import pytest_asyncio
 
@@ -20,6 +21,19 @@ configure_logging()
 CLI_ACTOR = ActorRef(role="cli", instance="cli-1", host="localhost")
 BENCH_ACTOR = ActorRef(role="benchmarker", instance="benchmarker-1", host="localhost")
 TEST_ACTOR = CLI_ACTOR
+
+
+@pytest.fixture(autouse=True)
+def _denormals_survive(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test that leaves this process flushing denormals (a library linked with
+    -ffast-math sets FTZ/DAZ when loaded): every test after it in the process would see
+    different numerics, and the failure would land on an innocent one."""
+    yield
+    if np.float32(1e-40) * np.float32(1.0) == 0:
+        pytest.fail(
+            f"{request.node.nodeid} left this process flushing denormals (FTZ/DAZ): a "
+            "library it loaded was linked with -ffast-math (crtfastmath.o)"
+        )
 
 
 def started(campaign: str = "c1", name: str = "demo") -> CampaignStarted:

@@ -123,10 +123,27 @@ def test_the_time_stamp_counter_faults_in_the_kernels_process(
 
 def test_a_forged_reply_gains_nothing(cpu_backend: CpuBackend, kf_cache: Path) -> None:
     """The clock is the driver's: a kernel that says "done" early is stopped where it is,
-    and its half-written outputs are judged."""
+    and its half-written outputs are judged; one that finished before the stop landed (a
+    busy host can delay it) left its own answer and the host's both on the pipe."""
     rejection = _run(cpu_backend, _compiled(kf_cache, "harness_forges_its_reply"))
     assert rejection is not None, "a forged reply passed verification"
-    assert rejection.reason in ("unwritten", "wrong_value", "nondeterministic", "crashed")
+    assert rejection.reason in (
+        "unwritten",
+        "wrong_value",
+        "nondeterministic",
+        "crashed",
+        "forged_reply",
+    ), rejection
+
+
+def test_a_second_answer_on_the_reply_pipe_is_a_forgery(
+    cpu_backend: CpuBackend, kf_cache: Path
+) -> None:
+    """Right outputs do not excuse writing on the harness's reply pipe."""
+    rejection = _run(cpu_backend, _compiled(kf_cache, "harness_answers_twice"))
+    assert rejection is not None, "a second answer went unnoticed"
+    assert (rejection.stage, rejection.reason) == ("run", "forged_reply"), rejection
+    assert "reply pipe" in rejection.message
 
 
 def test_verification_and_timing_look_the_same_to_a_kernel(
@@ -165,7 +182,9 @@ def test_a_verified_kernel_is_timed_with_its_evidence_recorded(
     assert isinstance(result, BenchmarkResult), result
     assert result.seed == 9
     assert set(result.rechecked) == set(SOFTMAX.distributions)
-    assert result.handshake_ns is not None and 0 < result.handshake_ns < result.kernel.median_ns
+    # recorded, not compared with the kernel: at this small shape a busy host can make a
+    # handshake outlast a call
+    assert result.handshake_ns is not None and result.handshake_ns > 0
     assert result.sandbox is not None
     by_name = {m.name: m for m in result.sandbox.mechanisms}
     assert by_name["seccomp"].applied, by_name["seccomp"].note

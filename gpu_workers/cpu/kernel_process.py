@@ -241,7 +241,25 @@ class KernelProcess:
         if status == ST_FORBIDDEN_SYSCALL:
             self._forbidden(detail, what)
         self._stop()
+        self._no_second_answer(what)
         return status, mxcsr, detail, elapsed
+
+    def _no_second_answer(self, what: str) -> None:
+        """The host answers each command once. More bytes waiting once it is stopped mean
+        the kernel wrote an answer of its own on the reply pipe (a forged "done" to stop
+        the clock early), whichever of the two arrived first."""
+        if not select.select([self._reply], [], [], 0)[0]:
+            return
+        extra = os.read(self._reply, REPLY.size)
+        if not extra:
+            return  # the host ended: the next read reports how
+        self.kill()
+        raise KernelEnded(
+            "forged_reply",
+            f"the kernel wrote on the harness's reply pipe during {what}: a second answer "
+            "was waiting after the call's own",
+            {"progress": what, "extra_bytes": extra.hex(), "log": self.log_tail()},
+        )
 
     def _read(self, size: int, what: str) -> bytes:
         data = b""

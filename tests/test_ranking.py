@@ -37,6 +37,7 @@ from eventstore.events import (
 )
 from eventstore.store import Recorded
 from gpu_workers.benchmarker import TimingRun, head_to_head, paired_ratios, within_noise
+from ops.progress import Progress
 from ops.run_cmd import _generations as run_generations
 from ops.run_cmd import _print_results as print_results
 from ops.run_cmd import _result as run_result
@@ -307,3 +308,10 @@ def test_runs_leaderboard_shows_each_rows_standing(capsys: Any) -> None:
     print_results(result)
     out = capsys.readouterr().out
     assert "standing" in out and "lost to g0:c1" in out and "rank 1 is the best" in out
+
+
+def test_progress_shows_the_best_by_its_own_median_and_the_campaign_speedup() -> None:
+    log = noisy_baselines()
+    counts = Progress(log.history, CAMPAIGN).counts()
+    # c1 is the best: 8 ms, over the campaign baseline of 100 ms (not its own 60 ms)
+    assert counts.best == "8.000 ms (12.50x)"

@@ -451,6 +451,7 @@ int main(int argc, char **argv) {
     hello.mechanisms[M_RLIMITS] = set_limits(strtoull(argv[4], NULL, 10), strtoull(argv[5], NULL, 10));
     hello.mechanisms[M_EMPTY_ROOT] = enter_empty_root(argv[6]);
     drop_privileges(hello.mechanisms, own_id);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a change of credentials clears it: armed again */
     hello.mechanisms[M_SECCOMP] = load_guard != 0 ? load_guard : errno_of(run_filter());
     if (write_all(1, &hello, sizeof hello) != 0) return EXIT_SETUP_FAILED;
 

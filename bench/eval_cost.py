@@ -111,13 +111,18 @@ def phase_of(mark: str) -> str:
 
 
 def timing_phases(
-    problem: Problem, backend: CpuBackend, build: Any, shape: dict[str, int], llc: int
+    problem: Problem,
+    backend: CpuBackend,
+    build: Any,
+    incumbent: Any,
+    shape: dict[str, int],
+    llc: int,
 ) -> dict[str, float]:
     """The driver's timing run (its own code, in this process), split by its marks."""
     seed = new_seed()
     job = p.BenchJob(
         library=build.library,
-        incumbent_library=None,
+        incumbent_library=incumbent.library if incumbent is not None else None,
         kernel_host=backend._kernel_host(backend.bench_limits),
         fresh_inputs_library=str(timing_run_fresh_library(backend)),
         problem=problem.load_spec,
@@ -177,7 +182,11 @@ def fill_pool(problem: Problem, backend: CpuBackend, shape: dict[str, int]) -> f
 
 
 def one_evaluation(
-    problem: Problem, shape: dict[str, int], source: str, warm_pool: bool
+    problem: Problem,
+    shape: dict[str, int],
+    source: str,
+    warm_pool: bool,
+    incumbent_source: str | None,
 ) -> dict[str, float]:
     calibration = calibration_for("cpu")
     phases: dict[str, float] = {}
@@ -214,12 +223,15 @@ def one_evaluation(
     _, phases["bench: compile (cache hit)"] = _timed(
         lambda: backend.compile(problem, source, FLAGS, "fp32")
     )
+    incumbent = None
+    if incumbent_source is not None:
+        incumbent = precheck(problem, backend, incumbent_source, FLAGS, "fp32").build
     result, bench_seconds = _timed(
-        lambda: benchmark(problem, backend, build, calibration, shape=shape)
+        lambda: benchmark(problem, backend, build, calibration, incumbent=incumbent, shape=shape)
     )
     if not hasattr(result, "kernel"):
         raise SystemExit(f"the example was rejected while timed: {result}")
-    inside = timing_phases(problem, backend, build, shape, calibration.llc_bytes)
+    inside = timing_phases(problem, backend, build, incumbent, shape, calibration.llc_bytes)
     phases["bench: driver start (python, sandbox, imports)"] = start
     phases.update(inside)  # one timing run, split in this process with the driver's code
     phases["bench: repeated timing runs (busy host) and the rest"] = max(
@@ -227,6 +239,7 @@ def one_evaluation(
     )
     phases["bench: timing attempts"] = float(result.timing_attempts)
     phases["bench: baseline samples per run"] = float(result.baseline.runs)
+    phases["bench: kernel samples per run"] = float(result.kernel.runs)
     phases["total (verify + bench)"] = (
         run_seconds
         + bench_seconds
@@ -258,14 +271,25 @@ def main() -> None:
         action="store_true",
         help="fill the whole re-check pool first (a campaign past its first candidates)",
     )
+    parser.add_argument(
+        "--kernel", type=Path, help="the kernel's C source (default: the problem's example)"
+    )
+    parser.add_argument(
+        "--incumbent",
+        type=Path,
+        help="time the kernel head-to-head against this C source, as a campaign does once "
+        "it has a best (default: no incumbent)",
+    )
     args = parser.parse_args()
     problem = load_problem(args.problem)
     shape = {k: int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
     tree = Path(kernels.__file__).resolve().parent.parent  # the tree on PYTHONPATH
-    source = (tree / "kernels" / "examples" / f"{args.problem}.c").read_text()
+    example = tree / "kernels" / "examples" / f"{args.problem}.c"
+    source = (args.kernel or example).read_text()
+    incumbent = args.incumbent.read_text() if args.incumbent else None
     runs = []
     for i in range(args.repeats):
-        runs.append(one_evaluation(problem, shape, source, args.warm_pool))
+        runs.append(one_evaluation(problem, shape, source, args.warm_pool, incumbent))
         print(f"  repeat {i + 1}/{args.repeats} done", file=sys.stderr)
     names = list(runs[0])
     table = {name: statistics.median(r.get(name, 0.0) for r in runs) for name in names}

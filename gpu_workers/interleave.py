@@ -13,6 +13,17 @@ from dataclasses import dataclass, field
 Call = Callable[[int], int]
 """One timed call on input set `i`, returning its nanoseconds."""
 MAX_WARMUP_CALLS = 10_000
+LOSS_ROUNDS = 8
+LOSS_RATIO = 1.25
+"""A kernel slower than the incumbent by this factor in each of the first `LOSS_ROUNDS`
+paired rounds has lost the head-to-head; no further round could make it the faster."""
+
+
+def lost(kernel_ns: list[int], incumbent_ns: list[int]) -> bool:
+    """Every paired round so far, at least `LOSS_ROUNDS` of them, went to the incumbent by
+    `LOSS_RATIO` or more."""
+    rounds = list(zip(kernel_ns, incumbent_ns, strict=False))
+    return len(rounds) >= LOSS_ROUNDS and all(k >= LOSS_RATIO * i for k, i in rounds)
 
 
 @dataclass
@@ -38,9 +49,10 @@ def interleave(
     progress: Callable[[str], None],
     baseline_every: int = 1,
 ) -> Samples:
-    """Warm up (`warmup` calls and `warmup_seconds`), then time rounds until `min_runs`
-    and `min_seconds` are both reached, or `max_seconds` with at least 3 runs. The
-    baseline is called in every `baseline_every`-th round (the first one included)."""
+    """Warm up (`warmup` calls and `warmup_seconds`; the baseline once), then time rounds
+    until `min_runs` and `min_seconds` are both reached, or `max_seconds` with at least 3
+    runs, or the kernel has `lost` to the incumbent after `min_seconds`. The baseline is
+    called in every `baseline_every`-th round (the first one included)."""
     samples = Samples()
     progress("warm-up")
     warm_started = time.perf_counter()
@@ -50,7 +62,7 @@ def interleave(
     ):
         i = len(samples.kernel_warmup_ns) % input_sets
         samples.kernel_warmup_ns.append(kernel(i))
-        if (len(samples.kernel_warmup_ns) - 1) % baseline_every == 0:
+        if len(samples.kernel_warmup_ns) == 1:
             baseline(i)
         if incumbent is not None:
             incumbent(i)
@@ -68,6 +80,8 @@ def interleave(
         if len(samples.kernel_ns) >= min_runs and elapsed >= min_seconds:
             break
         if elapsed >= max_seconds and len(samples.kernel_ns) >= 3:
+            break
+        if elapsed >= min_seconds and lost(samples.kernel_ns, samples.incumbent_ns):
             break
         i = round_index % input_sets
         with_baseline = round_index % baseline_every == 0

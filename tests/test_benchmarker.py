@@ -23,6 +23,8 @@ from gpu_workers.benchmarker import (
 )
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
+from gpu_workers.cpu.protocol import BASELINE_EVERY_WITH_INCUMBENT
+from gpu_workers.interleave import LOSS_ROUNDS
 from gpu_workers.recheck_pool import SETS
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from kernels.builtin import BUILTIN
@@ -102,7 +104,7 @@ def test_every_timed_call_starts_from_poisoned_outputs(
         BUILTIN["softmax"], cpu_backend, kernel, calibration, incumbent=incumbent, shape=SMALL
     )
     assert isinstance(result, BenchmarkResult), result
-    assert result.kernel.runs >= MIN_RUNS and result.incumbent is not None
+    assert result.kernel.runs >= LOSS_ROUNDS and result.incumbent is not None
 
 
 def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
@@ -122,7 +124,8 @@ def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
     assert isinstance(result, BenchmarkResult), result
     assert result.kernel.runs >= MIN_RUNS
     assert result.timed_seconds >= MIN_SECONDS
-    assert result.baseline.runs == -(-result.kernel.runs // 3)  # every third round
+    every = BASELINE_EVERY_WITH_INCUMBENT  # the campaign pools the baseline
+    assert result.baseline.runs == -(-result.kernel.runs // every)
     assert result.head_to_head is not None and result.head_to_head.rounds >= MIN_RUNS
     assert result.incumbent is not None
     assert abs(result.incumbent.runs - result.kernel.runs) <= 1
@@ -184,6 +187,47 @@ def test_the_recheck_pool_keeps_its_references_and_still_catches_a_wrong_kernel(
     assert all((f / "seed").stat().st_mtime_ns == stamp for f, stamp in sets.items())
     backend.recheck_pool.close()
     assert not pool.exists()
+
+
+SLOW_SOFTMAX = """
+#include <math.h>
+#include <stdint.h>
+void kernel(const float *x, float *y, int64_t rows, int64_t cols) {
+    for (int repeat = 0; repeat < 40; ++repeat)
+        for (int64_t r = 0; r < rows; ++r) {
+            const float *xr = x + r * cols;
+            float *yr = y + r * cols;
+            float m = xr[0], s = 0.0f;
+            for (int64_t j = 1; j < cols; ++j) m = xr[j] > m ? xr[j] : m;
+            for (int64_t j = 0; j < cols; ++j) s += expf(xr[j] - m);
+            for (int64_t j = 0; j < cols; ++j) yr[j] = expf(xr[j] - m) / s;
+        }
+}
+"""
+
+
+def test_a_kernel_that_loses_every_early_round_is_timed_no_further(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    """A right kernel forty times slower than the incumbent: the head-to-head ends after
+    the rounds that decide it, and it is still re-checked before its time counts."""
+    kernel = _build(cpu_backend, SLOW_SOFTMAX)
+    incumbent = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
+    result = benchmark(
+        BUILTIN["softmax"],
+        cpu_backend,
+        kernel,
+        calibration,
+        incumbent=incumbent,
+        shape=SMALL,
+        min_seconds=0.0,
+    )
+    assert isinstance(result, BenchmarkResult), result
+    assert result.head_to_head is not None and not result.head_to_head.faster
+    assert result.head_to_head.rounds == result.kernel.runs == LOSS_ROUNDS < MIN_RUNS
+    assert result.incumbent is not None and result.incumbent.runs == LOSS_ROUNDS
+    assert len(result.rechecked) == len(BUILTIN["softmax"].distributions)
+    assert len(result.judged_calls) == 3
 
 
 def test_memoizing_never_pays_since_every_timed_call_has_fresh_inputs(

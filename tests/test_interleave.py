@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpu_workers.interleave import interleave
+from gpu_workers.interleave import LOSS_RATIO, LOSS_ROUNDS, interleave
 
 
 def test_contenders_take_turns_on_each_input_set_and_rotate_who_goes_first() -> None:
@@ -37,7 +37,9 @@ def test_contenders_take_turns_on_each_input_set_and_rotate_who_goes_first() -> 
         [2] * 6,
         [3] * 6,
     )
-    timed = calls[6:]  # after two warm-up rounds of three calls
+    warm_up = ["kernel", "baseline", "incumbent", "kernel", "incumbent"]
+    assert [name for name, _ in calls[:5]] == warm_up  # the baseline warmed up once
+    timed = calls[5:]
     rounds = [timed[k : k + 3] for k in range(0, len(timed), 3)]
     assert [r[0][0] for r in rounds[:3]] == ["kernel", "baseline", "incumbent"]
     assert all(len({i for _, i in r}) == 1 for r in rounds)  # one input set per round
@@ -96,3 +98,51 @@ def test_the_baseline_joins_every_nth_round_spread_over_the_whole_window() -> No
             current = []
     assert ["baseline" in r for r in rounds] == [True, False, False] * 3
     assert {r[0] for r in rounds} == {"kernel", "baseline", "incumbent"}  # order rotates
+
+
+def _rounds(kernel: list[int], incumbent: list[int], min_runs: int = 30) -> int:
+    """How many timed rounds a kernel with these times (cycled) gets against the incumbent."""
+    k, i = iter(kernel * min_runs), iter(incumbent * min_runs)
+    samples = interleave(
+        lambda _: next(k),
+        lambda _: 1,
+        lambda _: next(i),
+        2,
+        warmup=0,
+        warmup_seconds=0.0,
+        min_runs=min_runs,
+        min_seconds=0.0,
+        max_seconds=60.0,
+        progress=lambda _: None,
+    )
+    assert len(samples.kernel_ns) == len(samples.incumbent_ns)
+    return len(samples.kernel_ns)
+
+
+def test_a_kernel_that_lost_every_early_round_by_the_margin_stops_there() -> None:
+    slow = int(LOSS_RATIO * 100) + 1
+    assert _rounds([slow], [100]) == LOSS_ROUNDS
+    assert _rounds([10 * slow], [100]) == LOSS_ROUNDS
+
+
+def test_one_close_or_won_round_keeps_the_head_to_head_going_to_the_full_count() -> None:
+    slow = int(LOSS_RATIO * 100) + 1
+    assert _rounds([slow] * (LOSS_ROUNDS - 1) + [110], [100]) == 30  # one round within margin
+    assert _rounds([90], [100]) == 30  # the kernel wins
+    assert _rounds([slow] * 3 + [99], [100]) == 30
+
+
+def test_without_an_incumbent_nothing_is_lost() -> None:
+    samples = interleave(
+        lambda _: 10**9,
+        lambda _: 1,
+        None,
+        1,
+        warmup=0,
+        warmup_seconds=0.0,
+        min_runs=12,
+        min_seconds=0.0,
+        max_seconds=60.0,
+        progress=lambda _: None,
+    )
+    assert len(samples.kernel_ns) == 12

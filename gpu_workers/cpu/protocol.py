@@ -47,6 +47,14 @@ class VerifyJob(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
     """Where in their pages the buffers of each trial start (drawn per check)."""
 
 
+BASELINE_EVERY = 3
+"""The baseline is timed in every n-th round (still over the whole window): at 30 rounds
+it gets 10 samples, and the campaign pools every candidate's."""
+BASELINE_EVERY_WITH_INCUMBENT = 6
+"""Once the campaign has a best (the incumbent), its pooled baseline has samples already:
+the baseline joins every n-th round (5 samples at 30 rounds)."""
+
+
 class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     library: str
     incumbent_library: str | None
@@ -75,9 +83,8 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     min_runs: int = 30
     min_seconds: float = 0.5
     max_seconds: float = 60.0
-    baseline_every: int = 3
-    """The baseline is timed in every n-th round (still over the whole window): at 30
-    rounds it gets 10 samples, and the campaign pools every candidate's."""
+    baseline_every: int = BASELINE_EVERY
+    baseline_every_with_incumbent: int = BASELINE_EVERY_WITH_INCUMBENT
 
 
 class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):

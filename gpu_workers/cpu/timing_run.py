@@ -14,7 +14,7 @@ import ctypes
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +73,8 @@ class FreshInputs:
             view[...] = fresh[name]
         return (seed,)
 
-    def make(self, recipe: Recipe) -> Arrays:
-        """The inputs of `recipe`, in arrays of their own."""
+    def make(self, recipe: Recipe | None = None) -> Arrays:
+        """The inputs of `recipe` (or fresh ones), in arrays of their own."""
         arrays = {
             a.name: np.empty(a.shape(self.job.shape), np.float32) for a in self.problem.inputs
         }
@@ -215,6 +215,9 @@ class OutOfBounds(Exception):
 JUDGES = 2
 """Threads judging kept calls while the kernel runs the next re-check: timing is over, and
 numpy's float64 reference and comparison release the GIL."""
+PREPARED_AHEAD = 2
+"""Distributions whose re-check inputs (a pool set, filled on first use) are prepared in
+threads of their own while the kernel runs and the judges judge the ones before."""
 
 
 def _judge_and_recheck(
@@ -222,27 +225,38 @@ def _judge_and_recheck(
 ) -> Rejection | None:
     """Judge the kept timed calls, then re-check every distribution at the timed shape on
     the same loaded kernel (when the job asks for it); the first failure, in that order."""
-    with ThreadPoolExecutor(max_workers=JUDGES) as judges:
+    recheck_seed = job.recheck_seed
+    draws = (
+        [(d, trial_seed(recheck_seed, i, d)) for i, d in enumerate(problem.distributions)]
+        if recheck_seed is not None
+        else []
+    )
+    with (
+        ThreadPoolExecutor(max_workers=JUDGES) as judges,
+        ThreadPoolExecutor(max_workers=PREPARED_AHEAD) as preparers,
+    ):
         files.write_progress("judging the timed calls")
-        pending = [judges.submit(judge_calls, problem, job.dtype, kernel.judged())]
+        pending = [judges.submit(judge_calls, problem, job.dtype, [c]) for c in kernel.judged()]
         kernel.kept.clear()
-        distributions = problem.distributions if job.recheck_seed is not None else ()
-        for index, distribution in enumerate(distributions):
-            assert job.recheck_seed is not None
+        prepared: dict[int, Future[tuple[Arrays, Reference, int]]] = {}
+        for index, (distribution, seed) in enumerate(draws):
+            for ahead in range(index, min(index + PREPARED_AHEAD, len(draws))):
+                if ahead not in prepared:
+                    prepared[ahead] = preparers.submit(_recheck_inputs, problem, job, *draws[ahead])
             running = [f for f in pending if not f.done()]
-            if len(running) >= JUDGES:  # hold no more calls in memory than are judged
+            if len(running) > JUDGES:  # hold few more calls in memory than are judged
                 wait(running, return_when=FIRST_COMPLETED)
             if any(f.done() and f.result() is not None for f in pending):
                 break
-            seed = trial_seed(job.recheck_seed, index, distribution)
             files.write_progress(f"re-check after timing: {distribution} inputs at {job.shape}")
-            inputs, reference, seed = _recheck_inputs(problem, job, distribution, seed)
+            inputs, reference, seed = prepared.pop(index).result()
             what = f"re-check after timing: {distribution} inputs at {job.shape}, seed {seed}"
             files.write_progress(what)
             call = kernel.run_once(inputs, what, seed)
             call.expected, call.scales, call.bands = reference
             pending.append(judges.submit(judge_calls, problem, job.dtype, [call]))
             rechecked.append(distribution)
+        preparers.shutdown(cancel_futures=True)
         return next((r for f in pending if (r := f.result()) is not None), None)
 
 
@@ -273,7 +287,13 @@ def bench(job: p.BenchJob) -> p.BenchReply:
     set_bytes = problem.nbytes(job.shape, job.dtype)
     n_sets = max(2, len(job.seeds), math.ceil(job.rotate_bytes / set_bytes))
     files.write_progress("baseline inputs")
-    distinct = [problem.generate(job.shape, "normal", seed, job.dtype) for seed in job.seeds]
+    fresh = FreshInputs(problem, job, secret)
+    distinct = [
+        fresh.make()
+        if fresh.fill is not None
+        else problem.generate(job.shape, "normal", seed, job.dtype)
+        for seed in job.seeds
+    ]
     baseline_sets = [dict(distinct[i % len(distinct)]) for i in range(n_sets)]
     files.write_progress("starting the kernel")
     contenders: list[Contender] = []
@@ -317,7 +337,9 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             min_seconds=job.min_seconds,
             max_seconds=job.max_seconds,
             progress=files.write_progress,
-            baseline_every=job.baseline_every,
+            baseline_every=(
+                job.baseline_every if incumbent is None else job.baseline_every_with_incumbent
+            ),
         )
         cpu_after = kernel.process.cpu_seconds()
         if incumbent is not None:

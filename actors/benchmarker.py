@@ -5,7 +5,10 @@ campaign's incumbent, interleaved in one run, then re-checks it on new inputs
 It times only while it holds the device's lease in the NATS KV (`bus.device_lease`): one
 benchmarker at a time per device, on any host, and no verification or compilation
 running there meanwhile (they take a share of the device between timed windows; so does
-this benchmarker's own build). A benchmarker that dies frees the device when its lease
+this benchmarker's own build). A window lasts a timing run's warm-up and timed rounds:
+the judging and re-check after them run while verifiers share the device again, and a
+repeated run (busy host, stall, a new best within noise) or a calibration waits for a
+window of its own (`TimingWindows`). A benchmarker that dies frees the device when its lease
 expires, and its message is redelivered to another. One whose lease was lost while it
 timed (it stalled, or was cut off, and is presumed dead) publishes nothing: its message
 goes back for redelivery, and whoever times it next emits the verdict, under the same
@@ -23,7 +26,7 @@ from actors.history import History
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, PoisonMessage, Reactions
 from bus.connection import Client, jetstream
-from bus.device_lease import DEVICE_LEASE_TTL, DeviceLeases, device_key
+from bus.device_lease import DEVICE_LEASE_TTL, DeviceLeases, TimingWindows, device_key
 from eventstore.emitter import Emitter
 from eventstore.events import (
     SYSTEM_CAMPAIGN,
@@ -224,7 +227,11 @@ class Benchmarker(Actor):
             if isinstance(builds, Rejection):  # did not build: no window, no calibration
                 decide_timed(event, out, builds, device="", incumbent=None)
                 return
-            async with self._leases.timing(self._device, self.status) as held:
+            windows = TimingWindows(
+                self._leases, self._device, asyncio.get_running_loop(), self.status
+            )
+            try:
+                await windows.enter()
                 # The history as it is now: another benchmarker may have timed this kernel
                 # while this one waited (a redelivery), or promoted a new best since the
                 # build: then build against that one, outside the window, and come back.
@@ -233,16 +240,18 @@ class Benchmarker(Actor):
                     job = fresh
                     continue
                 calibration, outcome = await asyncio.to_thread(
-                    self._time, builds, problem, event.dtype, job.shape
+                    self._time, builds, problem, event.dtype, job.shape, windows
                 )
-                held.check()  # lost meanwhile: presumed dead, its result is not published
+            finally:
+                await windows.exit()
+            windows.check()  # lost meanwhile: presumed dead, its result is not published
             decide_timed(
                 event,
                 out,
                 outcome,
                 device=calibration.host,
                 incumbent=_candidate(incumbent),
-                window=TimedWindow(self._device, held.token),
+                window=TimedWindow(self._device, windows.tokens[0]),
             )
             return
 
@@ -252,8 +261,10 @@ class Benchmarker(Actor):
         problem: Problem,
         dtype: str,
         shape: dict[str, int] | None,
+        windows: TimingWindows,
     ) -> tuple[HostCalibration, BenchmarkResult | Rejection]:
-        """The device's calibration, and the kernel timed against it (in the window)."""
+        """The device's calibration (in the first window), and the kernel timed against
+        it, each timing run in a window of its own that closes when its timed rounds end."""
         calibration = calibration_for(self.target)
         return calibration, builds.time(
             problem,
@@ -261,6 +272,7 @@ class Benchmarker(Actor):
             dtype=dtype,
             shape=shape,
             recalibrate=lambda: recalibrate(self.target),
+            window=windows,
         )
 
 

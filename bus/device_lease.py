@@ -38,6 +38,7 @@ from bus.lease import (
     HeldLease,
     LeaseBucket,
     LeaseError,
+    LeaseLost,
     kv_stream,
 )
 
@@ -142,6 +143,57 @@ class DeviceLeases:
         """Who times on `device` now, if anyone."""
         lease = await self.leases.current(f"{device}.timing")
         return lease.holder if lease else None
+
+
+class TimingWindows:
+    """`device`'s timing lease as a worker thread opens and closes it around each timed
+    window (`gpu_workers.benchmarker.TimingWindow`), taken and given back on the event
+    loop `loop`; shared work runs on the device between windows, during a run's judging
+    and re-check. `enter`/`exit` do the same on the loop itself. A window whose lease was
+    lost while open is remembered: `check` raises it, and its result must not count."""
+
+    def __init__(
+        self,
+        leases: DeviceLeases,
+        device: str,
+        loop: asyncio.AbstractEventLoop,
+        report: Report = _ignore,
+    ) -> None:
+        self.leases, self.device, self.loop, self.report = leases, device, loop, report
+        self.tokens: list[int] = []
+        """The fencing token of every window opened, in order."""
+        self._open: tuple[contextlib.AsyncExitStack, HeldLease] | None = None
+        self._lost: LeaseLost | None = None
+
+    async def enter(self) -> None:
+        if self._open is not None:
+            return
+        stack = contextlib.AsyncExitStack()
+        held = await stack.enter_async_context(self.leases.timing(self.device, self.report))
+        self._open = (stack, held)
+        self.tokens.append(held.token)
+
+    async def exit(self) -> None:
+        if self._open is None:
+            return
+        (stack, held), self._open = self._open, None
+        try:
+            held.check()
+        except LeaseLost as lost:
+            self._lost = self._lost or lost
+        finally:
+            await stack.aclose()
+
+    def open(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.enter(), self.loop).result()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.exit(), self.loop).result()
+
+    def check(self) -> None:
+        """Raise LeaseLost if any window's lease was lost while it was open."""
+        if self._lost is not None:
+            raise self._lost
 
 
 async def _pause(stop: asyncio.Event | None) -> None:

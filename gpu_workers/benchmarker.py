@@ -155,7 +155,32 @@ class TimingBackend(Protocol[BuildT_contra]):
         rotate_bytes: int,
         min_runs: int,
         min_seconds: float,
-    ) -> TimingRun: ...
+        window_closed: Callable[[], None] | None = None,
+    ) -> TimingRun:
+        """One timing run; `window_closed`, if given, is called once the run's timed
+        window (warm-up and timed rounds) is over while it goes on (judging, re-check)."""
+        ...
+
+
+class TimingWindow(Protocol):
+    """The device held alone for timing: `open` waits until it is (a no-op while it is),
+    `close` lets other work on it again (a no-op when not held). A benchmark opens it
+    before every timing run and calibration, and closes it as soon as the run's timed
+    window is over."""
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NoWindow:
+    """For callers that hold the device otherwise, or need not."""
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class Backend(DeviceBackend[BuildT], TimingBackend[BuildT], Protocol[BuildT]):
@@ -280,13 +305,17 @@ def benchmark(
     min_runs: int = MIN_RUNS,
     min_seconds: float = MIN_SECONDS,
     recalibrate: Callable[[], HostCalibration] | None = None,
+    window: TimingWindow | None = None,
 ) -> BenchmarkResult | Rejection:
     """Time a verified kernel against the baseline (and incumbent); re-check it afterwards.
 
     A kernel beyond the roofline is refused, but first, when `recalibrate` is given, the
     host is measured again: a ceiling measured on a busy host may simply be too low.
     `seed` (drawn afresh when None) is the check's secret: the timed inputs, which calls
-    are judged and the re-check's inputs derive from it; it is recorded in the result."""
+    are judged and the re-check's inputs derive from it; it is recorded in the result.
+    `window` is opened for every timing run and calibration, and closed as soon as each
+    is past its timed window."""
+    device = window or NoWindow()
     shape = problem.full_shape(shape or problem.default_shape)
     seed = new_seed() if seed is None else seed
     seeds = [trial_seed(seed, i, "bench") for i in range(DISTINCT_INPUT_SETS)]
@@ -296,18 +325,23 @@ def benchmark(
         """One timing run; `recheck`: also re-check every distribution at this shape after
         timing (once per benchmark: repeats for a busy host or a stall only re-time; each
         still judges timed calls chosen at random)."""
-        return backend.time(
-            problem,
-            build,
-            incumbent,
-            shape,
-            seed=seed,
-            seeds=seeds,
-            recheck_seed=recheck_seed if recheck else None,
-            rotate_bytes=2 * calibration.llc_bytes,
-            min_runs=min_runs,
-            min_seconds=min_seconds,
-        )
+        device.open()
+        try:
+            return backend.time(
+                problem,
+                build,
+                incumbent,
+                shape,
+                seed=seed,
+                seeds=seeds,
+                recheck_seed=recheck_seed if recheck else None,
+                rotate_bytes=2 * calibration.llc_bytes,
+                min_runs=min_runs,
+                min_seconds=min_seconds,
+                window_closed=device.close,
+            )
+        finally:
+            device.close()
 
     recalibrated = False
 
@@ -317,7 +351,11 @@ def benchmark(
         if rejection is None or rejection.reason != "beyond_roofline" or not recalibrate:
             return rejection
         if not recalibrated:
-            calibration, recalibrated = recalibrate(), True
+            device.open()
+            try:
+                calibration, recalibrated = recalibrate(), True
+            finally:
+                device.close()
         return _judge(problem, run, shape, dtype, calibration)
 
     run = time_once(recheck=True)

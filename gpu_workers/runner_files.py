@@ -89,6 +89,19 @@ def write_progress(text: str) -> None:
     Path(PROGRESS_FILE).write_text(text)
 
 
+WINDOW_CLOSED_FILE = "window-closed"
+"""Left by a timing runner once its timed window (warm-up and timed rounds) is over: what
+follows (judging, the re-check) need not hold the device alone."""
+
+
+def close_window() -> None:
+    Path(WINDOW_CLOSED_FILE).touch()
+
+
+def window_closed(workdir: Path) -> bool:
+    return (workdir / WINDOW_CLOSED_FILE).is_file()
+
+
 def read_progress(workdir: Path) -> str:
     """The last step the runner reported, or NO_PROGRESS."""
     try:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -102,8 +102,10 @@ def run_sandboxed(
     workdir: Path,
     limits: Limits,
     env: dict[str, str] | None = None,
+    watch: Callable[[], None] | None = None,
 ) -> SandboxOutcome:
-    """Run `module.main(args)` in a limited child inside `workdir`; never raises for its faults."""
+    """Run `module.main(args)` in a limited child inside `workdir`; never raises for its
+    faults. `watch`, if given, is called every few milliseconds while the child runs."""
     command = [
         sys.executable,
         "-m",
@@ -113,7 +115,7 @@ def run_sandboxed(
         *args,
     ]
     stdout_path, stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
-    busy_before = _host_busy_seconds()
+    busy_before = host_busy_seconds()
     started = time.monotonic()
     deadline = started + limits.wall_seconds
     timed_out = False
@@ -133,6 +135,8 @@ def run_sandboxed(
             pid, status_word, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid == proc.pid:
                 break
+            if watch is not None:
+                watch()
             if time.monotonic() > deadline:
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -143,7 +147,7 @@ def run_sandboxed(
             os.killpg(proc.pid, signal.SIGKILL)  # any grandchildren it left behind
         proc.returncode = os.waitstatus_to_exitcode(status_word)
     wall = time.monotonic() - started
-    busy_after = _host_busy_seconds()
+    busy_after = host_busy_seconds()
     code = proc.returncode
     sig = signal.Signals(-code).name if code < 0 else None
     cpu_used = usage.ru_utime + usage.ru_stime if usage is not None else 0.0
@@ -172,7 +176,7 @@ def run_sandboxed(
     )
 
 
-def _host_busy_seconds() -> float | None:
+def host_busy_seconds() -> float | None:
     """Non-idle CPU seconds of the whole host since boot, from /proc/stat."""
     try:
         fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]

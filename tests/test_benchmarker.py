@@ -5,6 +5,8 @@ These tests time things but assert no performance figure; performance lives in b
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -257,10 +259,13 @@ class ScriptedTiming:
 
     target = "cpu"
 
-    def __init__(self, problem_name: str, runs: list[tuple[float, float]]) -> None:
+    def __init__(
+        self, problem_name: str, runs: list[tuple[float, float]], log: list[str] | None = None
+    ) -> None:
         self.problem = BUILTIN[problem_name]
         self.script = list(runs)  # (median ns, host contention cores) per run
         self.calls = 0
+        self.log = [] if log is None else log
 
     def time(
         self,
@@ -271,9 +276,14 @@ class ScriptedTiming:
         *,
         seeds: list[int],
         recheck_seed: int,
+        window_closed: Callable[[], None] | None = None,
         **_: object,
     ) -> TimingRun:
         median_ns, contention = self.script[self.calls]
+        self.log.append(f"timed rounds {self.calls}")
+        if window_closed is not None:
+            window_closed()
+        self.log.append(f"re-check {self.calls}")
         self.calls += 1
         inputs = self.problem.generate(shape, "normal", recheck_seed, "fp32")
         right = {k: v.astype(np.float32) for k, v in self.problem.expected(inputs).items()}
@@ -325,3 +335,103 @@ def test_a_run_beyond_the_roofline_recalibrates_once_then_is_refused(
     assert isinstance(result, Rejection)
     assert (result.stage, result.reason) == ("roofline", "beyond_roofline")
     assert backend.calls == 2 and len(recalibrations) == 1
+
+
+class RecordingWindow:
+    """A timing window that says when it was opened and closed."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.held = False
+
+    def open(self) -> None:
+        if not self.held:
+            self.log.append("open")
+            self.held = True
+
+    def close(self) -> None:
+        if self.held:
+            self.log.append("close")
+            self.held = False
+
+
+def test_each_timing_run_and_calibration_holds_the_device_only_for_its_timed_window(
+    calibration: HostCalibration,
+) -> None:
+    """The run's judging and re-check happen after the window closed; a repeated run and a
+    calibration each wait for a window of their own."""
+    floor = roofline_ns(BUILTIN["softmax"].cost_for(SMALL, "fp32"), calibration)
+    log: list[str] = []
+    window = RecordingWindow(log)
+    backend = ScriptedTiming("softmax", [(10 * floor, 1.5), (floor / 3, 0.1)], log)
+
+    def recalibrate() -> HostCalibration:
+        assert window.held
+        log.append("calibrate")
+        return calibration
+
+    result = benchmark(
+        BUILTIN["softmax"],
+        backend,
+        None,
+        calibration,
+        shape=SMALL,
+        recalibrate=recalibrate,
+        window=window,
+    )
+    assert isinstance(result, Rejection) and result.reason == "beyond_roofline"
+    assert log == [
+        "open",
+        "timed rounds 0",
+        "close",
+        "re-check 0",
+        "open",  # the busy host's second run
+        "timed rounds 1",
+        "close",
+        "re-check 1",
+        "open",
+        "calibrate",
+        "close",
+    ]
+    assert not window.held
+
+
+def _running_drivers() -> list[int]:
+    """This process's children that run the CPU driver."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == os.getpid() and b"gpu_workers.cpu.runner" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_the_cpu_driver_closes_the_window_after_its_timed_rounds_and_before_it_ends(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    """Verification may share the device during the re-check, not during timing: the
+    window closes while the driver still runs, once, and only after the timed rounds."""
+    log: list[str] = []
+    drivers_at_close: list[list[int]] = []
+
+    class Window(RecordingWindow):
+        def close(self) -> None:
+            if self.held:
+                drivers_at_close.append(_running_drivers())
+            super().close()
+
+    window = Window(log)
+    kernel = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
+    shape = {"rows": 512, "cols": 2048}  # a re-check long enough to be seen running
+    result = benchmark(
+        BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=shape, window=window
+    )
+    assert isinstance(result, BenchmarkResult), result
+    assert log == ["open", "close"] * (len(log) // 2) and log
+    assert drivers_at_close[0], "the window closed only after the driver had ended"
+    assert len(result.rechecked) == len(BUILTIN["softmax"].distributions)
+    assert result.host_contention_cores is not None and result.host_contention_cores >= 0

@@ -20,7 +20,7 @@ from actors.history import History
 from actors.runtime import ActorRuntime, Reactions
 from actors.verifier import Verifier
 from bus.connection import Client, Msg, connect, jetstream
-from bus.device_lease import DeviceLeases
+from bus.device_lease import DeviceLeases, TimingWindows
 from eventstore.codec import decode
 from eventstore.emitter import Emitter, outgoing
 from eventstore.events import (
@@ -80,7 +80,12 @@ class StandInBenchmarker(Benchmarker):
         await self._join(nc, ref)
 
     def _time(
-        self, builds: TimingBuilds[Any], problem: Problem, dtype: str, shape: dict[str, int] | None
+        self,
+        builds: TimingBuilds[Any],
+        problem: Problem,
+        dtype: str,
+        shape: dict[str, int] | None,
+        windows: TimingWindows,
     ) -> tuple[HostCalibration, BenchmarkResult | Rejection]:
         self.timing.set()
         if self.freeze is not None and self.loop is not None:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from bus.connection import Client, connect, jetstream
-from bus.device_lease import DeviceLeases, device_key
+from bus.device_lease import DeviceLeases, TimingWindows, device_key
 from bus.lease import DEVICE_LEASES, LeaseLost, ensure_lease_bucket
 from bus.server import EmbeddedNatsServer
 
@@ -135,3 +135,37 @@ async def test_a_lease_taken_over_is_lost_to_its_old_holder(nc: Client) -> None:
         await asyncio.wait_for(held.lost.wait(), 10)
         with pytest.raises(LeaseLost):
             held.check()
+
+
+@pytest.mark.asyncio
+async def test_a_worker_thread_holds_the_device_only_for_its_timed_windows(nc: Client) -> None:
+    """A timing run's thread opens a window, closes it when its timed rounds end, and a
+    verifier that waited runs while the thread goes on (its re-check); a second window
+    waits for no one and gets a later fencing token."""
+    loop = asyncio.get_running_loop()
+    windows = TimingWindows(await _leases(nc, "b1"), DEVICE, loop)
+    verifier = await _leases(nc, "v1")
+    log: list[str] = []
+
+    async def verify() -> None:
+        async with verifier.shared(DEVICE):
+            log.append("verified")
+
+    def timing_run() -> None:
+        windows.open()
+        log.append("timed rounds")
+        verification = asyncio.run_coroutine_threadsafe(verify(), loop)
+        time.sleep(0.5)
+        log.append("window over")
+        windows.close()
+        verification.result(30)
+        log.append("re-check")
+        windows.open()
+        log.append("timed again")
+        windows.close()
+
+    await asyncio.wait_for(asyncio.to_thread(timing_run), 60)
+    assert log == ["timed rounds", "window over", "verified", "re-check", "timed again"]
+    assert len(windows.tokens) == 2 and windows.tokens[1] > windows.tokens[0]
+    windows.check()  # no window was lost
+    assert await verifier.timing_holder(DEVICE) is None

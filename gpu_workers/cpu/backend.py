@@ -3,6 +3,7 @@ host started by the sandboxed driver (runner.py), never beside the harness."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -164,6 +165,7 @@ class CpuBackend:
         rotate_bytes: int,
         min_runs: int,
         min_seconds: float,
+        window_closed: Callable[[], None] | None = None,
     ) -> TimingRun:
         job = p.BenchJob(
             library=build.library,
@@ -182,7 +184,15 @@ class CpuBackend:
             min_seconds=min_seconds,
         )
         with sandbox_dir(RUN_DIR_PREFIX) as workdir:
-            outcome = self._run(job, workdir, self.bench_limits)
+            closed = False
+
+            def watch() -> None:
+                nonlocal closed
+                if window_closed is not None and not closed and files.window_closed(workdir):
+                    closed = True
+                    window_closed()
+
+            outcome = self._run(job, workdir, self.bench_limits, watch)
             reply = expect_reply(workdir, p.Reply, p.BenchReply)
             return TimingRun(
                 kernel_ns=reply.kernel_ns,
@@ -198,7 +208,11 @@ class CpuBackend:
                 sandbox=self._report(outcome, self.bench_limits, reply.mechanisms),
                 wall_seconds=outcome.wall_seconds,
                 timed_seconds=reply.timed_seconds,
-                host_contention_cores=contention(outcome),
+                host_contention_cores=(
+                    reply.window_contention_cores
+                    if reply.window_contention_cores is not None
+                    else contention(outcome)
+                ),
                 rejection=reply.rejection,
             )
 
@@ -215,7 +229,13 @@ class CpuBackend:
             mechanisms=tuple(mechanisms),
         )
 
-    def _run(self, job: p.Job, workdir: Path, limits: Limits) -> SandboxOutcome:
+    def _run(
+        self,
+        job: p.Job,
+        workdir: Path,
+        limits: Limits,
+        watch: Callable[[], None] | None = None,
+    ) -> SandboxOutcome:
         """Run the driver; a driver that did not finish is the harness's failure."""
         write_request(workdir, job)
         driver = Limits(
@@ -224,7 +244,9 @@ class CpuBackend:
             wall_seconds=limits.wall_seconds + DRIVER_SLACK_SECONDS,
             file_size_bytes=limits.file_size_bytes,
         )
-        outcome = run_sandboxed(RUNNER, [], workdir=workdir, limits=driver, env=DRIVER_ENV)
+        outcome = run_sandboxed(
+            RUNNER, [], workdir=workdir, limits=driver, env=DRIVER_ENV, watch=watch
+        )
         if not outcome.ok or not (workdir / files.RESULT_FILE).is_file():
             why = "timed out" if outcome.timed_out else f"ended with {outcome.returncode}"
             raise HarnessError(

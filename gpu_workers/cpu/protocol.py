@@ -117,6 +117,9 @@ class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     kernel_cpu_seconds: float
     """CPU time the kernel's process used over warm-up and timing (all its threads)."""
     mechanisms: list[Mechanism]
+    window_contention_cores: float | None = None
+    """Cores' worth of CPU time other processes used during the timed window (warm-up and
+    timed rounds), if /proc/stat could be read."""
 
 
 class CalibrateReply(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):

@@ -34,6 +34,7 @@ from gpu_workers.interleave import Call, interleave
 from gpu_workers.pass_band import Band
 from gpu_workers.recheck_pool import entry
 from gpu_workers.results import Rejection
+from gpu_workers.sandbox import host_busy_seconds
 from gpu_workers.verifier import trial_seed
 from kernels.loading import load_problem
 from kernels.spec import Arrays, Problem
@@ -212,9 +213,33 @@ class OutOfBounds(Exception):
         )
 
 
+class ContentionMeter:
+    """The timed window's start: the host's busy CPU time, and this driver's and its
+    kernels' own, to tell what other processes used during it."""
+
+    def __init__(self, contenders: list[Contender]) -> None:
+        self.contenders = contenders
+        self.started = time.perf_counter()
+        self.host = host_busy_seconds()
+        self.own = self._own()
+
+    def _own(self) -> float:
+        return time.process_time() + sum(c.process.cpu_seconds() for c in self.contenders)
+
+    def contention(self) -> float | None:
+        """Cores' worth of other processes' CPU time since the start."""
+        host, wall = host_busy_seconds(), time.perf_counter() - self.started
+        if host is None or self.host is None or wall <= 0:
+            return None
+        return max(0.0, host - self.host - (self._own() - self.own)) / wall
+
+
 JUDGES = 2
 """Threads judging kept calls while the kernel runs the next re-check: timing is over, and
 numpy's float64 reference and comparison release the GIL."""
+QUEUED = 2
+"""Calls (inputs, outputs, inputs after) held waiting for a judge, beyond those being
+judged: the re-check goes on while the timed calls' float64 references are made."""
 PREPARED_AHEAD = 2
 """Distributions whose re-check inputs (a pool set, filled on first use) are prepared in
 threads of their own while the kernel runs and the judges judge the ones before."""
@@ -244,7 +269,7 @@ def _judge_and_recheck(
                 if ahead not in prepared:
                     prepared[ahead] = preparers.submit(_recheck_inputs, problem, job, *draws[ahead])
             running = [f for f in pending if not f.done()]
-            if len(running) > JUDGES:  # hold few more calls in memory than are judged
+            if len(running) >= JUDGES + QUEUED:
                 wait(running, return_when=FIRST_COMPLETED)
             if any(f.done() and f.result() is not None for f in pending):
                 break
@@ -303,6 +328,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
     judged_calls: list[int] = []
     handshake = 0.0
     cpu_before = cpu_after = 0.0
+    contention: float | None = None
     try:
         kernel = Contender(problem, job, job.library, n_sets, secret, job.judged_calls)
         contenders.append(kernel)
@@ -312,6 +338,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             contenders.append(incumbent)
         handshake = float(np.median([kernel.process.nop() for _ in range(21)]))
         cpu_before = kernel.process.cpu_seconds()
+        meter = ContentionMeter(contenders)
 
         def call_kernel(i: int) -> int:
             return kernel.timed(i, f"timed call {kernel.process.calls}")
@@ -342,6 +369,8 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             ),
         )
         cpu_after = kernel.process.cpu_seconds()
+        contention = meter.contention()
+        files.close_window()
         if incumbent is not None:
             incumbent.close()
             contenders.remove(incumbent)
@@ -371,4 +400,5 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         handshake_ns=handshake,
         kernel_cpu_seconds=max(0.0, cpu_after - cpu_before),
         mechanisms=list(mechanisms),
+        window_contention_cores=contention,
     )

@@ -16,7 +16,7 @@ fit in); the SandboxReport says so with address_space_limit_bytes = -1.
 from __future__ import annotations
 
 import resource
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpu_workers import runner_files as files
@@ -191,12 +191,14 @@ class CudaBackend:
         rotate_bytes: int,
         min_runs: int,
         min_seconds: float,
+        window_closed: Callable[[], None] | None = None,
     ) -> TimingRun:
         """Time the kernel, its baseline and the incumbent, interleaved, by CUDA events,
         on inputs drawn afresh before every timed call; L2 is flushed before every timed
         call (by writing at least `rotate_bytes`). `seed` is the check's secret: it draws
         the fresh inputs and the judged calls. The result in the benchmarker's terms
-        (`timing_run`): the judged calls and the re-checks are judged there."""
+        (`timing_run`): the judged calls and the re-checks are judged there. The device
+        is held for the whole run: `window_closed` is not called."""
         timing = self.timing(
             problem,
             build,

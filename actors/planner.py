@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
+from actors.campaign import CampaignSpec
 from actors.history import Campaign, Candidate, History
 from actors.librarian import SeenRequest, ask_lessons, ask_seen
 from actors.replayer import HistoryReader
@@ -92,14 +94,7 @@ class Planner(Actor):
         campaign = history.campaigns[event.campaign_id]
         spec = campaign.spec
         campaign_id = campaign.started.campaign_id
-        try:
-            spaces = design_spaces(spec.problem, spec.target, spec.dtype, spec)
-            # LLM mode: the templates' best points seed the archive; template mode: seed
-            # kernels as they are, before the search.
-            first_points = seeds(spec) if spec.writer.kind == "llm" else seed_points(spec)
-        except (ProblemLoadError, OSError, ValueError) as exc:
-            spaces, first_points = [], []
-            log.warning("no design space", campaign=campaign_id, error=str(exc))
+        spaces, first_points = await asyncio.to_thread(_spaces_and_seeds, spec, campaign_id)
         if not spaces or (spec.writer.kind == "llm" and generation > 0):
             # nothing to search (a stall, or a blank page for the LLM), or variations,
             # which have keys of their own
@@ -113,15 +108,17 @@ class Planner(Actor):
         # decide again without the points it knows, until it knows none of those proposed.
         for _ in range(3):
             out.events.clear()
-            decide_planner(
-                history,
-                event,
-                out,
-                now=now,
-                spaces=spaces,
-                first_points=first_points,
-                known=known,
-                avoid=avoid,
+            await self._reader.off_loop(  # a search of many points takes seconds
+                functools.partial(
+                    decide_planner,
+                    event=event,
+                    out=out,
+                    now=now,
+                    spaces=spaces,
+                    first_points=first_points,
+                    known=known,
+                    avoid=avoid,
+                )
             )
             keys = [e.param_key for e in out.events if isinstance(e, CandidateProposed)]
             fresh = await self._seen(campaign_id, keys) if keys else set()
@@ -159,6 +156,19 @@ class Planner(Actor):
                         await emitter.emit_many(out.events)
             except Exception as exc:  # the store or the bus is away: look again next tick
                 log.warning("could not check the deadlines", error=str(exc))
+
+
+def _spaces_and_seeds(spec: CampaignSpec, campaign_id: str) -> tuple[list[Space], list[Proposal]]:
+    """The campaign's design spaces and its first points (LLM mode: the templates' best
+    points seed the archive; template mode: seed kernels as they are, before the search);
+    none when the problem's space cannot be loaded."""
+    try:
+        spaces = design_spaces(spec.problem, spec.target, spec.dtype, spec)
+        first_points = seeds(spec) if spec.writer.kind == "llm" else seed_points(spec)
+    except (ProblemLoadError, OSError, ValueError) as exc:
+        log.warning("no design space", campaign=campaign_id, error=str(exc))
+        return [], []
+    return list(spaces), list(first_points)
 
 
 # --- decisions: pure functions of the history and the incoming event -----------------

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from actors.history import HISTORY_TYPES, History
 from bus.connection import Client
 from eventstore.queries import replay
+
+T = TypeVar("T")
 
 
 class NotYetRecorded(TimeoutError):
@@ -19,6 +23,13 @@ class HistoryReader:
         self._nc = nc
         self.history = History()
         self._lock = asyncio.Lock()
+
+    async def off_loop(self, decide: Callable[[History], T]) -> T:
+        """`decide` on the history in a worker thread, with no event applied meanwhile: a
+        long decision (a search) must not hold up the event loop its process shares with
+        other actors and, in `kfactory run`, the recorder's lease."""
+        async with self._lock:
+            return await asyncio.to_thread(decide, self.history)
 
     async def catch_up(self, until_event_id: str | None = None, timeout: float = 60.0) -> History:
         """Apply every stored event since the last call; with `until_event_id`, wait until

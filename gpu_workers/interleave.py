@@ -16,7 +16,8 @@ MAX_WARMUP_CALLS = 10_000
 LOSS_ROUNDS = 8
 LOSS_RATIO = 1.25
 """A kernel slower than the incumbent by this factor in each of the first `LOSS_ROUNDS`
-paired rounds has lost the head-to-head; no further round could make it the faster."""
+paired rounds has lost the head-to-head: the median of its paired ratios is at least this
+factor, and more rounds are not needed to say so."""
 
 
 def lost(kernel_ns: list[int], incumbent_ns: list[int]) -> bool:

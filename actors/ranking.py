@@ -117,9 +117,9 @@ def _timed_at(candidate: Candidate) -> datetime:
     return candidate.benchmark.ts
 
 
-def short_id(candidate: Candidate) -> str:
-    """`gN:cM`, the candidate's generation and number without its campaign."""
-    return ":".join(candidate.candidate_id.rsplit(":", 2)[-2:])
+def short_id(candidate_id: str) -> str:
+    """`gN:cM`, a candidate's generation and number without its campaign."""
+    return ":".join(candidate_id.rsplit(":", 2)[-2:])
 
 
 def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]:
@@ -136,11 +136,11 @@ def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]
         verdict = beat_in_head_to_head(challenger, best)
         if verdict is not None:
             words = "beat" if verdict else "lost to"
-            how = f"{words} {short_id(best)} head to head"
+            how = f"{words} {short_id(best.candidate_id)} head to head"
         else:
             verdict = clearly_faster(challenger, best)
             how = ("faster than " if verdict else "not clearly faster than ") + (
-                f"{short_id(best)} by own time"
+                f"{short_id(best.candidate_id)} by own time"
             )
         standing[challenger.candidate_id] = ("promoted: " if verdict else "") + how
         if verdict:

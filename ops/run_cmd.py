@@ -41,6 +41,7 @@ from actors.ranking import (
     CampaignBaseline,
     best_of,
     campaign_baseline,
+    short_id,
     speedup_over,
     standings,
 )
@@ -535,7 +536,7 @@ def _print_results(result: dict[str, Any]) -> None:
         speedup = row["speedup"] if row["speedup"] is not None else row["own_baseline_speedup"]
         board.add_row(
             str(row["rank"]),
-            ":".join(candidate.rsplit(":", 2)[-2:]),
+            short_id(candidate),
             row["template"],
             " ".join(f"{k}={v}" for k, v in row["params"].items()),
             f"{row['median_ms']:.3f}",

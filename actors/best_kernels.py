@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.history import Candidate, History
-from actors.ranking import CampaignBaseline, leaderboard, speedup_over
+from actors.ranking import CampaignBaseline, OwnTime, leaderboard, speedup_over
 from gpu_workers.atomic_file import write_atomically
 
 EXTENSIONS = {"cpu": ".c", "cuda": ".cu"}
@@ -44,9 +44,14 @@ def write_kernel(candidate: Candidate, path: Path) -> Path:
 
 
 def describe(
-    candidate: Candidate, path: Path | None, baseline: CampaignBaseline | None = None
+    candidate: Candidate,
+    path: Path | None,
+    own: OwnTime,
+    baseline: CampaignBaseline | None = None,
 ) -> dict[str, Any]:
-    """A kernel's figures; with the campaign's `baseline`, its speedup over that too."""
+    """A kernel's figures: `median_ns` is its own time over every run that timed it
+    (`actors.ranking.own_times`), `run_median_ns` its own run's. With the campaign's
+    `baseline`, its speedup over that too."""
     written, timed = candidate.written, candidate.benchmark
     assert written is not None and timed is not None
     return {
@@ -56,8 +61,10 @@ def describe(
         "flags": written.flags,
         "source_hash": written.source_hash,
         "speedup": timed.speedup,
-        "median_ns": timed.median_ns,
-        "iqr_ns": timed.iqr_ns,
+        "median_ns": own.median_ns,
+        "iqr_ns": own.iqr_ns,
+        "timing_runs": own.runs,
+        "run_median_ns": timed.median_ns,
         "baseline": timed.baseline,
         "baseline_ns": timed.baseline_ns,
         "roofline_fraction": timed.roofline_fraction,
@@ -65,6 +72,6 @@ def describe(
         "q3_ns": timed.evidence.get("q3_ns"),
         "head_to_head": timed.evidence.get("head_to_head"),
         "campaign_baseline": baseline.as_dict() if baseline else None,
-        "speedup_vs_campaign_baseline": speedup_over(candidate, baseline),
+        "speedup_vs_campaign_baseline": speedup_over(own, baseline),
         "path": str(path) if path else None,
     }

@@ -4,9 +4,12 @@ baseline as one campaign-level figure, and promotion only by a head-to-head run.
 Each candidate's speedup is a ratio over its own baseline samples, which drift by tens of
 percent over a campaign on a shared host; ranking by it can put a slower kernel first.
 Here:
-- the leaderboard sorts timed kernels by their own median (IQR beside it) at the
+- the leaderboard sorts timed kernels by their own time (IQR beside it) at the
   campaign's shape, and states every speedup against the campaign's baseline: the median
-  of all its candidates' baseline medians, reported with their spread;
+  of all its candidates' baseline medians, reported with their spread. A kernel's own
+  time is the median over every run that timed it: its own, and each later head-to-head
+  run that timed it as the incumbent (`own_times`). The best is timed again in every such
+  run, so one run of it on a busy host does not stand as its figure;
 - the best (the incumbent new kernels are timed against) changes only when a kernel beat
   it in a head-to-head interleaved run (`evidence["head_to_head"]`, written by
   `gpu_workers.benchmarker.head_to_head`, which re-measures both when they are within
@@ -86,12 +89,47 @@ def campaign_baseline(candidates: list[Candidate]) -> CampaignBaseline | None:
     return CampaignBaseline(name, float(median), float(q1), float(q3), len(medians))
 
 
+@dataclass(frozen=True)
+class OwnTime:
+    """A kernel's time at the campaign's shape: the median of the medians of the runs that
+    timed it, and the IQR of its own run."""
+
+    median_ns: float
+    iqr_ns: float
+    runs: int
+
+
+def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
+    """Each timed kernel's own time, by candidate id, over its own run and every
+    head-to-head run at the campaign's shape that timed it as the incumbent. Such a run
+    records the challenger's median and `speedup_vs_incumbent`, the incumbent's median
+    over the challenger's: their product is the incumbent's median in that run."""
+    timed = at_campaign_shape(candidates)
+    medians: dict[str, list[float]] = {}
+    for c in timed:
+        assert c.benchmark is not None
+        medians[c.candidate_id] = [c.benchmark.median_ns]
+    for c in timed:
+        assert c.benchmark is not None
+        incumbent = c.benchmark.evidence.get("incumbent")
+        ratio = c.benchmark.evidence.get("speedup_vs_incumbent")
+        if isinstance(incumbent, str) and incumbent in medians and isinstance(ratio, int | float):
+            medians[incumbent].append(c.benchmark.median_ns * ratio)
+    return {
+        c.candidate_id: OwnTime(
+            median_ns=float(np.median(medians[c.candidate_id])),
+            iqr_ns=c.benchmark.iqr_ns,
+            runs=len(medians[c.candidate_id]),
+        )
+        for c in timed
+        if c.benchmark is not None
+    }
+
+
 def by_own_time(candidates: list[Candidate]) -> list[Candidate]:
-    """Timed kernels at the campaign's shape, fastest own median first."""
-    return sorted(
-        at_campaign_shape(candidates),
-        key=lambda c: c.benchmark.median_ns if c.benchmark is not None else float("inf"),
-    )
+    """Timed kernels at the campaign's shape, fastest own time first."""
+    times = own_times(candidates)
+    return sorted(at_campaign_shape(candidates), key=lambda c: times[c.candidate_id].median_ns)
 
 
 def beat_in_head_to_head(challenger: Candidate, incumbent: Candidate) -> bool | None:
@@ -178,8 +216,8 @@ def leaderboard(candidates: list[Candidate]) -> list[Candidate]:
     return ([best] if best is not None else []) + rest
 
 
-def speedup_over(candidate: Candidate, baseline: CampaignBaseline | None) -> float | None:
-    """The campaign baseline's median over the kernel's own median."""
-    if candidate.benchmark is None or baseline is None or candidate.benchmark.median_ns <= 0:
+def speedup_over(time: OwnTime | None, baseline: CampaignBaseline | None) -> float | None:
+    """The campaign baseline's median over a kernel's own time."""
+    if time is None or baseline is None or time.median_ns <= 0:
         return None
-    return baseline.median_ns / candidate.benchmark.median_ns
+    return baseline.median_ns / time.median_ns

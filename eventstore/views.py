@@ -2,9 +2,12 @@
 
 - `candidates`: one row per candidate, through all its stages (proposal, kernel,
   compile, verdict, benchmark or rejection, duplicate);
-- `leaderboard`: timed candidates ranked by their own median time within their campaign
-  and shape; `speedup` is over the campaign's baseline (the median of its candidates'
-  baseline medians, `campaign_baseline_ns`), `own_baseline_speedup` the recorded one;
+- `leaderboard`: timed candidates ranked by their own time within their campaign and
+  shape: `median_ns` is the median over the `runs` that timed the kernel (its own,
+  `run_median_ns`, and each head-to-head run that timed it as the incumbent: the
+  challenger's median times `speedup_vs_incumbent`); `speedup` is over the campaign's
+  baseline (the median of its candidates' baseline medians, `campaign_baseline_ns`),
+  `own_baseline_speedup` the recorded one;
 - `lessons`: every lesson with the ids of the events it cites;
 - `rejections`: one row per rejected candidate (stage, reason, first message line);
 - `steps`: one row per event that has a cause, with the seconds from cause to effect
@@ -73,16 +76,41 @@ GROUP BY e.campaign_id, e.payload->>'candidate_id'
 """
 
 _LEADERBOARD = """
+WITH timed AS (
+    SELECT * FROM {candidates} WHERE median_ns IS NOT NULL
+),
+as_incumbent AS (
+    SELECT
+        e.campaign_id,
+        e.payload->'evidence'->>'incumbent' AS candidate_id,
+        CAST(e.payload->'evidence'->'shape' AS VARCHAR) AS shape,
+        CAST(e.payload->>'median_ns' AS DOUBLE)
+            * CAST(e.payload->'evidence'->>'speedup_vs_incumbent' AS DOUBLE) AS median_ns
+    FROM {events} AS e
+    WHERE e.type = 'BenchmarkCompleted'
+      AND e.payload->'evidence'->>'speedup_vs_incumbent' IS NOT NULL
+),
+own AS (
+    SELECT t.campaign_id, t.candidate_id, median(r.median_ns) AS median_ns, count(*) AS runs
+    FROM timed AS t
+    JOIN (
+        SELECT campaign_id, candidate_id, shape, median_ns FROM timed
+        UNION ALL
+        SELECT campaign_id, candidate_id, shape, median_ns FROM as_incumbent
+    ) AS r USING (campaign_id, candidate_id, shape)
+    GROUP BY t.campaign_id, t.candidate_id
+)
 SELECT
-    rank() OVER (PARTITION BY campaign_id, shape ORDER BY median_ns) AS rank,
-    campaign_id, problem, target, dtype, shape, candidate_id, generation, template, params,
-    median_ns, iqr_ns, baseline, baseline_ns,
-    median(baseline_ns) OVER (PARTITION BY campaign_id, shape) AS campaign_baseline_ns,
-    median(baseline_ns) OVER (PARTITION BY campaign_id, shape) / median_ns AS speedup,
-    speedup AS own_baseline_speedup,
-    roofline_fraction, device, source_hash, flags, source
-FROM {candidates}
-WHERE median_ns IS NOT NULL
+    rank() OVER (PARTITION BY t.campaign_id, t.shape ORDER BY own.median_ns) AS rank,
+    t.campaign_id, t.problem, t.target, t.dtype, t.shape, t.candidate_id, t.generation,
+    t.template, t.params,
+    own.median_ns, t.iqr_ns, own.runs, t.median_ns AS run_median_ns, t.baseline, t.baseline_ns,
+    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id, t.shape) AS campaign_baseline_ns,
+    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id, t.shape) / own.median_ns AS speedup,
+    t.speedup AS own_baseline_speedup,
+    t.roofline_fraction, t.device, t.source_hash, t.flags, t.source
+FROM timed AS t
+JOIN own USING (campaign_id, candidate_id)
 """
 
 _LESSONS = """
@@ -146,7 +174,9 @@ def view_statements(events: str = "events", temporary: bool = False) -> list[str
     kind = "TEMP VIEW" if temporary else "VIEW"
     bodies = {
         "candidates": _FIRST.sub(_first_of, _CANDIDATES).replace("{events}", events),
-        "leaderboard": _LEADERBOARD.replace("{candidates}", "candidates"),
+        "leaderboard": _LEADERBOARD.replace("{candidates}", "candidates").replace(
+            "{events}", events
+        ),
         "lessons": _LESSONS.replace("{events}", events),
         "rejections": _REJECTIONS.replace("{events}", events),
         "steps": _STEPS.replace("{events}", events),

@@ -8,15 +8,15 @@ from pathlib import Path
 import typer
 
 from actors.best_kernels import describe, file_name, kernel_text, ranked, write_kernel
-from actors.ranking import campaign_baseline
+from actors.ranking import campaign_baseline, own_times
 from ops.errors import UserError
 from ops.options import HOME, JSON
 from ops.output import to_json
 from ops.store_access import open_home, rebuild_campaign
 
-BEST_HELP = """Write a campaign's best verified kernel (the one that won its head-to-head run against the previous best; the others follow by their own median time): its source after a `// kfactory-flags:` line and a provenance comment, so that `kfactory check` and a plain compiler take the file as it is.
+BEST_HELP = """Write a campaign's best verified kernel (the one that won its head-to-head run against the previous best; the others follow by their own time): its source after a `// kfactory-flags:` line and a provenance comment, so that `kfactory check` and a plain compiler take the file as it is.
 
-Without -o the source goes to standard output. With --top N the best and the next N-1 by their own time are written into the folder -o names (default ./best-CAMPAIGN), as 01-<candidate>.c, 02-.... The text output gives each median, IQR and speedup over the campaign's baseline (the median of its candidates' baseline medians), and that baseline with its spread.
+Without -o the source goes to standard output. With --top N the best and the next N-1 by their own time are written into the folder -o names (default ./best-CAMPAIGN), as 01-<candidate>.c, 02-.... The text output gives each kernel's time (the median over every run that timed it: its own, and each head-to-head run that timed it as the best; the IQR of its own run), the number of those runs, and its speedup over the campaign's baseline (the median of its candidates' baseline medians), and that baseline with its spread.
 
 Examples:
 
@@ -40,28 +40,35 @@ def best(
     with open_home(home) as snapshot:
         rebuilt = rebuild_campaign(snapshot, campaign)
     winners = ranked(rebuilt.history, campaign)[:top]
-    baseline = campaign_baseline(rebuilt.history.campaign_candidates(campaign))
+    candidates = rebuilt.history.campaign_candidates(campaign)
+    baseline, times = campaign_baseline(candidates), own_times(candidates)
     if not winners:
         raise UserError(f"campaign {campaign!r} has no timed kernel yet")
     if top == 1 and output is None:
         if as_json:
-            print(
-                to_json({**describe(winners[0], None, baseline), "source": kernel_text(winners[0])})
-            )
+            best = describe(winners[0], None, times[winners[0].candidate_id], baseline)
+            print(to_json({**best, "source": kernel_text(winners[0])}))
         else:
             sys.stdout.write(kernel_text(winners[0]))
         return
     written = []
     if top == 1:
         assert output is not None
-        written.append(describe(winners[0], write_kernel(winners[0], output), baseline))
+        written.append(
+            describe(
+                winners[0],
+                write_kernel(winners[0], output),
+                times[winners[0].candidate_id],
+                baseline,
+            )
+        )
     else:
         folder = output or Path(f"best-{campaign}")
         if folder.exists() and not folder.is_dir():
             raise UserError(f"--top {top} writes several files: -o must be a folder, not {folder}")
         for rank, candidate in enumerate(winners, 1):
             path = write_kernel(candidate, folder / file_name(candidate, rank))
-            written.append(describe(candidate, path, baseline))
+            written.append(describe(candidate, path, times[candidate.candidate_id], baseline))
     if as_json:
         print(to_json(written if top > 1 else written[0]))
         return
@@ -69,10 +76,14 @@ def best(
         speedup = item["speedup_vs_campaign_baseline"] or item["speedup"]
         print(
             f"{item['path']}: {item['candidate_id']}, {item['median_ns'] / 1e6:.4f} ms "
-            f"(IQR {item['iqr_ns'] / 1e6:.4f}), {speedup:.3f}x"
+            f"(IQR {item['iqr_ns'] / 1e6:.4f}, {_runs(item['timing_runs'])}), {speedup:.3f}x"
         )
     if baseline is not None:
         print(f"campaign baseline: {baseline.words()}")
+
+
+def _runs(count: int) -> str:
+    return f"{count} timing run" + ("" if count == 1 else "s")
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,14 @@ from pygments.lexers import CLexer, CudaLexer
 from actors.best_kernels import kernel_text, ranked
 from actors.campaign_overview import evaluation_order
 from actors.history import Candidate, History
-from actors.ranking import CampaignBaseline, campaign_baseline, speedup_over, standings
+from actors.ranking import (
+    CampaignBaseline,
+    OwnTime,
+    campaign_baseline,
+    own_times,
+    speedup_over,
+    standings,
+)
 from actors.story import Rebuilt
 from eventstore.events import Event, HostCalibrated
 from kernels.loading import load_problem
@@ -35,10 +42,14 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
     history, campaign_id = rebuilt.history, rebuilt.campaign_id
     campaign = history.campaigns[campaign_id]
     board = ranked(history, campaign_id)
-    baseline = campaign_baseline(history.campaign_candidates(campaign_id))
-    standing = standings(history.campaign_candidates(campaign_id))
+    candidates = history.campaign_candidates(campaign_id)
+    baseline, times, standing = (
+        campaign_baseline(candidates),
+        own_times(candidates),
+        standings(candidates),
+    )
     cited = _cited_events(rebuilt, history, campaign_id)
-    curve = _curve_figure(history, campaign_id, baseline)
+    curve = _curve_figure(history, campaign_id, baseline, times)
     roofline, roofline_note = _roofline_figure(board, calibrations)
     winner = board[0] if board else None
     return _TEMPLATES.get_template("report.html.j2").render(
@@ -52,7 +63,10 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
         roofline_html=roofline.to_html(full_html=False, include_plotlyjs=False, div_id="roofline"),
         roofline_note=roofline_note,
         board=[
-            {**_board_row(rank, c, baseline), "standing": standing.get(c.candidate_id, "")}
+            {
+                **_board_row(rank, c, times[c.candidate_id], baseline),
+                "standing": standing.get(c.candidate_id, ""),
+            }
             for rank, c in enumerate(board, 1)
         ],
         baseline=baseline.words() if baseline else "none timed",
@@ -66,13 +80,16 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
 
 
 def _curve_figure(
-    history: History, campaign_id: str, baseline: CampaignBaseline | None
+    history: History,
+    campaign_id: str,
+    baseline: CampaignBaseline | None,
+    times: dict[str, OwnTime],
 ) -> go.Figure:
     order = evaluation_order(history, campaign_id)
     start = history.campaigns[campaign_id].started.ts
     best, xs, seconds, ys = 0.0, [], [], []
     for count, c in enumerate(order, 1):
-        best = max(best, speedup_over(c, baseline) or 0.0)
+        best = max(best, speedup_over(times.get(c.candidate_id), baseline) or 0.0)
         verdict = c.benchmark or c.rejected or c.verified
         assert verdict is not None
         xs.append(count)
@@ -152,7 +169,9 @@ def _roofline_figure(
     return figure, note
 
 
-def _board_row(rank: int, c: Candidate, baseline: CampaignBaseline | None) -> dict[str, Any]:
+def _board_row(
+    rank: int, c: Candidate, own: OwnTime, baseline: CampaignBaseline | None
+) -> dict[str, Any]:
     assert c.benchmark is not None and c.written is not None
     b = c.benchmark
     return {
@@ -160,9 +179,10 @@ def _board_row(rank: int, c: Candidate, baseline: CampaignBaseline | None) -> di
         "candidate": c.candidate_id,
         "template": c.proposal.template,
         "params": ", ".join(f"{k}={v}" for k, v in c.proposal.params.items()),
-        "median_ms": b.median_ns / 1e6,
-        "iqr_ms": b.iqr_ns / 1e6,
-        "speedup": speedup_over(c, baseline) or b.speedup,
+        "median_ms": own.median_ns / 1e6,
+        "iqr_ms": own.iqr_ns / 1e6,
+        "runs": own.runs,
+        "speedup": speedup_over(own, baseline) or b.speedup,
         "roofline": b.roofline_fraction,
         "source": kernel_text(c),
         "event_id": b.event_id,

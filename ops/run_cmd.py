@@ -41,6 +41,7 @@ from actors.ranking import (
     CampaignBaseline,
     best_of,
     campaign_baseline,
+    own_times,
     short_id,
     speedup_over,
     standings,
@@ -452,6 +453,7 @@ def _generations(
 ) -> list[dict[str, Any]]:
     """Each generation's outcome, and the lessons of earlier ones that it searched with."""
     campaign = history.campaigns[campaign_id]
+    times = own_times(history.campaign_candidates(campaign_id))
     rows: list[dict[str, Any]] = []
     for number, generation in sorted(campaign.generations.items()):
         candidates = [history.candidates[c] for c in generation.candidates]
@@ -464,7 +466,9 @@ def _generations(
                 "settled": sum(c.settled for c in candidates),
                 # the generation's best as its GenerationClosed names it, over the
                 # campaign baseline like the leaderboard's
-                "best_speedup": speedup_over(best, baseline) or 0.0 if best else 0.0,
+                "best_speedup": speedup_over(times.get(best.candidate_id), baseline) or 0.0
+                if best
+                else 0.0,
                 "closed": generation.closed is not None,
                 "lessons_used": len(used),
                 "new_lessons": [x.statement for x in used if x.generation == number - 1],
@@ -480,16 +484,19 @@ def _result(
     campaign = history.campaigns[campaign_id]
     result = {"campaign_id": campaign_id, **summary(history, campaign)}
     winner = history.best(campaign_id)
+    candidates = history.campaign_candidates(campaign_id)
+    baseline, times = campaign_baseline(candidates), own_times(candidates)
     if best_dir is not None and winner is not None and winner.written and result["best"]:
         # The winning kernel as a file `kfactory check` and a compiler take as it is.
         path = write_kernel(winner, best_dir / file_name(winner))
-        result["best"] = {**result["best"], **describe(winner, path)}
+        result["best"] = {
+            **result["best"],
+            **describe(winner, path, times[winner.candidate_id], baseline),
+        }
         console.print(f"best kernel written to {path}")
     if campaign.finished is not None:
         result["finished"] = campaign.finished.reason
-    timed = ranked(history, campaign_id)  # the best, then by own median time
-    candidates = history.campaign_candidates(campaign_id)
-    baseline = campaign_baseline(candidates)
+    timed = ranked(history, campaign_id)  # the best, then by own time
     standing = standings(candidates)
     result["by_generation"] = _generations(history, campaign_id, baseline)
     result["campaign_baseline"] = (
@@ -501,9 +508,10 @@ def _result(
             "candidate": c.candidate_id,
             "template": c.proposal.template,
             "params": dict(c.proposal.params),
-            "median_ms": c.benchmark.median_ns / 1e6,
-            "iqr_ms": c.benchmark.iqr_ns / 1e6,
-            "speedup": speedup_over(c, baseline),
+            "median_ms": times[c.candidate_id].median_ns / 1e6,
+            "iqr_ms": times[c.candidate_id].iqr_ns / 1e6,
+            "runs": times[c.candidate_id].runs,
+            "speedup": speedup_over(times[c.candidate_id], baseline),
             "own_baseline_speedup": c.benchmark.speedup,
             "roofline_fraction": c.benchmark.roofline_fraction,
             "standing": standing.get(c.candidate_id, ""),
@@ -526,6 +534,7 @@ def _print_results(result: dict[str, Any]) -> None:
         "params",
         "median ms",
         "IQR ms",
+        "runs",
         "speedup",
         "roofline",
         "standing",
@@ -541,6 +550,7 @@ def _print_results(result: dict[str, Any]) -> None:
             " ".join(f"{k}={v}" for k, v in row["params"].items()),
             f"{row['median_ms']:.3f}",
             f"{row['iqr_ms']:.3f}",
+            str(row["runs"]),
             f"{speedup:.2f}x",
             f"{row['roofline_fraction']:.0%}",
             row["standing"],
@@ -564,7 +574,9 @@ def _print_results(result: dict[str, Any]) -> None:
     if result["leaderboard"]:
         out.print(
             "rank 1 is the best: the last kernel promoted, by a head-to-head run against the "
-            "best of its time; the others follow by their own median, timed in other runs",
+            "best of its time; the others follow by their own time. A median is over every "
+            "run that timed the kernel (runs): its own, and each head-to-head run that timed "
+            "it as the best; the IQR is its own run's",
             markup=False,
         )
     if result["campaign_baseline"] is not None:

@@ -193,7 +193,6 @@ static void layernorm_row(const float *restrict x, const float *restrict w,
         for (; j < n; ++j) { const int64_t at = j; y[at] = (x[at] - mean) * inv * w[at] + b[at]; }
     }
 
-    kf_fence();
 }
 
 void kernel(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t cols) {
@@ -204,6 +203,8 @@ void kernel(const float *x, const float *w, const float *b, float *y, int64_t ro
             const float *ahead = row + 1 < rows ? x + (row + 1) * cols : NULL;
             layernorm_row(x + row * cols, w, b, y + row * cols, ahead, cols);
         }
+        /* once per thread: its non-temporal stores are visible before the threads join */
+        kf_fence();
     }
 }
 

@@ -178,7 +178,6 @@ static void fused_row(const float *restrict x, const float *restrict r, const fl
         for (; j < n; ++j) { const int64_t at = j; y[at] = kf_gelu(h[at] * inv * w[at]); }
     }
 
-    kf_fence();
 }
 
 void kernel(const float *x, const float *r, const float *w, float *y, int64_t rows, int64_t cols) {
@@ -192,6 +191,8 @@ void kernel(const float *x, const float *r, const float *w, float *y, int64_t ro
             if (scratch == NULL) continue;
             fused_row(x + row * cols, r + row * cols, w, y + row * cols, scratch, ahead, cols);
         }
+        /* once per thread: its non-temporal stores are visible before the threads join */
+        kf_fence();
         free(scratch);
     }
 }

@@ -177,7 +177,6 @@ static void rmsnorm_row(const float *restrict x, const float *restrict w, float 
         for (; j < n; ++j) { const int64_t at = j; y[at] = x[at] * inv * w[at]; }
     }
 
-    kf_fence();
 }
 
 void kernel(const float *x, const float *w, float *y, int64_t rows, int64_t cols) {
@@ -188,6 +187,8 @@ void kernel(const float *x, const float *w, float *y, int64_t rows, int64_t cols
             const float *ahead = row + 1 < rows ? x + (row + 1) * cols : NULL;
             rmsnorm_row(x + row * cols, w, y + row * cols, ahead, cols);
         }
+        /* once per thread: its non-temporal stores are visible before the threads join */
+        kf_fence();
     }
 }
 

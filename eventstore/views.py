@@ -84,11 +84,10 @@ as_incumbent AS (
         e.campaign_id,
         e.payload->'evidence'->>'incumbent' AS candidate_id,
         CAST(e.payload->'evidence'->'shape' AS VARCHAR) AS shape,
-        CAST(e.payload->>'median_ns' AS DOUBLE)
-            * CAST(e.payload->'evidence'->>'speedup_vs_incumbent' AS DOUBLE) AS median_ns
+        TRY_CAST(e.payload->>'median_ns' AS DOUBLE)
+            * TRY_CAST(e.payload->'evidence'->>'speedup_vs_incumbent' AS DOUBLE) AS median_ns
     FROM {events} AS e
     WHERE e.type = 'BenchmarkCompleted'
-      AND e.payload->'evidence'->>'speedup_vs_incumbent' IS NOT NULL
 ),
 own AS (
     SELECT t.campaign_id, t.candidate_id, median(r.median_ns) AS median_ns, count(*) AS runs
@@ -97,6 +96,7 @@ own AS (
         SELECT campaign_id, candidate_id, shape, median_ns FROM timed
         UNION ALL
         SELECT campaign_id, candidate_id, shape, median_ns FROM as_incumbent
+        WHERE median_ns IS NOT NULL
     ) AS r USING (campaign_id, candidate_id, shape)
     GROUP BY t.campaign_id, t.candidate_id
 )

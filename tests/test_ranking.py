@@ -363,20 +363,35 @@ def test_the_best_s_own_time_is_the_median_of_every_run_that_timed_it(tmp_path: 
     ]
 
 
-def test_a_head_to_head_at_another_shape_or_with_malformed_evidence_is_not_a_run() -> None:
+def test_a_head_to_head_at_another_shape_or_with_malformed_evidence_is_not_a_run(
+    tmp_path: Path,
+) -> None:
     log = best_timed_once_on_a_busy_host()
     log.timed("odd", median_ms=1.0, baseline_ms=8.0, versus="c0", incumbent_ms=0.5,
               shape={"rows": 64, "cols": 64})  # fmt: skip
     c4 = log.timed("c4", median_ms=40.0, baseline_ms=100.0, versus="c0", faster=False)
     forged = [e for e in log.events if getattr(e, "candidate_id", "") == c4][-1]
     assert isinstance(forged, BenchmarkCompleted)
-    for evidence in (
-        {**forged.evidence, "speedup_vs_incumbent": "fast"},
-        {**forged.evidence, "incumbent": ["c0"], "speedup_vs_incumbent": 0.1},
+    for n, evidence in enumerate(
+        (
+            {**forged.evidence, "speedup_vs_incumbent": "fast"},
+            {**forged.evidence, "incumbent": ["c0"], "speedup_vs_incumbent": 0.1},
+        )
     ):
-        bad = msgspec.structs.replace(forged, evidence=evidence)
+        events = [*log.events[:-1], msgspec.structs.replace(forged, evidence=evidence)]
         history = History()
-        for position, event in enumerate([*log.events[:-1], bad], 1):
+        for position, event in enumerate(events, 1):
             history.apply(position, event)
         times = own_times(history.campaign_candidates(CAMPAIGN))
         assert times[f"{CAMPAIGN}:g0:c0"].runs == 4  # its own, and c1, c2, c3's
+        store = DuckDBEventStore(tmp_path / f"events-{n}.duckdb")
+        store.append([Recorded(e, encode(e)) for e in events])
+        store.close()
+        conn = duckdb.connect(str(tmp_path / f"events-{n}.duckdb"), read_only=True)
+        try:
+            runs = conn.execute(
+                "SELECT runs FROM leaderboard WHERE candidate_id = ?", [f"{CAMPAIGN}:g0:c0"]
+            ).fetchone()
+        finally:
+            conn.close()
+        assert runs == (4,)

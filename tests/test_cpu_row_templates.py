@@ -191,6 +191,43 @@ def test_the_softmax_exps_are_close_to_exp_for_every_argument_a_softmax_gives_th
     assert (out[np.isneginf(d)] < 1e-30).all() and (out[np.isneginf(d)] >= 0).all()
 
 
+MAX_MIN_PROBE = """
+void probe(const float *a, const float *b, float *hi, float *lo, int64_t n) {
+    for (int64_t j = 0; j + KF_W <= n; j += KF_W) {
+        v_store(hi + j, v_max(v_load(a + j), v_load(b + j)));
+        v_store(lo + j, v_min(v_load(a + j), v_load(b + j)));
+    }
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("simdlen", [8, 16])
+def test_vector_max_and_min_are_a_greater_than_b_then_a_else_b(
+    simdlen: int, tmp_path: Path
+) -> None:
+    """v_max(a, b) is a > b ? a : b and v_min(a, b) is a < b ? a : b, bit for bit, under
+    the factory's NaN-keeping flags: a NaN in either place, signed zeros, infinities (the
+    exp clamps rely on a NaN second argument passing through)."""
+    template = TEMPLATES["softmax_rows"]
+    rendered = template.render({**template.best_known, "simdlen": simdlen})
+    src = tmp_path / "probe.c"
+    src.write_text(rendered.source + MAX_MIN_PROBE)
+    obj, lib = tmp_path / "probe.o", tmp_path / "probe.so"
+    flags = [*rendered.flags, "-fno-finite-math-only"]
+    subprocess.run(["gcc", *flags, "-fPIC", "-c", str(src), "-o", str(obj)], check=True)
+    subprocess.run(["gcc", "-shared", "-fopenmp", str(obj), "-o", str(lib)], check=True)
+    special = np.array([np.nan, -np.inf, np.inf, 0.0, -0.0, 1.0, -1.0, 3e38], dtype=np.float32)
+    a, b = (x.ravel() for x in np.meshgrid(special, special))
+    a, b = np.tile(a, 2), np.tile(b, 2)  # 128 pairs: whole vectors of 8 and of 16
+    hi, lo = np.zeros_like(a), np.zeros_like(a)
+    pointers = [x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, hi, lo)]
+    ctypes.CDLL(str(lib)).probe(*pointers, ctypes.c_int64(len(a)))
+    with np.errstate(invalid="ignore"):
+        assert hi.tobytes() == np.where(a > b, a, b).tobytes()
+        assert lo.tobytes() == np.where(a < b, a, b).tobytes()
+
+
 def test_the_chains_cheapest_gelu_form_verifies(cpu_backend: CpuBackend) -> None:
     """2^t by a degree-4 polynomial and a reciprocal estimate (two AVX halves at simdlen
     16), under -ffast-math: within the problem's tolerance, NaN rows included. Every other

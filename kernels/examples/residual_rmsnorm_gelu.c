@@ -81,13 +81,24 @@ static inline kf_v v_add(kf_v a, kf_v b) { return a + b; }
 static inline kf_v v_sub(kf_v a, kf_v b) { return a - b; }
 static inline kf_v v_mul(kf_v a, kf_v b) { return a * b; }
 static inline kf_v v_fma(kf_v a, kf_v b, kf_v c) { return a * b + c; }
+/* a > b ? a : b, and a < b ? a : b: a NaN in a gives b. That is exactly the rule of x86's
+   MAXPS and MINPS (signed zeros included), which the compiler cannot see through the
+   bitwise form once NaNs are kept (-fno-finite-math-only): say it directly there. */
 static inline kf_v v_max(kf_v a, kf_v b) {
+#if defined(__AVX__) && KF_W == 8
+    return (kf_v)_mm256_max_ps((__m256)a, (__m256)b);
+#else
     const kf_vi32 more = a > b;
     return (kf_v)(((kf_vi32)a & more) | ((kf_vi32)b & ~more));
+#endif
 }
 static inline kf_v v_min(kf_v a, kf_v b) {
+#if defined(__AVX__) && KF_W == 8
+    return (kf_v)_mm256_min_ps((__m256)a, (__m256)b);
+#else
     const kf_vi32 less = a < b;
     return (kf_v)(((kf_vi32)a & less) | ((kf_vi32)b & ~less));
+#endif
 }
 static inline kf_v v_div(kf_v a, kf_v b) { return a / b; }
 static inline float v_hsum(kf_v v) {

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from actors.history import Candidate, History
-from actors.ranking import best_of
+from actors.ranking import OwnTime, best_of, own_times
 from eventstore.events import CandidateProposed, Event, LessonLearned
 
 
@@ -100,6 +100,7 @@ def generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
         top = best_of(members)  # the generation's best, as its GenerationClosed names it
         so_far += members
         best = best_of(so_far)  # the incumbent as the swarm promotes it (head to head)
+        times = own_times(so_far)  # every run that timed each kernel, up to this generation
         rows.append(
             {
                 "generation": number,
@@ -109,21 +110,24 @@ def generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
                 "verified": sum(1 for c in members if c.verified),
                 "rejected": sum(1 for c in members if c.rejected),
                 "duplicates": sum(1 for c in members if c.duplicate),
-                "best_in_generation": _brief(top),
-                "best_so_far": _brief(best),
+                "best_in_generation": _brief(top, times),
+                "best_so_far": _brief(best, times),
                 "closed": state.closed is not None,
             }
         )
     return rows
 
 
-def _brief(candidate: Candidate | None) -> dict[str, Any] | None:
+def _brief(candidate: Candidate | None, times: dict[str, OwnTime]) -> dict[str, Any] | None:
+    """A kernel in a generation's row: `median_ns` its own time (`ranking.own_times`)."""
     if candidate is None or candidate.benchmark is None:
         return None
+    own = times.get(candidate.candidate_id)
     return {
         "candidate_id": candidate.candidate_id,
         "speedup": candidate.benchmark.speedup,
-        "median_ns": candidate.benchmark.median_ns,
+        "median_ns": own.median_ns if own else candidate.benchmark.median_ns,
+        "timing_runs": own.runs if own else 1,
         "template": candidate.proposal.template,
         "params": candidate.proposal.params,
     }

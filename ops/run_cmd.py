@@ -39,6 +39,7 @@ from actors.history import History
 from actors.planner import summary
 from actors.ranking import (
     CampaignBaseline,
+    OwnTime,
     best_of,
     campaign_baseline,
     own_times,
@@ -449,11 +450,13 @@ async def _warn_missing(
 
 
 def _generations(
-    history: History, campaign_id: str, baseline: CampaignBaseline | None
+    history: History,
+    campaign_id: str,
+    baseline: CampaignBaseline | None,
+    times: dict[str, OwnTime],
 ) -> list[dict[str, Any]]:
     """Each generation's outcome, and the lessons of earlier ones that it searched with."""
     campaign = history.campaigns[campaign_id]
-    times = own_times(history.campaign_candidates(campaign_id))
     rows: list[dict[str, Any]] = []
     for number, generation in sorted(campaign.generations.items()):
         candidates = [history.candidates[c] for c in generation.candidates]
@@ -498,7 +501,7 @@ def _result(
         result["finished"] = campaign.finished.reason
     timed = ranked(history, campaign_id)  # the best, then by own time
     standing = standings(candidates)
-    result["by_generation"] = _generations(history, campaign_id, baseline)
+    result["by_generation"] = _generations(history, campaign_id, baseline, times)
     result["campaign_baseline"] = (
         {**baseline.as_dict(), "words": baseline.words()} if baseline else None
     )

@@ -15,7 +15,7 @@ from actors.history import History
 from actors.lessons import draw_lessons, parameter_effects
 from actors.librarian import decide_librarian
 from actors.planner import WALL_TIME_REASON, decide_deadline, decide_planner
-from actors.ranking import campaign_baseline
+from actors.ranking import campaign_baseline, own_times
 from actors.runtime import Reactions
 from actors.spaces import design_spaces
 from eventstore.events import (
@@ -288,9 +288,8 @@ def test_the_run_reports_each_generation_and_the_lessons_it_searched_with(
     log: list[Event],
 ) -> None:
     history = history_of(log)
-    rows = _generations(
-        history, "recorded", campaign_baseline(history.campaign_candidates("recorded"))
-    )
+    candidates = history.campaign_candidates("recorded")
+    rows = _generations(history, "recorded", campaign_baseline(candidates), own_times(candidates))
     drawn = [e for e in log if isinstance(e, LessonLearned) and e.generation == 0]
     assert drawn, "the recorded campaign drew lessons in generation 0"
     assert [(r["generation"], r["proposed"], r["settled"], r["closed"]) for r in rows] == [

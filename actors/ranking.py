@@ -132,15 +132,20 @@ def by_own_time(candidates: list[Candidate]) -> list[Candidate]:
     return sorted(at_campaign_shape(candidates), key=lambda c: times[c.candidate_id].median_ns)
 
 
-def beat_in_head_to_head(challenger: Candidate, incumbent: Candidate) -> bool | None:
-    """What the challenger's head-to-head run against `incumbent` decided; None when it
-    was not timed against that kernel."""
+def head_to_head_words(challenger: Candidate, incumbent: Candidate) -> tuple[bool, str] | None:
+    """What the challenger's head-to-head run against `incumbent` decided, and in which
+    words: "beat", "not clearly faster than" (a median ratio below 1, but too few round
+    wins to tell from chance) or "lost to"; None when it was not timed against that kernel."""
     assert challenger.benchmark is not None
     evidence = challenger.benchmark.evidence
     versus = evidence.get("head_to_head")
     if evidence.get("incumbent") != incumbent.candidate_id or not isinstance(versus, dict):
         return None
-    return bool(versus.get("faster"))
+    if versus.get("faster"):
+        return True, "beat"
+    ratio = versus.get("ratio_median")
+    looked_faster = isinstance(ratio, int | float) and ratio < 1.0
+    return False, "not clearly faster than" if looked_faster else "lost to"
 
 
 def clearly_faster(challenger: Candidate, incumbent: Candidate) -> bool:
@@ -171,9 +176,9 @@ def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]
             standing[challenger.candidate_id] = "promoted: timed first"
             continue
         best = chain[-1]
-        verdict = beat_in_head_to_head(challenger, best)
-        if verdict is not None:
-            words = "beat" if verdict else "lost to"
+        decided = head_to_head_words(challenger, best)
+        if decided is not None:
+            verdict, words = decided
             how = f"{words} {short_id(best.candidate_id)} head to head"
         else:
             verdict = clearly_faster(challenger, best)
@@ -196,9 +201,10 @@ def promotions(candidates: list[Candidate]) -> list[Candidate]:
 
 def standings(candidates: list[Candidate]) -> dict[str, str]:
     """Why each timed kernel is or is not the best, by candidate id: "promoted: beat g0:c1
-    head to head", "lost to g0:c1 head to head", "not clearly faster than g1:c0 by own
-    time". A leaderboard shows it, since its other rows are sorted by own median, which
-    can put a kernel faster than the best that never beat it."""
+    head to head", "lost to g0:c1 head to head", "not clearly faster than g0:c1 head to
+    head", "not clearly faster than g1:c0 by own time". A leaderboard shows it, since its
+    other rows are sorted by own median, which can put a kernel faster than the best that
+    never beat it."""
     return _walk(candidates)[1]
 
 

@@ -3,8 +3,8 @@
 The device back end times the kernel, the float32 numpy baseline and the incumbent
 interleaved in one run, over input sets rotated across more memory than the last-level
 cache, with fresh inputs before every timed call. The kernel is judged against the
-incumbent round by round; one that looks faster but within noise is timed against it
-again before it counts as faster. This module turns samples into
+incumbent round by round: it is faster only with more round wins than chance gives; one
+that looks faster but is in doubt is timed against it again first. This module turns samples into
 statistics and refuses what cannot be trusted: a stall in the timed region, samples that
 add up to more than the run took, outputs of randomly chosen timed calls or of the
 re-check after timing that are wrong (`judge_calls`), and a kernel faster than the
@@ -13,6 +13,7 @@ roofline allows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -42,6 +43,9 @@ QUIET_CORES = 0.25
 """A timing run during which other work used more CPU than this is repeated..."""
 BUSY_RETRIES = 2
 """...up to this many times; the least disturbed run is kept, and its disturbance reported."""
+PROMOTION_ALPHA = 0.05
+"""A kernel beats the incumbent only with more round wins than two kernels of equal speed
+(each round a fair coin) would give in more than this share of head-to-heads."""
 
 
 @dataclass
@@ -214,21 +218,35 @@ def paired_ratios(run: TimingRun) -> list[float]:
     return [k / i for k, i in zip(run.kernel_ns, run.incumbent_ns, strict=False) if i > 0]
 
 
+def wins_by_chance(wins: int, rounds: int) -> float:
+    """How often two kernels of equal speed give at least `wins` of `rounds` to one of them:
+    the one-sided sign test."""
+    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
+
+
 def head_to_head(ratios: list[float], remeasured: bool) -> HeadToHead:
     q1, median, q3 = np.percentile(np.asarray(ratios, dtype=np.float64), [25, 50, 75])
+    wins = sum(r < 1.0 for r in ratios)
     return HeadToHead(
         ratio_median=float(median),
         ratio_q1=float(q1),
         ratio_q3=float(q3),
         rounds=len(ratios),
         remeasured=remeasured,
-        faster=bool(median < 1.0),
+        wins=wins,
+        faster=bool(median < 1.0) and wins_by_chance(wins, len(ratios)) <= PROMOTION_ALPHA,
     )
 
 
 def within_noise(versus: HeadToHead) -> bool:
     """Neither is faster in most rounds: the IQR of the paired ratios straddles 1."""
     return versus.ratio_q1 <= 1.0 <= versus.ratio_q3
+
+
+def in_doubt(versus: HeadToHead) -> bool:
+    """The kernel looks faster (median ratio below 1), but within noise or by too few wins
+    to tell from chance: both are timed again before it counts either way."""
+    return versus.ratio_median < 1.0 and (within_noise(versus) or not versus.faster)
 
 
 def find_stall(run: TimingRun) -> dict[str, str] | None:
@@ -396,8 +414,8 @@ def benchmark(
             )
         stall_retried = True
     versus = head_to_head(paired_ratios(run), remeasured=False) if run.incumbent_ns else None
-    if versus is not None and versus.faster and within_noise(versus):
-        again = time_once()  # a new best within noise of the old: measure both again
+    if versus is not None and in_doubt(versus):
+        again = time_once()
         rejection = judge(again)
         if rejection is not None:
             return rejection

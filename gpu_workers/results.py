@@ -159,19 +159,23 @@ class HostCalibration(msgspec.Struct, frozen=True, kw_only=True):
         return self.peak_gflops_by_dtype.get(dtype, self.peak_fp32_gflops)
 
 
-class HeadToHead(msgspec.Struct, frozen=True, kw_only=True):
-    """A kernel against the incumbent in one interleaved run (two when they were within
-    noise): the kernel's time over the incumbent's, paired round by round."""
+class HeadToHead(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A kernel against the incumbent in one interleaved run (two when the first left it in
+    doubt): the kernel's time over the incumbent's, paired round by round."""
 
     ratio_median: float
     ratio_q1: float
     ratio_q3: float
     rounds: int
     remeasured: bool
-    """The first run's ratios straddled 1 (q1 <= 1 <= q3): both were timed again and
-    the rounds of the two runs pooled."""
+    """The first run left it in doubt (a median ratio below 1, but the ratios straddled 1
+    or the wins were too few to tell from chance): both were timed again and the rounds
+    of the two runs pooled."""
+    wins: int | None = None
+    """Rounds the kernel won (ratio below 1); None in events recorded before it was kept."""
     faster: bool
-    """The kernel beat the incumbent: its pooled median ratio is below 1."""
+    """The kernel beat the incumbent: its median ratio is below 1 and it won more rounds
+    than equal speed would give but rarely (`gpu_workers.benchmarker.PROMOTION_ALPHA`)."""
 
 
 class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):

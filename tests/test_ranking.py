@@ -36,7 +36,16 @@ from eventstore.events import (
     new_event,
 )
 from eventstore.store import Recorded
-from gpu_workers.benchmarker import TimingRun, head_to_head, paired_ratios, within_noise
+from gpu_workers.benchmarker import (
+    PROMOTION_ALPHA,
+    TimingRun,
+    head_to_head,
+    in_doubt,
+    paired_ratios,
+    wins_by_chance,
+    within_noise,
+)
+from gpu_workers.results import HeadToHead
 from ops.progress import Progress
 from ops.run_cmd import _generations as run_generations
 from ops.run_cmd import _print_results as print_results
@@ -94,6 +103,7 @@ class Recorder:
         iqr_ms: float = 0.1,
         versus: str | None = None,
         faster: bool | None = None,
+        ratio: float | None = None,
         incumbent_ms: float | None = None,
         shape: dict[str, int] = SHAPE,
     ) -> str:
@@ -142,9 +152,11 @@ class Recorder:
         )
         evidence: dict[str, Any] = {"shape": shape, "incumbent": None}
         if versus is not None:
-            ratio = 0.97 if faster else 1.03
             evidence["incumbent"] = f"{CAMPAIGN}:g0:{versus}"
-            evidence["head_to_head"] = {"ratio_median": ratio, "faster": faster}
+            evidence["head_to_head"] = {
+                "ratio_median": ratio if ratio is not None else 0.97 if faster else 1.03,
+                "faster": faster,
+            }
         if incumbent_ms is not None:  # the incumbent's median in this run, as recorded
             evidence["speedup_vs_incumbent"] = incumbent_ms / median_ms
         self.emit(
@@ -205,10 +217,12 @@ def test_the_fastest_own_time_wins_where_the_speedup_ranking_would_not() -> None
 def test_each_row_says_why_it_is_or_is_not_the_best() -> None:
     log = noisy_baselines()
     # c3 is faster by its own median than the best, c1, but lost to it head to head;
-    # c4 was timed against no kernel and is within c1's noise.
+    # c4 was timed against no kernel and is within c1's noise; c6 had a median ratio below
+    # 1 against c1, by too few round wins to tell from chance.
     log.timed("c3", median_ms=7.9, baseline_ms=100.0, versus="c1", faster=False)
     log.timed("c4", median_ms=8.05, baseline_ms=100.0, iqr_ms=0.2)
     log.timed("c5", median_ms=6.0, baseline_ms=100.0)
+    log.timed("c6", median_ms=5.9, baseline_ms=100.0, versus="c5", faster=False, ratio=0.99)
     words = {
         k.rsplit(":", 1)[-1]: v
         for k, v in standings(log.history.campaign_candidates(CAMPAIGN)).items()
@@ -220,8 +234,9 @@ def test_each_row_says_why_it_is_or_is_not_the_best() -> None:
         "c3": "lost to g0:c1 head to head",
         "c4": "not clearly faster than g0:c1 by own time",
         "c5": "promoted: faster than g0:c1 by own time",
+        "c6": "not clearly faster than g0:c5 head to head",
     }
-    assert ids(ranked(log.history, CAMPAIGN))[:3] == ["c5", "c3", "c1"]
+    assert ids(ranked(log.history, CAMPAIGN))[:4] == ["c5", "c6", "c3", "c1"]
 
 
 def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best() -> None:
@@ -296,12 +311,34 @@ def test_the_leaderboard_view_ranks_by_own_time_over_one_baseline(tmp_path: Path
 
 
 def test_head_to_head_pairs_rounds_and_calls_a_straddle_noise() -> None:
-    clear = TimingRun(kernel_ns=[90, 91, 92, 89], incumbent_ns=[100, 100, 101, 100])
+    clear = TimingRun(kernel_ns=[90, 91, 92, 89, 90, 91], incumbent_ns=[100] * 6)
     versus = head_to_head(paired_ratios(clear), remeasured=False)
-    assert versus.faster and not within_noise(versus) and versus.rounds == 4
+    assert versus.faster and not within_noise(versus) and not in_doubt(versus)
+    assert (versus.rounds, versus.wins) == (6, 6)
     close = TimingRun(kernel_ns=[95, 104, 97, 102], incumbent_ns=[100, 100, 100, 100])
     versus = head_to_head(paired_ratios(close), remeasured=False)
-    assert versus.faster and within_noise(versus)  # looks faster, but not in most rounds
+    assert versus.ratio_median < 1 and within_noise(versus)  # looks faster, not in most rounds
+    assert not versus.faster and in_doubt(versus)
+
+
+def test_a_kernel_is_faster_only_with_more_round_wins_than_chance_gives() -> None:
+    """Of two kernels of equal speed, the challenger wins each round as a coin would: a
+    median ratio below 1 over 60 rounds (31 wins) is no promotion; 37 wins of 60 is (a
+    one-sided sign test: 4.6% by chance), and 36 of 60 is not (7.7%)."""
+
+    def over(wins: int, rounds: int) -> HeadToHead:
+        ratios = [0.97] * wins + [1.02] * (rounds - wins)
+        return head_to_head(ratios, remeasured=True)
+
+    assert [over(w, 60).faster for w in (31, 36, 37, 60)] == [False, False, True, True]
+    assert over(31, 60).ratio_median < 1.0 and over(31, 60).wins == 31
+    assert wins_by_chance(37, 60) < PROMOTION_ALPHA < wins_by_chance(36, 60)
+    assert wins_by_chance(0, 60) == 1.0 and wins_by_chance(60, 60) == 2.0**-60
+    # three rounds all won is still chance (1 in 8): in doubt, so both are timed again
+    few = head_to_head([0.8, 0.8, 0.8], remeasured=False)
+    assert not few.faster and not within_noise(few) and in_doubt(few)
+    # a loser is never in doubt
+    assert not in_doubt(over(10, 60))
 
 
 def test_runs_leaderboard_shows_each_rows_standing(capsys: Any) -> None:

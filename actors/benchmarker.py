@@ -8,7 +8,10 @@ running there meanwhile (they take a share of the device between timed windows; 
 this benchmarker's own build). A window lasts a timing run's warm-up and timed rounds:
 the judging and re-check after them run while verifiers share the device again, and a
 repeated run (busy host, stall, a new best within noise) or a calibration waits for a
-window of its own (`TimingWindows`). A benchmarker that dies frees the device when its lease
+window of its own (`TimingWindows`). Each run is set up (kernels loaded, inputs written)
+before its window opens, and its judging and re-check keep a share of the device, so
+two benchmarkers on one device overlap one's set-up with the other's re-check, never
+with a timed window. A benchmarker that dies frees the device when its lease
 expires, and its message is redelivered to another. One whose lease was lost while it
 timed (it stalled, or was cut off, and is presumed dead) publishes nothing: its message
 goes back for redelivery, and whoever times it next emits the verdict, under the same
@@ -17,11 +20,18 @@ cause-derived event id, so a late copy is dropped by the bus and the store."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import msgspec
 
-from actors.devices import TimingBuilds, build_for_timing, calibration_for, recalibrate
+from actors.devices import (
+    TimingBuilds,
+    build_for_timing,
+    calibration_for,
+    calibration_kept,
+    recalibrate,
+)
 from actors.history import History
 from actors.replayer import HistoryReader
 from actors.runtime import Actor, PoisonMessage, Reactions
@@ -213,7 +223,15 @@ class Benchmarker(Actor):
         job = timing_job(history, event, problem.dims)
         while job is not None:
             incumbent = job.incumbent
-            async with self._leases.shared(self._device, self.status):
+            windows = TimingWindows(
+                self._leases,
+                self._device,
+                asyncio.get_running_loop(),
+                self.status,
+                opened=functools.partial(self._still_current, event, problem.dims, incumbent),
+            )
+            try:
+                await windows.share()  # the build and the driver's set-up, between windows
                 self.status("building")
                 builds = await asyncio.to_thread(
                     build_for_timing,
@@ -224,26 +242,17 @@ class Benchmarker(Actor):
                     event.dtype,
                     incumbent=(incumbent.source, tuple(incumbent.flags)) if incumbent else None,
                 )
-            if isinstance(builds, Rejection):  # did not build: no window, no calibration
-                decide_timed(event, out, builds, device="", incumbent=None)
-                return
-            windows = TimingWindows(
-                self._leases, self._device, asyncio.get_running_loop(), self.status
-            )
-            try:
-                await windows.enter()
-                # The history as it is now: another benchmarker may have timed this kernel
-                # while this one waited (a redelivery), or promoted a new best since the
-                # build: then build against that one, outside the window, and come back.
-                fresh = timing_job(await self._reader.catch_up(), event, problem.dims)
-                if fresh is None or _candidate(fresh.incumbent) != _candidate(incumbent):
-                    job = fresh
-                    continue
+                if isinstance(builds, Rejection):  # did not build: no window, no calibration
+                    decide_timed(event, out, builds, device="", incumbent=None)
+                    return
                 calibration, outcome = await asyncio.to_thread(
                     self._time, builds, problem, event.dtype, job.shape, windows
                 )
+            except JobChanged as changed:
+                job = changed.job
+                continue
             finally:
-                await windows.exit()
+                await windows.release()
             windows.check()  # lost meanwhile: presumed dead, its result is not published
             decide_timed(
                 event,
@@ -255,6 +264,18 @@ class Benchmarker(Actor):
             )
             return
 
+    async def _still_current(
+        self, event: KernelVerified, dims: tuple[str, ...], incumbent: Incumbent | None
+    ) -> None:
+        """Run as each window opens. The history as it is now: another benchmarker may have
+        timed this kernel while this one waited (a redelivery), or promoted a new best
+        since the build: then the run is given up, to build against that one outside the
+        window and come back."""
+        assert self._reader is not None
+        fresh = timing_job(await self._reader.catch_up(), event, dims)
+        if fresh is None or _candidate(fresh.incumbent) != _candidate(incumbent):
+            raise JobChanged(fresh)
+
     def _time(
         self,
         builds: TimingBuilds[Any],
@@ -263,8 +284,11 @@ class Benchmarker(Actor):
         shape: dict[str, int] | None,
         windows: TimingWindows,
     ) -> tuple[HostCalibration, BenchmarkResult | Rejection]:
-        """The device's calibration (in the first window), and the kernel timed against
-        it, each timing run in a window of its own that closes when its timed rounds end."""
+        """The device's calibration, and the kernel timed against it, each timing run in
+        a window of its own that opens once the run is set up and closes when its timed
+        rounds end."""
+        if not calibration_kept(self.target):
+            windows.open()  # the device is measured again: alone on it
         calibration = calibration_for(self.target)
         return calibration, builds.time(
             problem,
@@ -274,6 +298,14 @@ class Benchmarker(Actor):
             recalibrate=lambda: recalibrate(self.target),
             window=windows,
         )
+
+
+class JobChanged(Exception):
+    """The kernel was timed meanwhile, or the best changed: the timing run is given up."""
+
+    def __init__(self, job: TimingJob | None) -> None:
+        super().__init__("the kernel was timed meanwhile, or the best changed")
+        self.job = job
 
 
 def _candidate(incumbent: Incumbent | None) -> str | None:

@@ -68,10 +68,15 @@ _calibrations: dict[str, tuple[HostCalibration, float]] = {}
 
 def calibration_for(target: str) -> HostCalibration:
     """The device's ceilings: a quiet measurement for good, a contended one for a while."""
-    kept = _calibrations.get(target)
-    if kept is not None and time.monotonic() < kept[1]:
-        return kept[0]
+    if calibration_kept(target):
+        return _calibrations[target][0]
     return _keep(target, _calibrate(target, force=False))
+
+
+def calibration_kept(target: str) -> bool:
+    """`calibration_for` answers without measuring the device."""
+    kept = _calibrations.get(target)
+    return kept is not None and time.monotonic() < kept[1]
 
 
 def recalibrate(target: str) -> HostCalibration:

@@ -7,11 +7,12 @@ Usage (the tree measured is the one on PYTHONPATH; run it for each tree in one s
   PYTHONPATH=$PWD .venv/bin/python bench/eval_rate.py --swarm --tree /path/to/old --label old
 
 With --swarm it runs a real campaign instead (`kfactory run` of the tree, embedded hub,
-one verifier and one benchmarker working at once, the template writer, `--candidates` in
-one generation, timed at --shape) in a fresh run folder and a fresh build cache (holding
-only a copy of this host's calibration, so no run compiles less than another or
-measures the host), and reads the rate from the recorded events: candidates settled
-(timed or rejected) over the time from the first kernel written to the last settled.
+one verifier and one benchmarker working at once (--benchmarkers N: N of them), the
+template writer, `--candidates` in one generation, timed at --shape) in a fresh run
+folder and a fresh build cache (holding only a copy of this host's calibration, so no
+run compiles less than another or measures the host), and reads the rate from the
+recorded events: candidates settled (timed or rejected) over the time from the first
+kernel written to the last settled.
 With --tree it runs that tree's `kfactory run` instead of the one on PYTHONPATH (this
 script's own code reads the result, so an older tree without this script can be measured
 alike). It also reports, where the tree records them, the timing runs per candidate and the
@@ -57,11 +58,19 @@ def main() -> None:
     parser.add_argument("--label", default="now")
     parser.add_argument("--swarm", action="store_true", help="run a campaign (see above)")
     parser.add_argument("--tree", type=Path, help="with --swarm: the tree whose campaign runs")
+    parser.add_argument(
+        "--benchmarkers",
+        type=int,
+        help="with --swarm: benchmarker actors the campaign runs (default: the tree's own)",
+    )
     args = parser.parse_args()
     shape = {k: int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
     if args.swarm:
         tree = (args.tree or Path(kernels.__file__).resolve().parent.parent).resolve()
-        _keep(args.label, swarm_rate(args.problem, shape, args.candidates, args.label, tree))
+        found = swarm_rate(
+            args.problem, shape, args.candidates, args.label, tree, args.benchmarkers
+        )
+        _keep(args.label, found)
         return
     in_process(args.problem, shape, args.candidates, args.label)
 
@@ -154,9 +163,15 @@ seed = 1
 
 
 def swarm_rate(
-    problem: str, shape: dict[str, int], candidates: int, label: str, tree: Path
+    problem: str,
+    shape: dict[str, int],
+    candidates: int,
+    label: str,
+    tree: Path,
+    benchmarkers: int | None = None,
 ) -> dict[str, Any]:
-    """One campaign of `candidates` run by `tree`; its settling rate."""
+    """One campaign of `candidates` run by `tree` (with `benchmarkers` if given, else the
+    tree's default); its settling rate."""
     from gpu_workers.cpu.calibrate import calibration_path
 
     calibration = calibration_path()
@@ -190,6 +205,7 @@ def swarm_rate(
                 "--home",
                 str(work / "home"),
                 "--json",
+                *(["--benchmarkers", str(benchmarkers)] if benchmarkers else []),
             ],
             env=env,
             cwd=tree,  # `-m` puts the working directory first on the path: the tree's
@@ -219,6 +235,7 @@ def swarm_rate(
         "load_average_before": load_before,
         "load_average_after": load_after,
         "tree": str(tree),
+        "benchmarkers": benchmarkers,
         **found,
     }
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from nats.js import JetStreamContext
 
@@ -148,9 +148,17 @@ class DeviceLeases:
 class TimingWindows:
     """`device`'s timing lease as a worker thread opens and closes it around each timed
     window (`gpu_workers.benchmarker.TimingWindow`), taken and given back on the event
-    loop `loop`; shared work runs on the device between windows, during a run's judging
-    and re-check. `enter`/`exit` do the same on the loop itself. A window whose lease was
-    lost while open is remembered: `check` raises it, and its result must not count."""
+    loop `loop`, and the benchmarker's share of the device around everything else it
+    does there. `share` takes the share (the build, then the driver's set-up); opening a
+    window gives the share back first, so that a benchmarker waiting for a window holds
+    none (two waiting on each other would deadlock), then takes the timing lease;
+    closing it takes the share again before it gives the timing lease back (no other
+    window can open in between), and keeps it until the next window or `release`: the
+    run's judging and re-check go on beside verification, but no other benchmarker's
+    window opens over them. `enter`/`exit` are open and close on the loop itself;
+    `opened`, if given, runs on the loop each time a window is taken (it may raise to
+    give the run up). A window whose lease was lost while open is remembered: `check`
+    raises it, and its result must not count."""
 
     def __init__(
         self,
@@ -158,20 +166,33 @@ class TimingWindows:
         device: str,
         loop: asyncio.AbstractEventLoop,
         report: Report = _ignore,
+        opened: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.leases, self.device, self.loop, self.report = leases, device, loop, report
+        self.opened = opened
         self.tokens: list[int] = []
         """The fencing token of every window opened, in order."""
         self._open: tuple[contextlib.AsyncExitStack, HeldLease] | None = None
+        self._share: contextlib.AsyncExitStack | None = None
         self._lost: LeaseLost | None = None
+
+    async def share(self) -> None:
+        """Hold a share of the device (waiting out a timed window), if not holding one."""
+        if self._share is None and self._open is None:
+            share = contextlib.AsyncExitStack()
+            await share.enter_async_context(self.leases.shared(self.device, self.report))
+            self._share = share
 
     async def enter(self) -> None:
         if self._open is not None:
             return
+        await self._drop_share()
         stack = contextlib.AsyncExitStack()
         held = await stack.enter_async_context(self.leases.timing(self.device, self.report))
         self._open = (stack, held)
         self.tokens.append(held.token)
+        if self.opened is not None:
+            await self.opened()
 
     async def exit(self) -> None:
         if self._open is None:
@@ -179,10 +200,23 @@ class TimingWindows:
         (stack, held), self._open = self._open, None
         try:
             held.check()
+            share = contextlib.AsyncExitStack()  # held alone still: the share is granted at once
+            await share.enter_async_context(self.leases.shared(self.device, self.report))
+            self._share = share
         except LeaseLost as lost:
             self._lost = self._lost or lost
         finally:
             await stack.aclose()
+
+    async def release(self) -> None:
+        """Close the window if open, and give the device's share back."""
+        await self.exit()
+        await self._drop_share()
+
+    async def _drop_share(self) -> None:
+        share, self._share = self._share, None
+        if share is not None:
+            await share.aclose()
 
     def open(self) -> None:
         asyncio.run_coroutine_threadsafe(self.enter(), self.loop).result()

@@ -159,18 +159,21 @@ class TimingBackend(Protocol[BuildT_contra]):
         rotate_bytes: int,
         min_runs: int,
         min_seconds: float,
+        window_open: Callable[[], None] | None = None,
         window_closed: Callable[[], None] | None = None,
     ) -> TimingRun:
-        """One timing run; `window_closed`, if given, is called once the run's timed
-        window (warm-up and timed rounds) is over while it goes on (judging, re-check)."""
+        """One timing run. `window_open`, if given, is called once the run is set up and
+        before its warm-up, and returns when the device is held alone (a back end that
+        cannot set up first calls it at once); `window_closed` once the run's timed window
+        (warm-up and timed rounds) is over while it goes on (judging, re-check)."""
         ...
 
 
 class TimingWindow(Protocol):
     """The device held alone for timing: `open` waits until it is (a no-op while it is),
     `close` lets other work on it again (a no-op when not held). A benchmark opens it
-    before every timing run and calibration, and closes it as soon as the run's timed
-    window is over."""
+    when a timing run is set up (or before a calibration), and closes it as soon as the
+    run's timed window is over."""
 
     def open(self) -> None: ...
 
@@ -331,8 +334,8 @@ def benchmark(
     host is measured again: a ceiling measured on a busy host may simply be too low.
     `seed` (drawn afresh when None) is the check's secret: the timed inputs, which calls
     are judged and the re-check's inputs derive from it; it is recorded in the result.
-    `window` is opened for every timing run and calibration, and closed as soon as each
-    is past its timed window."""
+    `window` is opened for every timing run once it is set up, and for a calibration, and
+    closed as soon as each is past its timed window."""
     device = window or NoWindow()
     shape = problem.full_shape(shape or problem.default_shape)
     seed = new_seed() if seed is None else seed
@@ -343,7 +346,6 @@ def benchmark(
         """One timing run; `recheck`: also re-check every distribution at this shape after
         timing (once per benchmark: repeats for a busy host or a stall only re-time; each
         still judges timed calls chosen at random)."""
-        device.open()
         try:
             return backend.time(
                 problem,
@@ -356,6 +358,7 @@ def benchmark(
                 rotate_bytes=2 * calibration.llc_bytes,
                 min_runs=min_runs,
                 min_seconds=min_seconds,
+                window_open=device.open,
                 window_closed=device.close,
             )
         finally:

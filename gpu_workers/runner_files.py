@@ -8,6 +8,7 @@ end's `protocol` module defines its own jobs and replies around these.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -92,6 +93,28 @@ def write_progress(text: str) -> None:
 WINDOW_CLOSED_FILE = "window-closed"
 """Left by a timing runner once its timed window (warm-up and timed rounds) is over: what
 follows (judging, the re-check) need not hold the device alone."""
+
+
+WINDOW_READY_FILE = "window-ready"
+"""Left by a timing runner once it is set up (kernels loaded, inputs written): it waits
+for WINDOW_OPEN_FILE, which its caller leaves once the device is held alone for it."""
+WINDOW_OPEN_FILE = "window-open"
+WINDOW_POLL_SECONDS = 0.001
+
+
+def wait_for_window() -> None:
+    """Say the run is ready to time, and wait until the device is held for it."""
+    Path(WINDOW_READY_FILE).touch()
+    while not Path(WINDOW_OPEN_FILE).is_file():
+        time.sleep(WINDOW_POLL_SECONDS)
+
+
+def window_ready(workdir: Path) -> bool:
+    return (workdir / WINDOW_READY_FILE).is_file()
+
+
+def open_window(workdir: Path) -> None:
+    (workdir / WINDOW_OPEN_FILE).touch()
 
 
 def close_window() -> None:

@@ -105,7 +105,8 @@ def run_sandboxed(
     watch: Callable[[], None] | None = None,
 ) -> SandboxOutcome:
     """Run `module.main(args)` in a limited child inside `workdir`; never raises for its
-    faults. `watch`, if given, is called every few milliseconds while the child runs."""
+    faults. `watch`, if given, is called every few milliseconds while the child runs; if it
+    raises, the child is killed and the error raised here."""
     command = [
         sys.executable,
         "-m",
@@ -136,7 +137,12 @@ def run_sandboxed(
             if pid == proc.pid:
                 break
             if watch is not None:
-                watch()
+                try:
+                    watch()
+                except BaseException:  # the caller gave up on the run: nothing may outlive it
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    os.wait4(proc.pid, 0)
+                    raise
             if time.monotonic() > deadline:
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -276,10 +276,13 @@ class ScriptedTiming:
         *,
         seeds: list[int],
         recheck_seed: int,
+        window_open: Callable[[], None] | None = None,
         window_closed: Callable[[], None] | None = None,
         **_: object,
     ) -> TimingRun:
         median_ns, contention = self.script[self.calls]
+        if window_open is not None:
+            window_open()
         self.log.append(f"timed rounds {self.calls}")
         if window_closed is not None:
             window_closed()
@@ -410,15 +413,22 @@ def _running_drivers() -> list[int]:
     return found
 
 
-def test_the_cpu_driver_closes_the_window_after_its_timed_rounds_and_before_it_ends(
+def test_the_cpu_driver_holds_the_window_only_from_its_set_up_to_its_timed_rounds_end(
     cpu_backend: CpuBackend, calibration: HostCalibration
 ) -> None:
-    """Verification may share the device during the re-check, not during timing: the
-    window closes while the driver still runs, once, and only after the timed rounds."""
+    """Verification may share the device during the set-up and the re-check, not during
+    timing: the window opens once the driver has loaded the kernels and written their
+    inputs, and closes while the driver still runs, once, after the timed rounds."""
     log: list[str] = []
+    drivers_at_open: list[list[int]] = []
     drivers_at_close: list[list[int]] = []
 
     class Window(RecordingWindow):
+        def open(self) -> None:
+            if not self.held:
+                drivers_at_open.append(_running_drivers())
+            super().open()
+
         def close(self) -> None:
             if self.held:
                 drivers_at_close.append(_running_drivers())
@@ -432,6 +442,30 @@ def test_the_cpu_driver_closes_the_window_after_its_timed_rounds_and_before_it_e
     )
     assert isinstance(result, BenchmarkResult), result
     assert log == ["open", "close"] * (len(log) // 2) and log
+    assert drivers_at_open[0], "the window opened before the driver had started"
     assert drivers_at_close[0], "the window closed only after the driver had ended"
     assert len(result.rechecked) == len(BUILTIN["softmax"].distributions)
     assert result.host_contention_cores is not None and result.host_contention_cores >= 0
+
+
+def test_a_run_given_up_when_its_window_opens_leaves_no_driver_behind(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    """The benchmarker gives a run up when the best changed while it waited for the window
+    (the window's hook raises): the driver, set up and waiting, is killed, and the raise
+    reaches the caller."""
+    waiting: list[str] = []
+
+    class Window(RecordingWindow):
+        def open(self) -> None:
+            [driver] = _running_drivers()
+            waiting.append((Path(f"/proc/{driver}/cwd") / "progress.txt").read_text())
+            raise RuntimeError("the best changed")
+
+    kernel = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
+    with pytest.raises(RuntimeError, match="the best changed"):
+        benchmark(
+            BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL, window=Window([])
+        )
+    assert waiting == ["waiting for the timed window"]
+    assert _running_drivers() == []

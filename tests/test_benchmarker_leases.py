@@ -87,12 +87,14 @@ class StandInBenchmarker(Benchmarker):
         shape: dict[str, int] | None,
         windows: TimingWindows,
     ) -> tuple[HostCalibration, BenchmarkResult | Rejection]:
+        windows.open()  # set up at once: the window opens, as a back end opens it
         self.timing.set()
         if self.freeze is not None and self.loop is not None:
             thawed = self.freeze
             self.loop.call_soon_threadsafe(lambda: thawed.wait(120))
             thawed.wait(120)
             time.sleep(0.5)  # its loop wakes: the renewal that finds the lease gone runs
+        windows.close()
         ns = self.median_ns
         return CALIBRATION, BenchmarkResult(
             problem=problem.name,

@@ -169,3 +169,110 @@ async def test_a_worker_thread_holds_the_device_only_for_its_timed_windows(nc: C
     assert len(windows.tokens) == 2 and windows.tokens[1] > windows.tokens[0]
     windows.check()  # no window was lost
     assert await verifier.timing_holder(DEVICE) is None
+
+
+@pytest.mark.asyncio
+async def test_a_closed_window_keeps_a_share_so_no_other_window_opens_over_its_recheck(
+    nc: Client,
+) -> None:
+    """After its timed rounds, a run's judging and re-check go on beside verification but
+    never inside another benchmarker's window: the closed window keeps a share of the
+    device (taken before the timing lease is given back) until `release`."""
+    loop = asyncio.get_running_loop()
+    first = TimingWindows(await _leases(nc, "b1"), DEVICE, loop)
+    second = await _leases(nc, "b2")
+    verifier = await _leases(nc, "v1")
+    log: list[str] = []
+
+    async def other_benchmarker() -> None:
+        async with second.timing(DEVICE):
+            log.append("b2 timing")
+
+    async def verify() -> None:
+        async with verifier.shared(DEVICE):
+            log.append("verified")
+
+    await first.enter()
+    log.append("b1 timing")
+    await first.exit()  # the timed rounds are over; the re-check begins
+    assert await second.shared_holders(DEVICE) == ["b1"]
+    waiting = asyncio.create_task(other_benchmarker())
+    await asyncio.wait_for(verify(), 30)  # verification may share the device meanwhile
+    await asyncio.sleep(0.5)
+    assert not waiting.done()  # b2 waits for b1's re-check
+    log.append("b1 re-check over")
+    await first.release()
+    await asyncio.wait_for(waiting, 30)
+    assert log == ["b1 timing", "verified", "b1 re-check over", "b2 timing"]
+    assert await second.shared_holders(DEVICE) == []
+
+
+@pytest.mark.asyncio
+async def test_a_window_runs_its_opened_hook_and_a_hook_that_raises_gives_the_run_up(
+    nc: Client,
+) -> None:
+    """The hook runs once the device is held alone (here: the benchmarker's look at the
+    history); when it raises, the raise reaches the thread that asked for the window,
+    and the window is given back whole on `release`."""
+    loop = asyncio.get_running_loop()
+    seen: list[str | None] = []
+    leases = await _leases(nc, "b1")
+
+    async def opened() -> None:
+        seen.append(await leases.timing_holder(DEVICE))
+        raise RuntimeError("the best changed")
+
+    windows = TimingWindows(leases, DEVICE, loop, opened=opened)
+    with pytest.raises(RuntimeError, match="the best changed"):
+        await asyncio.to_thread(windows.open)
+    assert seen == ["b1"]
+    await windows.release()
+    assert await leases.timing_holder(DEVICE) is None
+    assert await leases.shared_holders(DEVICE) == []
+    other = await _leases(nc, "b2")
+    assert await other.shared_holders(DEVICE) == []
+
+
+@pytest.mark.asyncio
+async def test_two_benchmarkers_with_repeated_runs_never_deadlock_or_overlap(
+    nc: Client,
+) -> None:
+    """Two benchmarkers on one device, each job: a share for its build and set-up, a
+    window, the re-check under the share it keeps, then a repeated run (a busy host) the
+    same way. Neither ever waits for a window while holding a share (that would deadlock
+    them), and no window overlaps the other's build, set-up or re-check."""
+    loop = asyncio.get_running_loop()
+    doing: dict[str, str] = {}
+    overlaps: list[dict[str, str]] = []
+
+    def phase(who: str, what: str | None) -> None:
+        if what is None:
+            doing.pop(who, None)
+        else:
+            doing[who] = what
+        if "window" in doing.values() and len(doing) > 1:
+            overlaps.append(dict(doing))
+
+    def jobs(who: str, windows: TimingWindows) -> None:
+        for _ in range(3):
+            asyncio.run_coroutine_threadsafe(windows.share(), loop).result(60)
+            for _run in range(2):
+                phase(who, "set-up")
+                time.sleep(0.05)
+                phase(who, None)
+                windows.open()
+                phase(who, "window")
+                time.sleep(0.05)
+                phase(who, None)
+                windows.close()
+                phase(who, "re-check")
+                time.sleep(0.1)
+                phase(who, None)
+            asyncio.run_coroutine_threadsafe(windows.release(), loop).result(60)
+
+    both = [TimingWindows(await _leases(nc, who), DEVICE, loop) for who in ("b1", "b2")]
+    await asyncio.wait_for(
+        asyncio.gather(*(asyncio.to_thread(jobs, f"b{i}", w) for i, w in enumerate(both))), 90
+    )
+    assert overlaps == []
+    assert [len(w.tokens) for w in both] == [6, 6]

@@ -165,8 +165,11 @@ class CpuBackend:
         rotate_bytes: int,
         min_runs: int,
         min_seconds: float,
+        window_open: Callable[[], None] | None = None,
         window_closed: Callable[[], None] | None = None,
     ) -> TimingRun:
+        """The driver sets the run up before `window_open` (kernel processes, arenas,
+        inputs), so that this happens while other work still has the host."""
         job = p.BenchJob(
             library=build.library,
             incumbent_library=incumbent.library if incumbent is not None else None,
@@ -182,12 +185,17 @@ class CpuBackend:
             rotate_bytes=rotate_bytes,
             min_runs=min_runs,
             min_seconds=min_seconds,
+            wait_for_window=window_open is not None,
         )
         with sandbox_dir(RUN_DIR_PREFIX) as workdir:
-            closed = False
+            opened = closed = False
 
             def watch() -> None:
-                nonlocal closed
+                nonlocal opened, closed
+                if window_open is not None and not opened and files.window_ready(workdir):
+                    window_open()
+                    opened = True
+                    files.open_window(workdir)
                 if window_closed is not None and not closed and files.window_closed(workdir):
                     closed = True
                     window_closed()

@@ -85,6 +85,9 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     max_seconds: float = 60.0
     baseline_every: int = BASELINE_EVERY
     baseline_every_with_incumbent: int = BASELINE_EVERY_WITH_INCUMBENT
+    wait_for_window: bool = False
+    """Set up (kernels loaded, inputs written), then wait until the caller holds the
+    device alone for the run (`runner_files.wait_for_window`) before warming up."""
 
 
 class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):

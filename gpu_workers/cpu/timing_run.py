@@ -336,6 +336,9 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         if job.incumbent_library:
             incumbent = Contender(problem, job, job.incumbent_library, n_sets, secret, 0)
             contenders.append(incumbent)
+        if job.wait_for_window:
+            files.write_progress("waiting for the timed window")
+            files.wait_for_window()
         handshake = float(np.median([kernel.process.nop() for _ in range(21)]))
         cpu_before = kernel.process.cpu_seconds()
         meter = ContentionMeter(contenders)

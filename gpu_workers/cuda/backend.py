@@ -191,6 +191,7 @@ class CudaBackend:
         rotate_bytes: int,
         min_runs: int,
         min_seconds: float,
+        window_open: Callable[[], None] | None = None,
         window_closed: Callable[[], None] | None = None,
     ) -> TimingRun:
         """Time the kernel, its baseline and the incumbent, interleaved, by CUDA events,
@@ -198,7 +199,9 @@ class CudaBackend:
         call (by writing at least `rotate_bytes`). `seed` is the check's secret: it draws
         the fresh inputs and the judged calls. The result in the benchmarker's terms
         (`timing_run`): the judged calls and the re-checks are judged there. The device
-        is held for the whole run: `window_closed` is not called."""
+        is held for the whole run: `window_open` is called first, `window_closed` not."""
+        if window_open is not None:
+            window_open()
         timing = self.timing(
             problem,
             build,

@@ -7,7 +7,7 @@ benchmarker at a time per device, on any host, and no verification or compilatio
 running there meanwhile (they take a share of the device between timed windows; so does
 this benchmarker's own build). A window lasts a timing run's warm-up and timed rounds:
 the judging and re-check after them run while verifiers share the device again, and a
-repeated run (busy host, stall, a new best within noise) or a calibration waits for a
+repeated run (busy host, stall, a new best in doubt) or a calibration waits for a
 window of its own (`TimingWindows`). Each run is set up (kernels loaded, inputs written)
 before its window opens, and its judging and re-check keep a share of the device, so
 two benchmarkers on one device overlap one's set-up with the other's re-check, never

@@ -9,11 +9,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
+from nats.js.api import StreamInfo
 
 from bus.auth import ClientAuth
 from bus.connection import connect, jetstream
@@ -121,6 +122,19 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
             process.wait(30)
 
 
+async def _once_elected(ask: Callable[[], Awaitable[StreamInfo]]) -> StreamInfo:
+    """`ask` again until the cluster answers it: its JetStream meta group, then the
+    stream's own group, elect their leaders first (slower on a busy host)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return await ask()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
+
+
 @pytest.mark.asyncio
 async def test_the_rendered_cluster_keeps_events_on_three_replicas(
     cluster: tuple[str, Path, Path],
@@ -129,15 +143,7 @@ async def test_the_rendered_cluster_keeps_events_on_three_replicas(
     admin = await connect(urls, "kf-admin", auth=ClientAuth(seed_path(home, "admin"), ca))
     try:
         js = jetstream(admin, timeout=1.0)
-        deadline = time.monotonic() + 60
-        while True:  # the JetStream meta group elects its leader first
-            try:
-                info = await ensure_events_stream(js)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.25)
+        info = await _once_elected(lambda: ensure_events_stream(js))
         assert info.config.num_replicas == CLUSTER_REPLICAS
     finally:
         await admin.close()
@@ -151,7 +157,7 @@ async def test_the_rendered_cluster_keeps_events_on_three_replicas(
             headers={"Nats-Msg-Id": str(event.event_id)},
         )
         assert ack.stream == STREAM
-        info = await js.stream_info(STREAM)
+        info = await _once_elected(lambda: js.stream_info(STREAM))
         assert info.cluster is not None and len(info.cluster.replicas or []) == 2
         arrived: asyncio.Queue[bytes] = asyncio.Queue()
 

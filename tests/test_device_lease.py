@@ -196,8 +196,8 @@ async def test_a_closed_window_keeps_a_share_so_no_other_window_opens_over_its_r
     log.append("b1 timing")
     await first.exit()  # the timed rounds are over; the re-check begins
     assert await second.shared_holders(DEVICE) == ["b1"]
-    waiting = asyncio.create_task(other_benchmarker())
     await asyncio.wait_for(verify(), 30)  # verification may share the device meanwhile
+    waiting = asyncio.create_task(other_benchmarker())
     await asyncio.sleep(0.5)
     assert not waiting.done()  # b2 waits for b1's re-check
     log.append("b1 re-check over")

@@ -218,7 +218,7 @@ def test_each_row_says_why_it_is_or_is_not_the_best() -> None:
     log = noisy_baselines()
     # c3 is faster by its own median than the best, c1, but lost to it head to head;
     # c4 was timed against no kernel and is within c1's noise; c6 had a median ratio below
-    # 1 against c1, by too few round wins to tell from chance.
+    # 1 against c5, the best by then, by too few round wins to tell from chance.
     log.timed("c3", median_ms=7.9, baseline_ms=100.0, versus="c1", faster=False)
     log.timed("c4", median_ms=8.05, baseline_ms=100.0, iqr_ms=0.2)
     log.timed("c5", median_ms=6.0, baseline_ms=100.0)

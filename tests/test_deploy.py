@@ -11,10 +11,10 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import pytest
-from nats.js.api import StreamInfo
 
 from bus.auth import ClientAuth
 from bus.connection import connect, jetstream
@@ -38,6 +38,8 @@ from ops.deploy.render import (
 from ops.selfsigned import make_tls
 from tests.conftest import started
 from tests.test_swarm import campaign_file
+
+T = TypeVar("T")
 
 
 def _free_ports(count: int) -> list[int]:
@@ -122,13 +124,14 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
             process.wait(30)
 
 
-async def _once_elected(ask: Callable[[], Awaitable[StreamInfo]]) -> StreamInfo:
-    """`ask` again until the cluster answers it: its JetStream meta group, then the
-    stream's own group, elect their leaders first (slower on a busy host)."""
-    deadline = time.monotonic() + 60
+async def _until(attempt: Callable[[], Awaitable[T]], within: float = 60.0) -> T:
+    """`attempt()` once it succeeds: a cluster answers once its JetStream meta group, then
+    a stream's own group, have elected their leaders (slower on a busy host); a leaf once
+    it has joined."""
+    deadline = time.monotonic() + within
     while True:
         try:
-            return await ask()
+            return await attempt()
         except Exception:
             if time.monotonic() > deadline:
                 raise
@@ -143,7 +146,7 @@ async def test_the_rendered_cluster_keeps_events_on_three_replicas(
     admin = await connect(urls, "kf-admin", auth=ClientAuth(seed_path(home, "admin"), ca))
     try:
         js = jetstream(admin, timeout=1.0)
-        info = await _once_elected(lambda: ensure_events_stream(js))
+        info = await _until(lambda: ensure_events_stream(js))
         assert info.config.num_replicas == CLUSTER_REPLICAS
     finally:
         await admin.close()
@@ -157,7 +160,7 @@ async def test_the_rendered_cluster_keeps_events_on_three_replicas(
             headers={"Nats-Msg-Id": str(event.event_id)},
         )
         assert ack.stream == STREAM
-        info = await _once_elected(lambda: js.stream_info(STREAM))
+        info = await _until(lambda: js.stream_info(STREAM))
         assert info.cluster is not None and len(info.cluster.replicas or []) == 2
         arrived: asyncio.Queue[bytes] = asyncio.Queue()
 

@@ -14,10 +14,9 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import msgspec
 import nkeys
@@ -36,9 +35,8 @@ from bus.streams import ensure_consumer, ensure_events_stream, work_consumer_con
 from bus.subjects import STREAM, event_subject
 from ops.accounts import seed_path
 from ops.deploy.render import Deployment, leaf_seed, render, write
-from tests.test_deploy import _check, _on_this_host
+from tests.test_deploy import _check, _on_this_host, _until
 
-T = TypeVar("T")
 CAMPAIGN = "leafed"
 
 
@@ -95,18 +93,6 @@ def _running(tmp_path: Path, *, with_leaf: bool = True) -> Iterator[tuple[Deploy
 def leafed(tmp_path: Path) -> Iterator[LeafSetup]:
     with _running(tmp_path) as (_, setup):
         yield setup
-
-
-async def _until(attempt: Callable[[], Awaitable[T]], within: float = 60.0) -> T:
-    """`attempt()` once it succeeds (the meta leader is elected, the leaf has joined)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return await attempt()
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.25)
 
 
 def test_the_rendered_leaf_node_is_valid_and_has_no_jetstream(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 from gpu_workers.benchmarker import benchmark
 from gpu_workers.cpu.arena import Arena, guard_ranges, layout
-from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.backend import DRIVER_ENV, CpuBackend
 from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel
 from gpu_workers.cpu.kernel_process import HostLimits, KernelEnded, KernelProcess
 from gpu_workers.cpu.trusted_build import fresh_inputs_library, kernel_host
@@ -259,6 +260,87 @@ def test_the_drivers_own_helpers_leave_its_numerics_alone(kf_cache: Path) -> Non
         [sys.executable, "-c", code, str(library)], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "True"
+
+
+def test_the_drivers_own_threads_sleep_as_soon_as_their_work_is_done(kf_cache: Path) -> None:
+    """The driver refills inputs with OpenMP threads between timed calls: in its
+    environment they must not go on spinning on the cores the next call is timed on."""
+    library = fresh_inputs_library(kf_cache / "cpu-kernels")
+    code = (
+        "import ctypes, sys, time, numpy as np\n"
+        "fill = ctypes.CDLL(sys.argv[1]).kf_fill_normal\n"
+        "fill.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint32]\n"
+        "out = np.empty(1 << 22, np.float32)\n"
+        "others = lambda: time.process_time_ns() - time.thread_time_ns()\n"
+        "for key in range(3):\n"
+        "    fill(out.ctypes.data, out.size, key, key + 1)\n"
+        "before = others()\n"
+        "time.sleep(0.2)\n"
+        "print(others() - before)\n"
+    )
+    env = {"PATH": os.environ.get("PATH", ""), **DRIVER_ENV}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(library)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    assert int(out.stdout) < 2_000_000, f"{int(out.stdout) / 1e6:.1f} ms of CPU after the fill"
+
+
+def test_a_driver_thread_running_while_a_call_is_timed_is_counted(
+    kf_cache: Path, tmp_path: Path
+) -> None:
+    """What the driver's other threads use while a call is timed is what they took from
+    the kernel: counted per call, it is added to the window's contention."""
+    compiled = compile_kernel(
+        (EXAMPLES / "softmax.c").read_text(),
+        FLAGS,
+        prototype=SOFTMAX.c_signature(),
+        cache_dir=kf_cache / "cpu-kernels",
+    )
+    assert isinstance(compiled, CompiledKernel), compiled
+    shape = (512, 4096)
+    slots = layout([shape, shape], 4, np.random.default_rng(0))
+    arena = Arena(slots[-1].end + 4096)
+    arena.floats(slots[0])[...] = 1.0
+    host = str(kernel_host(kf_cache / "cpu-kernels"))
+    with KernelProcess(
+        host,
+        compiled.library,
+        2,
+        2,
+        arena,
+        HostLimits(1 << 30, 60, 60.0),
+        tmp_path / "r",
+        tmp_path / "l",
+    ) as process:
+        process.guard(guard_ranges(slots))
+        offsets = [s.offset for s in slots]
+        for _ in range(3):
+            process.call(offsets, list(shape), "a quiet call")
+        assert process.helper_cpu_ns < 5_000_000
+
+        spinning = threading.Event()
+        spinning.set()
+
+        def spin() -> None:
+            while spinning.is_set():
+                pass
+
+        helper = threading.Thread(target=spin)
+        helper.start()
+        quiet, calls = process.helper_cpu_ns, 0
+        try:  # on a loaded host the spinning thread may wait for a core: call until it ran
+            while process.helper_cpu_ns - quiet <= 1_000_000 and calls < 200:
+                process.call(offsets, list(shape), "a call beside a spinning thread")
+                calls += 1
+        finally:
+            spinning.clear()
+            helper.join()
+        assert process.helper_cpu_ns - quiet > 1_000_000
+    arena.close()
 
 
 def test_a_kernels_process_holds_no_descriptor_but_its_own(kf_cache: Path, tmp_path: Path) -> None:

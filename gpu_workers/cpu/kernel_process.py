@@ -59,6 +59,13 @@ HOST_ENV = {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores", "GOMP_SPINCOUNT": 
 whether a call is verified or timed."""
 
 
+def helper_cpu_ns() -> int:
+    """CPU time of every thread of this process but the calling one: while the caller
+    waits for a kernel's call, what the harness's other threads (a thread pool still
+    spinning after its work) take from the cores the kernel runs on."""
+    return time.process_time_ns() - time.thread_time_ns()
+
+
 class KernelEnded(Exception):
     """The kernel host ended or misbehaved: the kernel's fault, with the evidence."""
 
@@ -117,6 +124,8 @@ class KernelProcess:
         self.deadline = time.monotonic() + limits.wall_seconds
         self.log = log
         self.calls = 0
+        self.helper_cpu_ns = 0
+        """CPU time the driver's other threads used while this kernel's calls were timed."""
         root.mkdir(mode=0o755, exist_ok=True)
         command_r, self._command = os.pipe()
         self._reply, reply_w = os.pipe()
@@ -230,6 +239,7 @@ class KernelProcess:
 
     def _roundtrip(self, command: bytes, what: str) -> tuple[int, int, int, int]:
         self._continue()
+        helpers = helper_cpu_ns()
         started = time.perf_counter_ns()
         try:
             os.write(self._command, command)
@@ -237,6 +247,7 @@ class KernelProcess:
             self._ended(what)
         reply = self._read(REPLY.size, what)
         elapsed = time.perf_counter_ns() - started
+        self.helper_cpu_ns += helper_cpu_ns() - helpers
         status, mxcsr, detail = REPLY.unpack(reply)
         if status == ST_FORBIDDEN_SYSCALL:
             self._forbidden(detail, what)

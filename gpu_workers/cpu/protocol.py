@@ -121,8 +121,9 @@ class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     """CPU time the kernel's process used over warm-up and timing (all its threads)."""
     mechanisms: list[Mechanism]
     window_contention_cores: float | None = None
-    """Cores' worth of CPU time other processes used during the timed window (warm-up and
-    timed rounds), if /proc/stat could be read."""
+    """Cores' worth of CPU time used during the timed window (warm-up and timed rounds) by
+    other processes and by the driver's own threads while a contender's call was timed, if
+    /proc/stat could be read."""
 
 
 class CalibrateReply(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):

@@ -215,7 +215,8 @@ class OutOfBounds(Exception):
 
 class ContentionMeter:
     """The timed window's start: the host's busy CPU time, and this driver's and its
-    kernels' own, to tell what other processes used during it."""
+    kernels' own, to tell what else used the cores during it: other processes, and any
+    thread of the driver that ran while a contender's call was timed."""
 
     def __init__(self, contenders: list[Contender]) -> None:
         self.contenders = contenders
@@ -224,10 +225,13 @@ class ContentionMeter:
         self.own = self._own()
 
     def _own(self) -> float:
-        return time.process_time() + sum(c.process.cpu_seconds() for c in self.contenders)
+        in_calls = sum(c.process.helper_cpu_ns for c in self.contenders) / 1e9
+        kernels = sum(c.process.cpu_seconds() for c in self.contenders)
+        return time.process_time() - in_calls + kernels
 
     def contention(self) -> float | None:
-        """Cores' worth of other processes' CPU time since the start."""
+        """Cores' worth of CPU time since the start that was neither the contenders' nor
+        the driver's between calls."""
         host, wall = host_busy_seconds(), time.perf_counter() - self.started
         if host is None or self.host is None or wall <= 0:
             return None

@@ -27,6 +27,14 @@ def lost(kernel_ns: list[int], incumbent_ns: list[int]) -> bool:
     return len(rounds) >= LOSS_ROUNDS and all(k >= LOSS_RATIO * i for k, i in rounds)
 
 
+def cannot_win(kernel_ns: list[int], incumbent_ns: list[int], min_runs: int) -> bool:
+    """The incumbent was at least as fast in more than half of `min_runs` rounds: however
+    the rest of a `min_runs`-round head-to-head went, the median of its paired ratios would
+    not fall below 1, so the kernel could be neither faster nor in doubt."""
+    losses = sum(k >= i for k, i in zip(kernel_ns, incumbent_ns, strict=False))
+    return 2 * losses > min_runs
+
+
 @dataclass
 class Samples:
     kernel_warmup_ns: list[int] = field(default_factory=list)
@@ -52,8 +60,9 @@ def interleave(
 ) -> Samples:
     """Warm up (`warmup` calls and `warmup_seconds`; the baseline once), then time rounds
     until `min_runs` and `min_seconds` are both reached, or `max_seconds` with at least 3
-    runs, or the kernel has `lost` to the incumbent after `min_seconds`. The baseline is
-    called in every `baseline_every`-th round (the first one included)."""
+    runs, or, after `min_seconds`, the kernel has `lost` to the incumbent or `cannot_win`
+    against it. The baseline is called in every `baseline_every`-th round (the first one
+    included)."""
     samples = Samples()
     progress("warm-up")
     warm_started = time.perf_counter()
@@ -82,7 +91,10 @@ def interleave(
             break
         if elapsed >= max_seconds and len(samples.kernel_ns) >= 3:
             break
-        if elapsed >= min_seconds and lost(samples.kernel_ns, samples.incumbent_ns):
+        if elapsed >= min_seconds and (
+            lost(samples.kernel_ns, samples.incumbent_ns)
+            or cannot_win(samples.kernel_ns, samples.incumbent_ns, min_runs)
+        ):
             break
         i = round_index % input_sets
         with_baseline = round_index % baseline_every == 0

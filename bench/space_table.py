@@ -93,35 +93,6 @@ def _shape_text(shape: dict[str, int]) -> str:
     return "x".join(str(v) for v in shape.values())
 
 
-COMMON_HEADERS = (
-    "#include <float.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <string.h>\n"
-    "#if defined(__x86_64__)\n#include <immintrin.h>\n#endif\n"
-)
-"""The system headers every cpu template includes first (`_common.c.j2`)."""
-
-
-def _precompiled_headers(flags: tuple[str, ...]) -> Path:
-    """COMMON_HEADERS precompiled once per flag set, for `-include`. Parsing immintrin.h
-    is over half of a point's compile; the headers' include guards make the template's own
-    includes no-ops, so the library's code is the same."""
-    folder = BUILDS / "headers" / hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16]
-    header = folder / "common.h"
-    if (folder / "common.h.gch").exists():
-        return header
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as work:
-        (Path(work) / "common.h").write_text(COMMON_HEADERS)
-        subprocess.run(
-            [COMPILER, *flags, "-fPIC", "-x", "c-header", "common.h", "-o", "common.h.gch"],
-            cwd=work,
-            check=True,
-            capture_output=True,
-        )
-        os.replace(Path(work) / "common.h", header)
-        os.replace(Path(work) / "common.h.gch", folder / "common.h.gch")
-    return header
-
-
 def _compile(job: tuple[str, str, dict[str, Any]]) -> tuple[str, str | None, str | None]:
     """(key, library or None, the compiler's first error line): one point built with its
     own flags (and the factory's NaN-safe flag) by one `cc` call, cached by content. The
@@ -138,12 +109,11 @@ def _compile(job: tuple[str, str, dict[str, Any]]) -> tuple[str, str | None, str
     if library.exists():
         return key, str(library), None
     BUILDS.mkdir(parents=True, exist_ok=True)
-    headers = ("-include", str(_precompiled_headers(flags)), "-Winvalid-pch")
     outputs = ("-fPIC", "-shared", "kernel.c", "-o", "kernel.so", "-lmvec", "-lm")
     with tempfile.TemporaryDirectory() as work:
         (Path(work) / "kernel.c").write_text(source)
         built = subprocess.run(
-            [COMPILER, *flags, *headers, *outputs],
+            [COMPILER, *flags, *outputs],
             cwd=work,
             capture_output=True,
             text=True,

@@ -5,30 +5,34 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #define KF_W 8
 typedef float kf_vf __attribute__((vector_size(KF_W * 4)));
+/* x86 vector types for the compiler's builtins: the portable paths use those, not
+   <immintrin.h>, whose parsing alone takes most of a kernel's compile time. */
+typedef float kf_f4 __attribute__((vector_size(16)));
+typedef float kf_f8 __attribute__((vector_size(32)));
+typedef float kf_f16 __attribute__((vector_size(64)));
 
 static inline kf_vf kf_load(const float *p) { kf_vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void kf_store(float *p, kf_vf v) { memcpy(p, &v, sizeof v); }
 /* Non-temporal store; p must be aligned to the vector size. */
 static inline void kf_store_nt(float *p, kf_vf v) {
-#if defined(__AVX512F__) && KF_W == 16
-    _mm512_stream_ps(p, (__m512)v);
+#if defined(__clang__)
+    __builtin_nontemporal_store(v, (kf_vf *)p);
+#elif defined(__AVX512F__) && KF_W == 16
+    __builtin_ia32_movntps512(p, (kf_f16)v);
 #elif defined(__AVX__)
     for (int i = 0; i < KF_W / 8; ++i) {
-        __m256 part;
+        kf_f8 part;
         memcpy(&part, (const float *)&v + 8 * i, sizeof part);
-        _mm256_stream_ps(p + 8 * i, part);
+        __builtin_ia32_movntps256(p + 8 * i, part);
     }
 #elif defined(__x86_64__)
     for (int i = 0; i < KF_W / 4; ++i) {
-        __m128 part;
+        kf_f4 part;
         memcpy(&part, (const float *)&v + 4 * i, sizeof part);
-        _mm_stream_ps(p + 4 * i, part);
+        __builtin_ia32_movntps(p + 4 * i, part);
     }
 #else
 #error "streaming stores are implemented for x86-64 only"
@@ -86,7 +90,7 @@ static inline kf_v v_fma(kf_v a, kf_v b, kf_v c) { return a * b + c; }
    bitwise form once NaNs are kept (-fno-finite-math-only): say it directly there. */
 static inline kf_v v_max(kf_v a, kf_v b) {
 #if defined(__AVX__) && KF_W == 8
-    return (kf_v)_mm256_max_ps((__m256)a, (__m256)b);
+    return __builtin_ia32_maxps256(a, b);
 #else
     const kf_vi32 more = a > b;
     return (kf_v)(((kf_vi32)a & more) | ((kf_vi32)b & ~more));
@@ -94,7 +98,7 @@ static inline kf_v v_max(kf_v a, kf_v b) {
 }
 static inline kf_v v_min(kf_v a, kf_v b) {
 #if defined(__AVX__) && KF_W == 8
-    return (kf_v)_mm256_min_ps((__m256)a, (__m256)b);
+    return __builtin_ia32_minps256(a, b);
 #else
     const kf_vi32 less = a < b;
     return (kf_v)(((kf_vi32)a & less) | ((kf_vi32)b & ~less));

@@ -48,7 +48,7 @@ from gpu_workers import runner_files
 from gpu_workers.benchmarker import benchmark
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu import timing_run
-from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.backend import DRIVER_ENV, CpuBackend
 from gpu_workers.sandbox import scrubbed_env
 from gpu_workers.verifier import judge_runs, new_seed, plan_trials, precheck
 from kernels.loading import load_problem
@@ -281,6 +281,9 @@ def main() -> None:
         "it has a best (default: no incumbent)",
     )
     args = parser.parse_args()
+    # The driver's code runs in this process: with the driver's environment, read when the
+    # fresh-input generator's OpenMP runtime loads, or its threads spin between calls.
+    os.environ.update(DRIVER_ENV)
     problem = load_problem(args.problem)
     shape = {k: int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
     tree = Path(kernels.__file__).resolve().parent.parent  # the tree on PYTHONPATH

@@ -7,7 +7,7 @@ Usage (the tree measured is the one on PYTHONPATH; run it for each tree in one s
   PYTHONPATH=$PWD .venv/bin/python bench/eval_rate.py --swarm --tree /path/to/old --label old
 
 With --swarm it runs a real campaign instead (`kfactory run` of the tree, embedded hub,
-one verifier and one benchmarker working at once (--benchmarkers N: N of them), the
+one verifier and the tree's default benchmarkers (--benchmarkers N: N of them), the
 template writer, `--candidates` in one generation, timed at --shape) in a fresh run
 folder and a fresh build cache (holding only a copy of this host's calibration, so no
 run compiles less than another or measures the host), and reads the rate from the

@@ -3,9 +3,12 @@
 Two ceilings, timed interleaved round by round so that load on a shared host hits both:
 - copy bandwidth: the calibration's own all-core non-temporal copy (gpu_workers/cpu/
   calibration.c, `kf_stream_copy`), bytes = read N + write N, as the calibration counts them;
-- exp throughput: the factory's vectorised exp (`v_exp` of the row templates' vector layer,
-  at simdlen 8, -O3 -march=native -ffast-math) as the softmax exp pass uses it, load,
-  subtract, exp, accumulate, on an L1-resident row, on one core and on every core.
+- exp throughput: the softmax template's vector exps (`sm_exp`: cephes, exp2_5, exp2_4),
+  at every vector width the template offers on this host (simdlen 8 and 16, and
+  explicit AVX-512 where the CPU has it), -O3 -march=native -ffast-math, as the softmax
+  exp pass uses them: load, subtract, exp, accumulate, on an L1-resident row, on one core
+  and on every core. The ceiling is the fastest of them (`exp_variant` names it): the
+  cheapest exp that passes softmax's tolerance, at the widest vectors that pay.
 
 A kernel that moves B bytes and computes E exps needs at least
 max(B / copy bandwidth, E / exp throughput) seconds: `Ceilings.bound_s(B, E)`.
@@ -32,7 +35,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from native_harness import aligned, compile_library, load_average  # noqa: E402
 
 from gpu_workers.cpu.calibrate import CALIBRATION_SOURCE  # noqa: E402
+from kernels.templates import TEMPLATES  # noqa: E402
 
 EXP_ROW_FLOATS = 2048
 """8 KiB per thread: stays in L1 on any x86-64."""
@@ -48,8 +51,7 @@ EXP_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp")
 COPY_FLAGS = ("-O3", "-march=native", "-fopenmp")
 """The calibration's own flags (gpu_workers/cpu/calibrate.py)."""
 
-EXP_KERNEL = """{% include "_common.c.j2" %}
-{% include "_vec.c.j2" %}
+EXP_SWEEP = """
 #include <omp.h>
 /* Each of `threads` threads: `reps` sweeps of exp(x - 1) over its own L1-resident row of n
    floats, summed into 4 accumulators. Returns the sum (so nothing is optimised away). */
@@ -63,10 +65,10 @@ double kf_exp_sweeps(const float *x, int64_t n, int64_t reps, int threads) {
         kf_v a0 = v_set1(0.0f), a1 = a0, a2 = a0, a3 = a0;
         for (int64_t r = 0; r < reps; ++r) {
             for (int64_t j = 0; j + 4 * KF_W <= n; j += 4 * KF_W) {
-                a0 = v_add(a0, v_exp(v_sub(v_load(row + j), one)));
-                a1 = v_add(a1, v_exp(v_sub(v_load(row + j + KF_W), one)));
-                a2 = v_add(a2, v_exp(v_sub(v_load(row + j + 2 * KF_W), one)));
-                a3 = v_add(a3, v_exp(v_sub(v_load(row + j + 3 * KF_W), one)));
+                a0 = v_add(a0, sm_exp(v_sub(v_load(row + j), one)));
+                a1 = v_add(a1, sm_exp(v_sub(v_load(row + j + KF_W), one)));
+                a2 = v_add(a2, sm_exp(v_sub(v_load(row + j + 2 * KF_W), one)));
+                a3 = v_add(a3, sm_exp(v_sub(v_load(row + j + 3 * KF_W), one)));
             }
             __asm__ volatile("" : : : "memory");
         }
@@ -77,16 +79,21 @@ double kf_exp_sweeps(const float *x, int64_t n, int64_t reps, int threads) {
 """
 
 
-def exp_source() -> str:
-    """EXP_KERNEL with the row templates' vector layer (portable, simdlen 8)."""
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("kernels", "cpu_templates"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    context = {"template": "roofline exp", "simdlen": 8, "isa": "portable", "unroll": 4}
-    return environment.from_string(EXP_KERNEL).render(**context)
+def exp_sources() -> dict[str, str]:
+    """For each exp of the softmax template and each vector width it offers on this host
+    (its constraints decide: explicit AVX-512 only where the CPU has it), the template's
+    kernel at that point with EXP_SWEEP after it, which calls its `sm_exp`."""
+    template = TEMPLATES["softmax_rows"]
+    space = template.space()
+    sources = {}
+    for exp in space["exp"]:
+        for simdlen in space["simdlen"]:
+            for isa in space["isa"]:
+                point = {**template.best_known, "exp": exp, "simdlen": simdlen, "isa": isa}
+                if template.is_valid(point):
+                    label = f"{exp} simdlen {simdlen} {isa}"
+                    sources[label] = template.render(point).source + EXP_SWEEP
+    return sources
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,10 @@ class Ceilings:
     exp_per_s_core_median: float
     exp_per_s_all_best: float
     exp_per_s_all_median: float
+    exp_variant: str
+    """The exp (and vector width) of the ceiling: the fastest on every core."""
+    exp_variants_all_best: dict[str, float]
+    """Each exp's best throughput on every core (exps per second)."""
     rounds: int
     load_average_before: list[float]
     load_average_after: list[float]
@@ -126,10 +137,13 @@ def measure(copy_bytes: int = 128 << 20, rounds: int = 15, exp_reps: int = 2000)
     copy = copy_lib.kf_stream_copy
     copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     copy.restype = None
-    exp_lib = ctypes.CDLL(str(compile_library("roofline_exp", exp_source(), EXP_FLAGS)))
-    sweeps = exp_lib.kf_exp_sweeps
-    sweeps.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-    sweeps.restype = ctypes.c_double
+    sweeps: dict[str, Any] = {}
+    for n_variant, (label, source) in enumerate(exp_sources().items()):
+        library = compile_library(f"roofline_exp_{n_variant}", source, EXP_FLAGS)
+        sweep = ctypes.CDLL(str(library)).kf_exp_sweeps
+        sweep.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+        sweep.restype = ctypes.c_double
+        sweeps[label] = sweep
 
     n = copy_bytes // 8
     rng = np.random.default_rng(0)
@@ -143,25 +157,28 @@ def measure(copy_bytes: int = 128 << 20, rounds: int = 15, exp_reps: int = 2000)
         copy(src.ctypes.data, dst.ctypes.data, n)
         return time.perf_counter() - started
 
-    def time_exp(t: int) -> float:
+    def time_exp(label: str, t: int) -> float:
         started = time.perf_counter()
-        total = sweeps(row.ctypes.data, EXP_ROW_FLOATS, exp_reps, t)
+        total = sweeps[label](row.ctypes.data, EXP_ROW_FLOATS, exp_reps, t)
         elapsed = time.perf_counter() - started
         if not np.isfinite(total):
-            raise RuntimeError(f"the exp sweep returned {total}")
+            raise RuntimeError(f"the exp sweep of {label} returned {total}")
         return elapsed
 
     copy_s: list[float] = []
-    one_s: list[float] = []
-    all_s: list[float] = []
+    one_s: dict[str, list[float]] = {label: [] for label in sweeps}
+    all_s: dict[str, list[float]] = {label: [] for label in sweeps}
     for r in range(rounds + 1):
-        samples = (time_copy(), time_exp(1), time_exp(threads))
+        copied = time_copy()
+        samples = {label: (time_exp(label, 1), time_exp(label, threads)) for label in sweeps}
         if r:
-            copy_s.append(samples[0])
-            one_s.append(samples[1])
-            all_s.append(samples[2])
+            copy_s.append(copied)
+            for label, (one, every) in samples.items():
+                one_s[label].append(one)
+                all_s[label].append(every)
     if not np.array_equal(src, dst):
         raise RuntimeError("the calibration copy kernel produced a wrong copy")
+    fastest = min(all_s, key=lambda label: min(all_s[label]))
     moved = 2 * n * 4
     exps = EXP_ROW_FLOATS * exp_reps
     return Ceilings(
@@ -169,10 +186,12 @@ def measure(copy_bytes: int = 128 << 20, rounds: int = 15, exp_reps: int = 2000)
         copy_gbs_best=moved / min(copy_s) / 1e9,
         copy_gbs_median=moved / statistics.median(copy_s) / 1e9,
         threads=threads,
-        exp_per_s_core_best=exps / min(one_s),
-        exp_per_s_core_median=exps / statistics.median(one_s),
-        exp_per_s_all_best=threads * exps / min(all_s),
-        exp_per_s_all_median=threads * exps / statistics.median(all_s),
+        exp_per_s_core_best=exps / min(one_s[fastest]),
+        exp_per_s_core_median=exps / statistics.median(one_s[fastest]),
+        exp_per_s_all_best=threads * exps / min(all_s[fastest]),
+        exp_per_s_all_median=threads * exps / statistics.median(all_s[fastest]),
+        exp_variant=fastest,
+        exp_variants_all_best={label: threads * exps / min(all_s[label]) for label in all_s},
         rounds=rounds,
         load_average_before=before,
         load_average_after=load_average(),
@@ -202,12 +221,14 @@ def main() -> None:
         f"copy ({c.copy_bytes >> 20} MiB moved): best {c.copy_gbs_best:.1f} GB/s, "
         f"median {c.copy_gbs_median:.1f} GB/s"
     )
+    for label, rate in c.exp_variants_all_best.items():
+        print(f"exp {label}, {c.threads} cores: best {rate / 1e9:.2f} G/s")
     print(
-        f"exp, one core: best {c.exp_per_s_core_best / 1e9:.2f} G/s, "
+        f"exp ({c.exp_variant}), one core: best {c.exp_per_s_core_best / 1e9:.2f} G/s, "
         f"median {c.exp_per_s_core_median / 1e9:.2f} G/s"
     )
     print(
-        f"exp, {c.threads} cores: best {c.exp_per_s_all_best / 1e9:.2f} G/s, "
+        f"exp ({c.exp_variant}), {c.threads} cores: best {c.exp_per_s_all_best / 1e9:.2f} G/s, "
         f"median {c.exp_per_s_all_median / 1e9:.2f} G/s"
     )
     memory_ms = 2 * elements * 4 / (c.copy_gbs_best * 1e9) * 1e3

@@ -136,7 +136,13 @@ def run(
         [], help="A kernel of yours that generation 0 verifies and times first (repeatable)."
     ),
     verifiers: int = typer.Option(1, min=1, help="Verifier actors to run here."),
-    benchmarkers: int = typer.Option(1, min=1, help="Benchmarker actors to run here."),
+    benchmarkers: int = typer.Option(
+        2,
+        min=1,
+        help="Benchmarker actors to run here. Two by default: one builds, sets up and "
+        "re-checks its kernel while the other times; the device's lease keeps their timed "
+        "windows apart.",
+    ),
     home: Path | None = HOME,
     nats: str | None = NATS,
     creds: Path | None = CREDS,

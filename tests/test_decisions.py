@@ -34,6 +34,7 @@ from eventstore.events import (
     LessonLearned,
     new_event,
 )
+from kernels import host_isa
 from ops.run_cmd import _generations
 from tests.decision_log import read_log, replay
 
@@ -47,6 +48,14 @@ LIBRARIAN_REACTS_TO = (GenerationOpened, BenchmarkCompleted, DeadLettered)
 @pytest.fixture(scope="module")
 def log() -> list[Event]:
     return read_log(LOG)
+
+
+@pytest.fixture(autouse=True)
+def the_recording_hosts_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU spaces the planner searches depend on the host's ISA (explicit AVX-512
+    points only where the CPU has it), and the log was recorded on a host without
+    AVX-512: each decision is replayed as on that host."""
+    monkeypatch.setattr(host_isa, "host_cpu_flags", lambda: frozenset({"avx2", "fma"}))
 
 
 def history_of(events: list[Event]) -> History:

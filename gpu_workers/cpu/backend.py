@@ -25,12 +25,18 @@ from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial, n
 from kernels.spec import Problem
 
 RUNNER = "gpu_workers.cpu.runner"
-DRIVER_ENV = {"OPENBLAS_THREAD_TIMEOUT": "4", "OMP_WAIT_POLICY": "PASSIVE"}
+DRIVER_ENV = {
+    "OPENBLAS_THREAD_TIMEOUT": "4",
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "MALLOC_ARENA_MAX": "1",
+}
 """The driver's own environment: idle BLAS threads of the baseline go to sleep soon, and
 the OpenMP threads of the fresh-input generator at once, so they never spin on the cores
 the kernel is timed on. Spinning for about 10 ms after each refill, they slowed a kernel
 whose threads are bound to those cores and split the work evenly (a static schedule), and
-a dynamic schedule looked faster than it is. The kernel's own environment is HOST_ENV."""
+a dynamic schedule looked faster than it is. Every thread allocates from one heap, so the
+memory the judges free after timing is kept for reuse (`freed_memory`). The kernel's own
+environment is HOST_ENV."""
 VERIFY_LIMITS = Limits(
     cpu_seconds=120, address_space_bytes=4 << 30, wall_seconds=60.0, file_size_bytes=256 << 20
 )

@@ -21,7 +21,10 @@ shape), with a cold compile cache, and splits the wall time into phases:
   timing, judging the timed calls and the re-check of every distribution at the shape).
 
 With --warm-pool the worker's re-check pool is filled first (not counted): the re-check
-then costs what it does once a campaign has drawn every set.
+then costs what it does once a campaign has drawn every set. After the first in-process
+timing run this process keeps the memory it frees, as a driver does after its window
+(`gpu_workers/cpu/freed_memory.py`): later repeats' baselines pay less for fresh pages than
+a driver's do.
 
 Prints a table; writes bench/results/eval_cost.json.
 """
@@ -281,9 +284,10 @@ def main() -> None:
         "it has a best (default: no incumbent)",
     )
     args = parser.parse_args()
-    # The driver's code runs in this process: with the driver's environment, read when the
-    # fresh-input generator's OpenMP runtime loads, or its threads spin between calls.
-    os.environ.update(DRIVER_ENV)
+    # The driver's code runs in this process, so it runs in the driver's environment, which
+    # the C library reads at start-up (MALLOC_ARENA_MAX): started again with it if need be.
+    if any(os.environ.get(name) != value for name, value in DRIVER_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **DRIVER_ENV})
     problem = load_problem(args.problem)
     shape = {k: int(v) for k, v in (part.split("=") for part in args.shape.split(","))}
     tree = Path(kernels.__file__).resolve().parent.parent  # the tree on PYTHONPATH

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -23,9 +24,10 @@ from gpu_workers.benchmarker import (
     roofline_ns,
     timing_stats,
 )
-from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.backend import BENCH_LIMITS, CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
 from gpu_workers.cpu.protocol import BASELINE_EVERY_WITH_INCUMBENT
+from gpu_workers.cpu.timing_run import rotated_baseline_sets
 from gpu_workers.interleave import LOSS_ROUNDS
 from gpu_workers.recheck_pool import SETS
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
@@ -138,6 +140,31 @@ def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
     assert result.host_contention_cores is not None and result.host_contention_cores >= 0
     assert result.rotated_bytes >= 2 * calibration.llc_bytes
     assert result.input_sets >= 2
+
+
+def test_inputs_rotated_beyond_a_large_cache_fit_the_drivers_limits(
+    kf_cache: Path, calibration: HostCalibration
+) -> None:
+    """On a host whose last-level cache is large (hundreds of MiB) each contender's arena
+    outgrows the kernel's file limit: the driver's own limit makes room for it."""
+    tight = msgspec.structs.replace(BENCH_LIMITS, file_size_bytes=1 << 20)
+    backend = CpuBackend(cache_dir=kf_cache / "cpu-kernels", bench_limits=tight)
+    kernel = _build(backend, (EXAMPLES / "softmax.c").read_text())
+    large_cache = msgspec.structs.replace(calibration, llc_bytes=4 << 20)
+    result = benchmark(BUILTIN["softmax"], backend, kernel, large_cache, shape=SMALL)
+    assert isinstance(result, BenchmarkResult), result
+    assert result.rotated_bytes >= 8 << 20 > tight.file_size_bytes
+
+
+def test_the_baseline_rotates_over_as_many_inputs_in_memory_of_their_own() -> None:
+    rng = np.random.default_rng(0)
+    distinct = [{"x": rng.standard_normal((4, 8), dtype=np.float32)} for _ in range(2)]
+    sets = rotated_baseline_sets(distinct, 5)
+    assert len(sets) == 5
+    for i, one in enumerate(sets):
+        np.testing.assert_array_equal(one["x"], distinct[i % 2]["x"])
+        for other in sets[i + 1 :]:
+            assert not np.shares_memory(one["x"], other["x"])
 
 
 def test_a_first_call_stall_is_rejected(

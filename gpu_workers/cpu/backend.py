@@ -15,6 +15,7 @@ from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel, nan_safe
 from gpu_workers.cpu.static import source_check, static_check
+from gpu_workers.cpu.timing_run import arena_bytes
 from gpu_workers.cpu.trusted_build import fresh_inputs_library, kernel_host
 from gpu_workers.recheck_pool import RecheckPool
 from gpu_workers.results import Mechanism, Rejection, SandboxReport
@@ -209,7 +210,9 @@ class CpuBackend:
                     closed = True
                     window_closed()
 
-            outcome = self._run(job, workdir, self.bench_limits, watch)
+            outcome = self._run(
+                job, workdir, self.bench_limits, watch, arena_bytes=arena_bytes(problem, job)
+            )
             reply = expect_reply(workdir, p.Reply, p.BenchReply)
             return TimingRun(
                 kernel_ns=reply.kernel_ns,
@@ -252,14 +255,18 @@ class CpuBackend:
         workdir: Path,
         limits: Limits,
         watch: Callable[[], None] | None = None,
+        *,
+        arena_bytes: int = 0,
     ) -> SandboxOutcome:
-        """Run the driver; a driver that did not finish is the harness's failure."""
+        """Run the driver; a driver that did not finish is the harness's failure. The
+        driver may write files of `arena_bytes` beyond the kernel's own file limit (a
+        timing run's arenas, sized by the host's cache)."""
         write_request(workdir, job)
         driver = Limits(
             cpu_seconds=limits.cpu_seconds + int(DRIVER_SLACK_SECONDS) * 4,
             address_space_bytes=max(16 << 30, 2 * limits.address_space_bytes),
             wall_seconds=limits.wall_seconds + DRIVER_SLACK_SECONDS,
-            file_size_bytes=limits.file_size_bytes,
+            file_size_bytes=limits.file_size_bytes + arena_bytes,
         )
         outcome = run_sandboxed(
             RUNNER, [], workdir=workdir, limits=driver, env=DRIVER_ENV, watch=watch

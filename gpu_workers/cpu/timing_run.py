@@ -111,7 +111,7 @@ class Contender:
     ) -> None:
         self.problem, self.job, self.secret, self.judge = problem, job, secret, judge
         shapes = [a.shape(job.shape) for a in problem.args]
-        per_set = sum(slot_bytes(int(np.prod(s)) * ITEMSIZE) for s in shapes)
+        per_set = set_slot_bytes(problem, job)
         self.arena = Arena(per_set * n_sets)
         self.sets = [layout(shapes, ITEMSIZE, secret, base=i * per_set) for i in range(n_sets)]
         self.dims = [int(job.shape[d]) for d in problem.dims]
@@ -318,11 +318,39 @@ def _recheck_inputs(
     return pooled.inputs(problem), reference, pooled.seed
 
 
+def input_sets(problem: Problem, job: p.BenchJob) -> int:
+    """How many input sets every contender and the baseline rotate over: together more than
+    `job.rotate_bytes` (twice the last-level cache), and at least two."""
+    set_bytes = problem.nbytes(job.shape, job.dtype)
+    return max(2, len(job.seeds), math.ceil(job.rotate_bytes / set_bytes))
+
+
+def set_slot_bytes(problem: Problem, job: p.BenchJob) -> int:
+    """Arena bytes one input set takes: every argument in its guarded slot."""
+    return sum(slot_bytes(int(np.prod(a.shape(job.shape))) * ITEMSIZE) for a in problem.args)
+
+
+def arena_bytes(problem: Problem, job: p.BenchJob) -> int:
+    """The size of each contender's arena, the largest file the driver makes."""
+    return input_sets(problem, job) * set_slot_bytes(problem, job)
+
+
+def rotated_baseline_sets(distinct: list[Arrays], n_sets: int) -> list[Arrays]:
+    """`n_sets` baseline input sets, each in memory of its own: the distinct sets first,
+    then copies of them, so that the baseline too is timed on inputs beyond the cache."""
+    return [
+        distinct[i]
+        if i < len(distinct)
+        else {name: array.copy() for name, array in distinct[i % len(distinct)].items()}
+        for i in range(n_sets)
+    ]
+
+
 def bench(job: p.BenchJob) -> p.BenchReply:
     problem = load_problem(job.problem)
     secret = np.random.default_rng(job.seed)
     set_bytes = problem.nbytes(job.shape, job.dtype)
-    n_sets = max(2, len(job.seeds), math.ceil(job.rotate_bytes / set_bytes))
+    n_sets = input_sets(problem, job)
     files.write_progress("baseline inputs")
     fresh = FreshInputs(problem, job, secret)
     distinct = [
@@ -331,7 +359,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         else problem.generate(job.shape, "normal", seed, job.dtype)
         for seed in job.seeds
     ]
-    baseline_sets = [dict(distinct[i % len(distinct)]) for i in range(n_sets)]
+    baseline_sets = rotated_baseline_sets(distinct, n_sets)
     files.write_progress("starting the kernel")
     contenders: list[Contender] = []
     rejection: Rejection | None = None

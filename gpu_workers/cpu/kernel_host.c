@@ -37,6 +37,9 @@
 #include <immintrin.h>
 #endif
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older C libraries lack the name */
+#endif
 #define KF_MAX_ARRAYS 16
 #define KF_MAX_DIMS 8
 #define KF_MAX_GUARDS 64
@@ -426,7 +429,14 @@ int main(int argc, char **argv) {
         return EXIT_SETUP_FAILED;
     }
     arena_bytes = (size_t)st.st_size;
+    /* Every page mapped now, writable and dirty, before any call: no call pays for mapping
+       the harness's memory (a fault, or the first write's dirty-bit update, per 4 KiB),
+       however many input sets timing rotates over. Before Linux 5.14, mapped clean. */
     arena = mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, 3, 0);
+    if (arena != MAP_FAILED && madvise(arena, arena_bytes, MADV_POPULATE_WRITE) != 0) {
+        munmap(arena, arena_bytes);
+        arena = mmap(NULL, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, 3, 0);
+    }
     if (arena == MAP_FAILED) {
         perror("mmap arena");
         return EXIT_SETUP_FAILED;

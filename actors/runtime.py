@@ -210,12 +210,10 @@ class ActorRuntime:
             finally:
                 await self.actor.teardown()
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(
-                        self._emitter.emit(
+                    async with asyncio.timeout(1):
+                        await self._emitter.emit(
                             new_event(ActorStopped, campaign_id=SYSTEM_CAMPAIGN, actor=self.ref)
-                        ),
-                        timeout=1,
-                    )
+                        )
                 log.info("actor stopped", handled=self.handled)
 
     async def _on_message(self, message: Msg) -> None:

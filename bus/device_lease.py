@@ -235,6 +235,7 @@ async def _pause(stop: asyncio.Event | None) -> None:
         await asyncio.sleep(POLL_SECONDS)
         return
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), POLL_SECONDS)
+        async with asyncio.timeout(POLL_SECONDS):
+            await stop.wait()
     if stop.is_set():
         raise AcquireStopped("stopped while waiting for a device")

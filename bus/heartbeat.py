@@ -73,7 +73,8 @@ async def beat_until(
                 await nc.publish(heartbeat_subject(beat.role, beat.instance), _encode(beat))
             changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), BEAT_EVERY)
+                async with asyncio.timeout(BEAT_EVERY):
+                    await changed.wait()
     finally:
         with contextlib.suppress(Exception):
             await pings.unsubscribe()

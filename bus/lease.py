@@ -249,7 +249,8 @@ class LeaseBucket:
                 await asyncio.sleep(poll)
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), poll)
+                    async with asyncio.timeout(poll):
+                        await stop.wait()
         return None
 
     async def renew(self, lease: Lease) -> Lease:
@@ -316,11 +317,11 @@ class LeaseBucket:
             yield handle
         finally:
             renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            await asyncio.wait({renewing})  # a cancel of this task still goes through
             if not handle.lost.is_set():
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.release(handle.lease), 2.0)
+                    async with asyncio.timeout(2.0):
+                        await self.release(handle.lease)
 
 
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-/_=.")
@@ -361,8 +362,8 @@ class HeldLease:
                 self._lose("no renewal got through within the TTL")
                 return
             try:
-                left = self.lease.valid_until - time.monotonic()
-                self.lease = await asyncio.wait_for(self.bucket.renew(self.lease), left)
+                async with asyncio.timeout(self.lease.valid_until - time.monotonic()):
+                    self.lease = await self.bucket.renew(self.lease)
             except LeaseLost as exc:
                 self._lose(str(exc))
                 return

@@ -99,7 +99,8 @@ class Hub:
                         f"store at position {self.store.last_position}, expected {position}"
                     )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.recorder.committed.wait(), min(left, 0.5))
+                    async with asyncio.timeout(min(left, 0.5)):
+                        await self.recorder.committed.wait()
         return self.store.last_position
 
 
@@ -197,7 +198,8 @@ async def running_hub(
                 stop_recording.set()
                 if recording is not None:
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(recording, 30)
+                        async with asyncio.timeout(30):
+                            await recording
     finally:
         stop_recording.set()
         if supervising is not None:
@@ -206,7 +208,8 @@ async def running_hub(
                 await supervising
         if nc is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(nc.drain(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await nc.drain()
             if not nc.is_closed:
                 await nc.close()
         if event_store is not None:

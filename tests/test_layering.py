@@ -30,3 +30,19 @@ def test_only_bus_imports_nats() -> None:
     offenders = [str(p.relative_to(ROOT)) for p in modules if "nats" in _imports(p)]
     assert offenders == []
     assert "nats" in _imports(ROOT / "bus" / "connection.py")
+
+
+def test_no_timeout_swallows_a_cancellation() -> None:
+    """`asyncio.wait_for` loses a cancellation that arrives as its awaitable completes on
+    Python 3.11 (CPython gh-86296): a lease's renewing task renewed for ever and a campaign
+    stalled. The package's timeouts are `asyncio.timeout` blocks."""
+    offenders = [
+        str(path.relative_to(ROOT))
+        for package in ("actors", "bus", "eventstore", "gpu_workers", "kernels", "ops")
+        for path in (ROOT / package).rglob("*.py")
+        if any(
+            isinstance(node, ast.Attribute) and node.attr == "wait_for"
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        )
+    ]
+    assert offenders == []

@@ -17,6 +17,7 @@ from bus.lease import (
     DEVICE_LEASES,
     RECORDER_LEASES,
     AcquireStopped,
+    Lease,
     LeaseBucket,
     LeaseError,
     LeaseLost,
@@ -100,6 +101,38 @@ async def test_held_renews_in_the_background_and_releases_on_exit(
     assert not held.lost.is_set()
     taken = await other.try_acquire("gpu1", "host-b")
     assert taken is not None and taken.token > held.lease.revision
+
+
+@pytest.mark.asyncio
+async def test_a_block_that_ends_as_a_renewal_returns_releases_its_lease(
+    leases: LeaseBucket, other: LeaseBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renewing task is cancelled at the instant a renewal completes. Under Python 3.11
+    `asyncio.wait_for` swallowed that cancellation (CPython gh-86296): the task renewed the
+    lease for ever and the block never ended. A campaign stalled so, its benchmarker
+    holding the device's timing lease with nothing running."""
+    renewed = asyncio.Event()
+    renew = leases.renew
+
+    async def renew_then_say_so(lease: Lease) -> Lease:
+        fresh = await renew(lease)
+        renewed.set()  # the block wakes before the renewal's caller does
+        return fresh
+
+    async def hold_until_renewed() -> None:
+        async with leases.held("gpu2", "host-a"):
+            await renewed.wait()
+
+    monkeypatch.setattr(leases, "renew", renew_then_say_so)
+    holding = asyncio.create_task(hold_until_renewed())
+    await asyncio.wait({holding}, timeout=3 * TTL)  # one renewal comes after TTL / 3
+    ended = holding.done()
+    while not holding.done():  # stuck renewing: give up on it (it may ignore a cancel)
+        holding.cancel()
+        await asyncio.wait({holding}, timeout=0.1)
+    assert ended
+    taken = await other.try_acquire("gpu2", "host-b")
+    assert taken is not None
 
 
 @pytest.mark.asyncio

@@ -27,7 +27,7 @@ from gpu_workers.benchmarker import (
 from gpu_workers.cpu.backend import BENCH_LIMITS, CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
 from gpu_workers.cpu.protocol import BASELINE_EVERY_WITH_INCUMBENT
-from gpu_workers.cpu.timing_run import rotated_baseline_sets
+from gpu_workers.cpu.timing_run import MAX_GUARDED_BUFFERS, rotated_baseline_sets
 from gpu_workers.interleave import LOSS_ROUNDS
 from gpu_workers.recheck_pool import SETS
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
@@ -154,6 +154,20 @@ def test_inputs_rotated_beyond_a_large_cache_fit_the_drivers_limits(
     result = benchmark(BUILTIN["softmax"], backend, kernel, large_cache, shape=SMALL)
     assert isinstance(result, BenchmarkResult), result
     assert result.rotated_bytes >= 8 << 20 > tight.file_size_bytes
+
+
+def test_small_inputs_on_a_very_large_cache_rotate_over_as_many_sets_as_an_arena_guards(
+    cpu_backend: CpuBackend, calibration: HostCalibration
+) -> None:
+    """Twice a 4 GiB cache in 2 KiB sets would be four million sets, each buffer between
+    guard pages: more mappings than a process may hold."""
+    kernel = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
+    huge_cache = msgspec.structs.replace(calibration, llc_bytes=4 << 30)
+    tiny = {"rows": 4, "cols": 64}
+    result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, huge_cache, shape=tiny)
+    assert isinstance(result, BenchmarkResult), result
+    assert result.input_sets == MAX_GUARDED_BUFFERS // len(BUILTIN["softmax"].args)
+    assert result.rotated_bytes == result.input_sets * BUILTIN["softmax"].nbytes(tiny)
 
 
 def test_the_baseline_rotates_over_as_many_inputs_in_memory_of_their_own() -> None:

@@ -318,11 +318,21 @@ def _recheck_inputs(
     return pooled.inputs(problem), reference, pooled.seed
 
 
+MAX_GUARDED_BUFFERS = 8192
+"""Buffers in one arena at most. Each sits between two guard pages, and each guard page
+splits the kernel's mapping: the process may hold 65530 mappings (vm.max_map_count)."""
+
+
 def input_sets(problem: Problem, job: p.BenchJob) -> int:
     """How many input sets every contender and the baseline rotate over: together more than
-    `job.rotate_bytes` (twice the last-level cache), and at least two."""
+    `job.rotate_bytes` (twice the last-level cache), and at least two. Small sets on a host
+    with a large cache would need more than an arena can guard: they rotate over fewer
+    bytes (the result reports how many)."""
     set_bytes = problem.nbytes(job.shape, job.dtype)
-    return max(2, len(job.seeds), math.ceil(job.rotate_bytes / set_bytes))
+    beyond_cache = min(
+        math.ceil(job.rotate_bytes / set_bytes), MAX_GUARDED_BUFFERS // len(problem.args)
+    )
+    return max(2, len(job.seeds), beyond_cache)
 
 
 def set_slot_bytes(problem: Problem, job: p.BenchJob) -> int:

@@ -317,11 +317,13 @@ class LeaseBucket:
             yield handle
         finally:
             renewing.cancel()
-            await asyncio.wait({renewing})  # a cancel of this task still goes through
-            if not handle.lost.is_set():
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(2.0):
-                        await self.release(handle.lease)
+            try:
+                await asyncio.wait({renewing})  # a cancel of this task still goes through...
+            finally:  # ...once the lease is given back
+                if not handle.lost.is_set():
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(2.0):
+                            await self.release(handle.lease)
 
 
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-/_=.")

@@ -253,7 +253,9 @@ def test_a_kernel_that_loses_every_early_round_is_timed_no_further(
     cpu_backend: CpuBackend, calibration: HostCalibration
 ) -> None:
     """A right kernel forty times slower than the incumbent: the head-to-head ends after
-    the rounds that decide it, and it is still re-checked before its time counts."""
+    the rounds that decide it (the first 8 when it lost each by 1.25x; just past half of 30
+    when a stall of the incumbent on a busy host spoiled one of them), and it is still
+    re-checked before its time counts."""
     kernel = _build(cpu_backend, SLOW_SOFTMAX)
     incumbent = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
     result = benchmark(
@@ -267,8 +269,9 @@ def test_a_kernel_that_loses_every_early_round_is_timed_no_further(
     )
     assert isinstance(result, BenchmarkResult), result
     assert result.head_to_head is not None and not result.head_to_head.faster
-    assert result.head_to_head.rounds == result.kernel.runs == LOSS_ROUNDS < MIN_RUNS
-    assert result.incumbent is not None and result.incumbent.runs == LOSS_ROUNDS
+    assert result.head_to_head.rounds == result.kernel.runs
+    assert LOSS_ROUNDS <= result.kernel.runs < MIN_RUNS
+    assert result.incumbent is not None and result.incumbent.runs == result.kernel.runs
     assert len(result.rechecked) == len(BUILTIN["softmax"].distributions)
     assert len(result.judged_calls) == 3
 

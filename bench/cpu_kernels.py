@@ -249,7 +249,7 @@ def searched_fraction(
         "example": native_call(
             compile_library(f"{problem}-example", example.source, example.flags), workload
         ),
-        "numpy": timed(lambda i: spec.baseline(workload.inputs[i])),
+        "numpy": timed(lambda i: spec.baseline(workload.inputs[i]), workload),
     }
     before = {**best, **{k: v for k, v in MAIN_SPACE.items() if k in best}}
     if before != best:

@@ -134,10 +134,10 @@ def timing_phases(
         seed=seed,
         seeds=[seed + 1, seed + 2],
         recheck_seed=seed + 3,
-        rotate_bytes=2 * llc,
         min_runs=30,
         min_seconds=0.5,
         **pool_of(backend),
+        **caches_of(backend, llc),
     )
     with tempfile.TemporaryDirectory() as workdir, progress_marks() as marks:
         cwd = os.getcwd()
@@ -159,6 +159,16 @@ def pool_of(backend: CpuBackend) -> dict[str, Any]:
     """The worker's re-check pool, where this tree's back end keeps one."""
     pool = getattr(backend, "recheck_pool", None)
     return {"recheck_pool": str(pool.folder)} if pool is not None else {}
+
+
+def caches_of(backend: CpuBackend, llc: int) -> dict[str, Any]:
+    """The cache flush, where this tree's timing has one; else how much the inputs rotate
+    over (twice the last-level cache)."""
+    try:
+        from gpu_workers.cpu.trusted_build import cache_flush_library
+    except ImportError:
+        return {"rotate_bytes": 2 * llc}
+    return {"cache_flush_library": str(cache_flush_library(backend.cache_dir))}
 
 
 def timing_run_fresh_library(backend: CpuBackend) -> Path:

@@ -219,7 +219,7 @@ def main() -> None:
     if example is not None:
         contenders["main_example"] = native_call(example[0], workload)
 
-    contenders["numpy"] = timed(lambda i: spec.baseline(workload.inputs[i]))
+    contenders["numpy"] = timed(lambda i: spec.baseline(workload.inputs[i]), workload)
     copy = copy_call(workload, "x", "y")
     errors = {}
     for name, call in contenders.items():

@@ -1,14 +1,19 @@
 """A neutral harness for CPU kernel figures: each contender compiled with its own flags into
 a shared library and called in one process through ctypes, interleaved round by round on
 rotated input sets (the order rotates too), so that drift on a shared host hits every
-contender alike. Also a cheap search over a factory template: the planner's kind of optuna
-study (TPE, multivariate, grouped), each point compiled and timed here, without the
-factory's verification per point; the caller verifies the winner with the real verifier.
+contender alike. Before each call the caches are flushed of that call's inputs and
+outputs, as the factory's harness does: every call starts from memory, whatever the size
+of the host's caches and whoever ran just before it.
+
+Also a cheap search over a factory template: the planner's kind of optuna study (TPE,
+multivariate, grouped), each point compiled and timed here, without the factory's
+verification per point; the caller verifies the winner with the real verifier.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import statistics
 import subprocess
@@ -103,6 +108,11 @@ class Workload:
     def nbytes(self) -> int:
         return self.spec.nbytes(self.shape)
 
+    def flush(self, i: int) -> None:
+        """Evict input set i and the outputs from every cache level."""
+        for array in (*self.inputs[i % self.sets].values(), *self.outputs.values()):
+            flush_caches(array)
+
     def max_rel_error(self, i: int = 0) -> float:
         """The outputs (after a call on set i) against the float64 reference, relative to
         the largest reference value of each output."""
@@ -111,6 +121,30 @@ class Workload:
             float(np.max(np.abs(self.outputs[k] - v)) / max(float(np.max(np.abs(v))), 1e-30))
             for k, v in expected.items()
         )
+
+
+FLUSH_SOURCE = Path(__file__).resolve().parent.parent / "gpu_workers/cpu/cache_flush.c"
+
+
+@functools.cache
+def _flush_function() -> Any:
+    library = ctypes.CDLL(
+        str(
+            compile_library(
+                "cache_flush", FLUSH_SOURCE.read_text(), ("-O2", "-march=native", "-fopenmp")
+            )
+        )
+    )
+    if not library.kf_can_flush():
+        raise RuntimeError("this CPU cannot flush its caches from user space (CLFLUSHOPT)")
+    library.kf_flush.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    library.kf_flush.restype = None
+    return library.kf_flush
+
+
+def flush_caches(array: np.ndarray) -> None:
+    """Write back and evict every cache line of `array`, at every level."""
+    _flush_function()(array.ctypes.data, array.nbytes)
 
 
 Call = Callable[[int], int]
@@ -123,6 +157,7 @@ def native_call(library: Path, workload: Workload, symbol: str = "kernel") -> Ca
 
     def call(i: int) -> int:
         args = argsets[i % len(argsets)]
+        workload.flush(i)
         started = time.perf_counter_ns()
         fn(*args)
         return time.perf_counter_ns() - started
@@ -160,6 +195,7 @@ def library_call(
     ]
 
     def call(i: int) -> int:
+        workload.flush(i)
         started = time.perf_counter_ns()
         fn(*sets[i % len(sets)])
         return time.perf_counter_ns() - started
@@ -167,8 +203,11 @@ def library_call(
     return call
 
 
-def timed(fn: Callable[[int], object]) -> Call:
+def timed(fn: Callable[[int], object], workload: Workload) -> Call:
+    """`fn(i)` (numpy on the workload's set i, say) timed like a kernel."""
+
     def call(i: int) -> int:
+        workload.flush(i)
         started = time.perf_counter_ns()
         fn(i)
         return time.perf_counter_ns() - started

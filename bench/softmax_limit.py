@@ -108,7 +108,7 @@ def main() -> None:
         structure, exp = (int(v) for v in variant.split(":"))
         name, library = hand_library(structure, exp)
         contenders[name] = native_call(library, workload)
-    contenders["numpy"] = timed(lambda i: spec.baseline(workload.inputs[i]))
+    contenders["numpy"] = timed(lambda i: spec.baseline(workload.inputs[i]), workload)
 
     errors: dict[str, float] = {}
     for name, call in contenders.items():

@@ -121,6 +121,7 @@ class TimingRun:
     incumbent_ns: list[int] = field(default_factory=list)
     input_sets: int = 0
     rotated_bytes: int = 0
+    caches_flushed: bool = False
     judged: list[JudgedCall] = field(default_factory=list)
     """Calls whose outputs the worker is to judge (a back end may judge them itself and
     report a `rejection` instead)."""
@@ -444,6 +445,7 @@ def benchmark(
         roofline_fraction=floor / kernel.median_ns,
         input_sets=run.input_sets,
         rotated_bytes=run.rotated_bytes,
+        caches_flushed=run.caches_flushed,
         timed_seconds=run.timed_seconds,
         stall_retried=stall_retried,
         host_contention_cores=run.host_contention_cores,

@@ -196,6 +196,9 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     input_sets: int
     rotated_bytes: int
     timed_seconds: float
+    caches_flushed: bool = False
+    """True when every timed call's inputs and outputs were evicted from the caches before
+    it (a GPU's L2, a CPU's every level); else the inputs rotated over `rotated_bytes`."""
     stall_retried: bool = False
     """True when a first timing run showed a stall and a fresh run did not."""
     host_contention_cores: float | None = None

@@ -16,7 +16,7 @@ from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel, nan_safe
 from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.cpu.timing_run import arena_bytes
-from gpu_workers.cpu.trusted_build import fresh_inputs_library, kernel_host
+from gpu_workers.cpu.trusted_build import cache_flush_library, fresh_inputs_library, kernel_host
 from gpu_workers.recheck_pool import RecheckPool
 from gpu_workers.results import Mechanism, Rejection, SandboxReport
 from gpu_workers.runner_files import expect_reply, write_request
@@ -179,12 +179,15 @@ class CpuBackend:
         window_closed: Callable[[], None] | None = None,
     ) -> TimingRun:
         """The driver sets the run up before `window_open` (kernel processes, arenas,
-        inputs), so that this happens while other work still has the host."""
+        inputs), so that this happens while other work still has the host. It flushes
+        every call's inputs and outputs from the caches, so `rotate_bytes` (what a back end
+        that cannot flush writes between calls) is not used here."""
         job = p.BenchJob(
             library=build.library,
             incumbent_library=incumbent.library if incumbent is not None else None,
             kernel_host=self._kernel_host(self.bench_limits),
             fresh_inputs_library=str(fresh_inputs_library(self.cache_dir)),
+            cache_flush_library=str(cache_flush_library(self.cache_dir)),
             problem=problem.load_spec,
             dtype=self.dtype,
             shape=shape,
@@ -192,7 +195,6 @@ class CpuBackend:
             seeds=seeds,
             recheck_seed=recheck_seed,
             recheck_pool=str(self.recheck_pool.folder) if self.recheck_pool else None,
-            rotate_bytes=rotate_bytes,
             min_runs=min_runs,
             min_seconds=min_seconds,
             wait_for_window=window_open is not None,
@@ -221,6 +223,7 @@ class CpuBackend:
                 incumbent_ns=reply.incumbent_ns,
                 input_sets=reply.input_sets,
                 rotated_bytes=reply.rotated_bytes,
+                caches_flushed=True,
                 judged_calls=reply.judged_calls,
                 rechecked=reply.rechecked,
                 handshake_ns=reply.handshake_ns,

@@ -61,6 +61,8 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     kernel_host: KernelHostJob
     fresh_inputs_library: str | None
     """The fast generator of fresh timing inputs; None: the problem's own generator."""
+    cache_flush_library: str
+    """Evicts a call's inputs and outputs from every cache level before it is timed."""
     problem: str
     dtype: str
     shape: dict[str, int]
@@ -74,7 +76,6 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     recheck_pool: str | None = None
     """The worker's secret pool of re-check inputs with their references
     (`gpu_workers.recheck_pool`); None: drawn and referenced afresh in this run."""
-    rotate_bytes: int
     judged_calls: int = 3
     """How many kernel calls (warm-up included), chosen at random, have their outputs
     judged."""

@@ -1,17 +1,17 @@
 """Timing in the CPU driver: the kernel on its host, the baseline here, interleaved.
 
 Every timed call gets inputs no earlier call has seen, written while the kernel's process
-is stopped, and starts from poisoned outputs; which calls are judged is drawn from the
-check's secret before the call. After timing, the same loaded kernel is re-checked on
-every distribution of the problem at the timed shape. The driver judges what it kept
-(it holds the inputs and outputs), with the benchmarker's own rule.
+is stopped, and starts from poisoned outputs, with its inputs and outputs flushed from
+every cache level (no call finds them cached, however large the caches); which calls are
+judged is drawn from the check's secret before the call. After timing, the same loaded
+kernel is re-checked on every distribution of the problem at the timed shape. The driver
+judges what it kept (it holds the inputs and outputs), with the benchmarker's own rule.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -94,6 +94,17 @@ class Kept:
     inputs_after: Arrays
 
 
+Flush = Callable[[npt.NDArray[np.generic]], None]
+
+
+def cache_flush(job: p.BenchJob) -> Flush:
+    """Evicts an array from every cache level (gpu_workers/cpu/cache_flush.c)."""
+    flush = ctypes.CDLL(job.cache_flush_library).kf_flush
+    flush.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    flush.restype = None
+    return lambda array: flush(array.ctypes.data, array.nbytes)
+
+
 class Contender:
     """A kernel in its own host and arena, over `sets` rotating input sets; every call gets
     fresh inputs and starts from poisoned outputs. `judge` calls, drawn by reservoir
@@ -108,8 +119,10 @@ class Contender:
         n_sets: int,
         secret: np.random.Generator,
         judge: int,
+        flush: Flush,
     ) -> None:
         self.problem, self.job, self.secret, self.judge = problem, job, secret, judge
+        self.flush = flush
         shapes = [a.shape(job.shape) for a in problem.args]
         per_set = set_slot_bytes(problem, job)
         self.arena = Arena(per_set * n_sets)
@@ -134,11 +147,13 @@ class Contender:
         }
 
     def _refresh(self, i: int) -> None:
-        """New inputs and poisoned outputs for set i."""
+        """New inputs and poisoned outputs for set i, none of them left in any cache."""
         views = self.views(i)
         for a in self.problem.outputs:
             poison(views[a.name], p.POISON_BITS[0])
         self.recipes[i] = self.fresh.write({a.name: views[a.name] for a in self.problem.inputs})
+        for view in views.values():
+            self.flush(view)
 
     def timed(self, i: int, what: str) -> int:
         ns = self.process.call([s.offset for s in self.sets[i]], self.dims, what)
@@ -148,19 +163,21 @@ class Contender:
         if slot < self.judge:  # Algorithm R
             views = self.views(i)
             if len(self.kept) < self.judge:
-                self.kept.append(
-                    Kept(
-                        call=call,
-                        recipe=self.recipes[i],
-                        outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
-                        inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
-                    )
+                kept = Kept(
+                    call=call,
+                    recipe=self.recipes[i],
+                    outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
+                    inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
                 )
+                self.kept.append(kept)
             else:  # the call it replaces gives up its arrays: no fresh pages mid-window
                 evicted = self.kept[slot]
                 for name, array in (*evicted.outputs.items(), *evicted.inputs_after.items()):
                     np.copyto(array, views[name])
-                self.kept[slot] = Kept(call, self.recipes[i], evicted.outputs, evicted.inputs_after)
+                kept = Kept(call, self.recipes[i], evicted.outputs, evicted.inputs_after)
+                self.kept[slot] = kept
+            for array in (*kept.outputs.values(), *kept.inputs_after.values()):
+                self.flush(array)  # the next call does not pay for writing them back
         self._refresh(i)
         return ns
 
@@ -318,21 +335,10 @@ def _recheck_inputs(
     return pooled.inputs(problem), reference, pooled.seed
 
 
-MAX_GUARDED_BUFFERS = 8192
-"""Buffers in one arena at most. Each sits between two guard pages, and each guard page
-splits the kernel's mapping: the process may hold 65530 mappings (vm.max_map_count)."""
-
-
-def input_sets(problem: Problem, job: p.BenchJob) -> int:
-    """How many input sets every contender and the baseline rotate over: together more than
-    `job.rotate_bytes` (twice the last-level cache), and at least two. Small sets on a host
-    with a large cache would need more than an arena can guard: they rotate over fewer
-    bytes (the result reports how many)."""
-    set_bytes = problem.nbytes(job.shape, job.dtype)
-    beyond_cache = min(
-        math.ceil(job.rotate_bytes / set_bytes), MAX_GUARDED_BUFFERS // len(problem.args)
-    )
-    return max(2, len(job.seeds), beyond_cache)
+def input_sets(job: p.BenchJob) -> int:
+    """How many input sets each contender rotates over: the caches are flushed before every
+    call, so two (or one per baseline seed) are enough on any host."""
+    return max(2, len(job.seeds))
 
 
 def set_slot_bytes(problem: Problem, job: p.BenchJob) -> int:
@@ -342,25 +348,14 @@ def set_slot_bytes(problem: Problem, job: p.BenchJob) -> int:
 
 def arena_bytes(problem: Problem, job: p.BenchJob) -> int:
     """The size of each contender's arena, the largest file the driver makes."""
-    return input_sets(problem, job) * set_slot_bytes(problem, job)
-
-
-def rotated_baseline_sets(distinct: list[Arrays], n_sets: int) -> list[Arrays]:
-    """`n_sets` baseline input sets, each in memory of its own: the distinct sets first,
-    then copies of them, so that the baseline too is timed on inputs beyond the cache."""
-    return [
-        distinct[i]
-        if i < len(distinct)
-        else {name: array.copy() for name, array in distinct[i % len(distinct)].items()}
-        for i in range(n_sets)
-    ]
+    return input_sets(job) * set_slot_bytes(problem, job)
 
 
 def bench(job: p.BenchJob) -> p.BenchReply:
     problem = load_problem(job.problem)
     secret = np.random.default_rng(job.seed)
     set_bytes = problem.nbytes(job.shape, job.dtype)
-    n_sets = input_sets(problem, job)
+    n_sets = input_sets(job)
     files.write_progress("baseline inputs")
     fresh = FreshInputs(problem, job, secret)
     distinct = [
@@ -369,7 +364,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         else problem.generate(job.shape, "normal", seed, job.dtype)
         for seed in job.seeds
     ]
-    baseline_sets = rotated_baseline_sets(distinct, n_sets)
+    flush = cache_flush(job)
     files.write_progress("starting the kernel")
     contenders: list[Contender] = []
     rejection: Rejection | None = None
@@ -380,11 +375,11 @@ def bench(job: p.BenchJob) -> p.BenchReply:
     cpu_before = cpu_after = 0.0
     contention: float | None = None
     try:
-        kernel = Contender(problem, job, job.library, n_sets, secret, job.judged_calls)
+        kernel = Contender(problem, job, job.library, n_sets, secret, job.judged_calls, flush)
         contenders.append(kernel)
         incumbent = None
         if job.incumbent_library:
-            incumbent = Contender(problem, job, job.incumbent_library, n_sets, secret, 0)
+            incumbent = Contender(problem, job, job.incumbent_library, n_sets, secret, 0, flush)
             contenders.append(incumbent)
         if job.wait_for_window:
             files.write_progress("waiting for the timed window")
@@ -401,9 +396,16 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             return incumbent.timed(i, f"incumbent call {incumbent.process.calls}")
 
         def call_baseline(i: int) -> int:
+            inputs = distinct[i % len(distinct)]
+            for array in inputs.values():
+                flush(array)
             started = time.perf_counter_ns()
-            problem.baseline(baseline_sets[i])
-            return time.perf_counter_ns() - started
+            outputs = problem.baseline(inputs)
+            ns = time.perf_counter_ns() - started
+            for array in outputs.values():  # the next call does not pay for writing them back
+                if isinstance(array, np.ndarray) and array.flags.c_contiguous:
+                    flush(array)
+            return ns
 
         contender_calls: Call | None = call_incumbent if incumbent is not None else None
         samples = interleave(
@@ -428,7 +430,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         if incumbent is not None:
             incumbent.close()
             contenders.remove(incumbent)
-        baseline_sets.clear()
+        distinct.clear()
         judged_calls = [k.call for k in kernel.kept]
         rejection = _judge_and_recheck(problem, job, kernel, rechecked)
     except KernelEnded as ended:

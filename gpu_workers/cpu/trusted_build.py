@@ -1,5 +1,5 @@
-"""Build the harness's own C helpers (the kernel host, the fresh-input generator) once per
-host and compiler, into the content-keyed build cache."""
+"""Build the harness's own C helpers (the kernel host, the fresh-input generator, the cache
+flush) once per host and compiler, into the content-keyed build cache."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from gpu_workers.cpu.compiler import COMPILER, compiler_identity, default_cache_
 HERE = Path(__file__).parent
 HOST_SOURCE = HERE / "kernel_host.c"
 FRESH_INPUTS_SOURCE = HERE / "fresh_inputs.c"
+CACHE_FLUSH_SOURCE = HERE / "cache_flush.c"
 
 
 class TrustedBuild(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,3 +72,11 @@ def fresh_inputs_library(cache_dir: Path | None = None) -> Path:
     flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
     link = ["-shared", "-fopenmp", "-lmvec", "-lm"]
     return _build(FRESH_INPUTS_SOURCE, "libkf-fresh-inputs.so", flags, link, cache_dir)
+
+
+@functools.cache
+def cache_flush_library(cache_dir: Path | None = None) -> Path:
+    """The cache flush timing runs before every call (gpu_workers/cpu/cache_flush.c)."""
+    flags = ["-O2", "-march=native", "-fopenmp", "-fPIC"]
+    link = ["-shared", "-fopenmp"]
+    return _build(CACHE_FLUSH_SOURCE, "libkf-cache-flush.so", flags, link, cache_dir)

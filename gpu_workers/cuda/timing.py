@@ -167,6 +167,7 @@ def timing_run(
         incumbent_ns=reply.incumbent_ns,
         input_sets=reply.input_sets,
         rotated_bytes=reply.rotated_bytes,
+        caches_flushed=True,
         judged=judged_calls(problem, dtype, shape, timing),
         judged_calls=sorted(c.record.call for c in timing.judged),
         rechecked=[r.distribution for r in timing.rechecks],

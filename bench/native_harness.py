@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from gpu_workers.cpu.trusted_build import cache_flush_library
 from kernels.design_space import ParamValue, Template
 from kernels.spec import Problem
 
@@ -123,20 +124,10 @@ class Workload:
         )
 
 
-FLUSH_SOURCE = Path(__file__).resolve().parent.parent / "gpu_workers/cpu/cache_flush.c"
-
-
 @functools.cache
 def _flush_function() -> Any:
-    library = ctypes.CDLL(
-        str(
-            compile_library(
-                "cache_flush", FLUSH_SOURCE.read_text(), ("-O2", "-march=native", "-fopenmp")
-            )
-        )
-    )
-    if not library.kf_can_flush():
-        raise RuntimeError("this CPU cannot flush its caches from user space (CLFLUSHOPT)")
+    """The flush the factory's timing runs use (gpu_workers/cpu/cache_flush.c)."""
+    library = ctypes.CDLL(str(cache_flush_library()))
     library.kf_flush.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     library.kf_flush.restype = None
     return library.kf_flush

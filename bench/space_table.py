@@ -27,6 +27,7 @@ average is recorded before and after.
 
 from __future__ import annotations
 
+import _ctypes
 import argparse
 import ctypes
 import hashlib
@@ -127,12 +128,25 @@ def _compile(job: tuple[str, str, dict[str, Any]]) -> tuple[str, str | None, str
 
 
 class Caller:
-    """A compiled kernel called in this process: kernel(const float*, float*, int64, int64)."""
+    """A compiled kernel called in this process: kernel(const float*, float*, int64, int64).
+    Used as a context manager it is unloaded on exit: a process holds at most 65530 memory
+    mappings (vm.max_map_count), a few per library, fewer than a space has points. The
+    OpenMP runtime stays loaded: its idle threads outlive every kernel."""
+
+    openmp = ctypes.CDLL("libgomp.so.1", mode=ctypes.RTLD_GLOBAL)
 
     def __init__(self, library: str) -> None:
-        self.fn = ctypes.CDLL(library).kernel
+        self.library = ctypes.CDLL(library)
+        self.fn = self.library.kernel
         self.fn.restype = None
         self.fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+
+    def __enter__(self) -> Caller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.fn
+        _ctypes.dlclose(self.library._handle)
 
     def __call__(self, x: np.ndarray, y: np.ndarray) -> int:
         start = time.perf_counter_ns()
@@ -210,8 +224,8 @@ def measure(
             row["at"] = {_shape_text(s.shape): {"ratio": None, "stage": "compile"} for s in sized}
             row["refused"] = refused
         else:
-            kernel = Caller(library)
-            row["at"] = {_shape_text(s.shape): time_point(kernel, reference, s) for s in sized}
+            with Caller(library) as kernel:
+                row["at"] = {_shape_text(s.shape): time_point(kernel, reference, s) for s in sized}
         rows.append(row)
         if n % 50 == 0:
             print(f"timed {n}/{len(points)} ({time.monotonic() - started:.0f} s)", flush=True)
@@ -251,7 +265,8 @@ def retime_top(table: dict[str, Any], top: int, rounds: int) -> None:
         for row in ranked:
             library = _compile((problem, row["template"], row["params"]))[1]
             assert library is not None
-            again = time_point(Caller(library), reference, shape, rounds)
+            with Caller(library) as kernel:
+                again = time_point(kernel, reference, shape, rounds)
             by_key[row["key"]]["at"][shape_text] = {**again, "first": row["at"][shape_text]}
         print(f"re-timed the {top} best at {shape_text}", flush=True)
     table["retimed"] = {"top": top, "rounds": rounds, "load_average_after": os.getloadavg()}

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from gpu_workers.cpu.timing_run import Flush, cache_flush
 from gpu_workers.cpu.trusted_build import cache_flush_library
 from kernels.design_space import ParamValue, Template
 from kernels.spec import Problem
@@ -125,17 +126,14 @@ class Workload:
 
 
 @functools.cache
-def _flush_function() -> Any:
-    """The flush the factory's timing runs use (gpu_workers/cpu/cache_flush.c)."""
-    library = ctypes.CDLL(str(cache_flush_library()))
-    library.kf_flush.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-    library.kf_flush.restype = None
-    return library.kf_flush
+def _flush() -> Flush:
+    """The flush the factory's timing runs use, from the same build."""
+    return cache_flush(str(cache_flush_library()))
 
 
 def flush_caches(array: np.ndarray) -> None:
     """Write back and evict every cache line of `array`, at every level."""
-    _flush_function()(array.ctypes.data, array.nbytes)
+    _flush()(array)
 
 
 Call = Callable[[int], int]

@@ -46,7 +46,7 @@ def test_the_neutral_bench_harness_flushes_with_the_same_library(tmp_path: Path)
         "import numpy as np, native_harness as h\n"
         "a = np.arange(1 << 20, dtype=np.float32); b = a.copy(); h.flush_caches(a)\n"
         "assert (a == b).all()\n"
-        "print(h._flush_function.cache_info().currsize)\n"
+        "print(h._flush.cache_info().currsize)\n"
     )
     env = {**os.environ, "KFACTORY_CACHE_DIR": str(tmp_path)}
     done = subprocess.run(

@@ -97,9 +97,9 @@ class Kept:
 Flush = Callable[[npt.NDArray[np.generic]], None]
 
 
-def cache_flush(job: p.BenchJob) -> Flush:
-    """Evicts an array from every cache level (gpu_workers/cpu/cache_flush.c)."""
-    flush = ctypes.CDLL(job.cache_flush_library).kf_flush
+def cache_flush(library: str) -> Flush:
+    """Evicts an array from every cache level (`library`: gpu_workers/cpu/cache_flush.c)."""
+    flush = ctypes.CDLL(library).kf_flush
     flush.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     flush.restype = None
     return lambda array: flush(array.ctypes.data, array.nbytes)
@@ -364,7 +364,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         else problem.generate(job.shape, "normal", seed, job.dtype)
         for seed in job.seeds
     ]
-    flush = cache_flush(job)
+    flush = cache_flush(job.cache_flush_library)
     files.write_progress("starting the kernel")
     contenders: list[Contender] = []
     rejection: Rejection | None = None

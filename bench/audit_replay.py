@@ -29,12 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors.audit import lessons_due
-from actors.campaign import Budget, CampaignSpec, Search
-from actors.devices import source_hash
-from actors.history import History, param_key
-from actors.planner import summary
-from actors.ranking import best_of
+from actors.campaign.campaign_file import Budget, CampaignSpec, Search
+from actors.campaign.history import History, param_key
+from actors.campaign.ranking import best_of
+from actors.campaign.summary import summary
+from actors.records.audit import lessons_due
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
@@ -55,6 +54,7 @@ from eventstore.events import (
 )
 from eventstore.ids import derived_event_id
 from eventstore.store import Recorded
+from kernels.identity import source_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -59,13 +59,13 @@ from native_harness import (
 )
 from roofline import Ceilings, measure
 
-from gpu_workers.benchmarker import benchmark
+from gpu_workers.benchmarking import benchmark
 from gpu_workers.cache_root import cache_root
 from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.build import default_cache_dir
 from gpu_workers.cpu.calibrate import load_or_calibrate
-from gpu_workers.cpu.compiler import default_cache_dir
 from gpu_workers.results import BenchmarkResult
-from gpu_workers.verifier import verify
+from gpu_workers.verification import verify
 from kernels.builtin import BUILTIN
 from kernels.design_space import Template
 from kernels.templates import EXAMPLE_TEMPLATES, TEMPLATES

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_workers.cuda.backend import CudaBackend
-from gpu_workers.cuda.compiler import CudaBuild
-from gpu_workers.verifier import precheck
+from gpu_workers.cuda.nvcc import CudaBuild
+from gpu_workers.verification import precheck
 from kernels.builtin import BUILTIN
 from kernels.design_space import TARGET_DTYPES, Template
 from kernels.fusion import fusion_space

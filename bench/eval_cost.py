@@ -5,7 +5,7 @@ Usage (the tree measured is the one on PYTHONPATH; --label names the measurement
       [--shape rows=4096,cols=4096] [--repeats 2]
 
 Each repeat evaluates `kernels/examples/PROBLEM.c` the way the verifier and benchmarker
-actors do (`gpu_workers.verifier.verify`, then `gpu_workers.benchmarker.benchmark` at the
+actors do (`gpu_workers.verification.verify`, then `gpu_workers.benchmarking.benchmark` at the
 shape), with a cold compile cache, and splits the wall time into phases:
 
 - compile + static (cold cache), and the benchmarker's compile (cache hit);
@@ -46,14 +46,14 @@ from pathlib import Path
 from typing import Any
 
 import kernels
-from actors.devices import calibration_for, cpu_backend
 from gpu_workers import runner_files
-from gpu_workers.benchmarker import benchmark
+from gpu_workers.benchmarking import benchmark
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu import timing_run
 from gpu_workers.cpu.backend import DRIVER_ENV, CpuBackend
 from gpu_workers.sandbox import scrubbed_env
-from gpu_workers.verifier import judge_runs, new_seed, plan_trials, precheck
+from gpu_workers.targets import calibration_for, cpu_backend
+from gpu_workers.verification import judge_runs, new_seed, plan_trials, precheck
 from kernels.loading import load_problem
 from kernels.spec import Problem
 

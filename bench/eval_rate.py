@@ -19,9 +19,9 @@ alike). It also reports, where the tree records them, the timing runs per candid
 host contention each result saw.
 
 Evaluates `--candidates` kernels in one process with the actors' own back end
-(`actors.devices.cpu_backend`, long-lived as a worker's is): each is verified
-(`gpu_workers.verifier.verify`, a fresh secret seed) and then compiled and timed at the
-shape against the first one as the incumbent (`actors.devices.compile_and_time`, with the
+(`gpu_workers.targets.cpu_backend`, long-lived as a worker's is): each is verified
+(`gpu_workers.verification.verify`, a fresh secret seed) and then compiled and timed at the
+shape against the first one as the incumbent (`gpu_workers.targets.compile_and_time`, with the
 re-check after timing). The kernels are the problem's example, each made distinct by a
 comment so that every one is compiled afresh, as a campaign's are. The host's calibration
 is read (or measured) once before the clock starts, as a worker's setup does. Prints the
@@ -77,9 +77,9 @@ def main() -> None:
 
 def in_process(problem_name: str, shape: dict[str, int], candidates: int, label: str) -> None:
     """The candidates verified and timed one after another in this process."""
-    from actors.devices import calibration_for, compile_and_time, cpu_backend
     from gpu_workers.results import BenchmarkResult
-    from gpu_workers.verifier import verify
+    from gpu_workers.targets import calibration_for, compile_and_time, cpu_backend
+    from gpu_workers.verification import verify
     from kernels.loading import load_problem
 
     problem = load_problem(problem_name)

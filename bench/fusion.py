@@ -22,13 +22,13 @@ from typing import Any
 
 import msgspec
 
-from gpu_workers.benchmarker import benchmark
+from gpu_workers.benchmarking import benchmark
 from gpu_workers.cache_root import cache_root
 from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.build import CompiledKernel, default_cache_dir
 from gpu_workers.cpu.calibrate import load_or_calibrate
-from gpu_workers.cpu.compiler import CompiledKernel, default_cache_dir
 from gpu_workers.results import BenchmarkResult
-from gpu_workers.verifier import verify
+from gpu_workers.verification import verify
 from kernels.builtin import BUILTIN
 from kernels.fusion import best_known_for, fusion_space, partitions, plan
 from kernels.templates import TEMPLATES

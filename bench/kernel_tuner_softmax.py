@@ -51,7 +51,7 @@ from native_harness import (  # noqa: E402
 from gpu_workers.cache_root import cache_root  # noqa: E402
 from gpu_workers.cpu.backend import CpuBackend  # noqa: E402
 from gpu_workers.cpu.calibrate import load_or_calibrate  # noqa: E402
-from gpu_workers.verifier import verify  # noqa: E402
+from gpu_workers.verification import verify  # noqa: E402
 from kernels.builtin import BUILTIN  # noqa: E402
 from kernels.templates import TEMPLATES  # noqa: E402
 

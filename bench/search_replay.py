@@ -19,8 +19,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from actors.history import Candidate  # noqa: E402
-from actors.search import Proposal, TemplateSearch  # noqa: E402
+from actors.campaign.history import Candidate  # noqa: E402
+from actors.search.template_search import Proposal, TemplateSearch  # noqa: E402
 from eventstore.events import (  # noqa: E402
     ActorRef,
     BenchmarkCompleted,

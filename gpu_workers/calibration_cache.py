@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 
 from gpu_workers.atomic_file import write_atomically
-from gpu_workers.benchmarker import QUIET_CORES
+from gpu_workers.benchmarking import QUIET_CORES
 from gpu_workers.results import HostCalibration
 
 

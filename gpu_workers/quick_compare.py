@@ -1,6 +1,6 @@
 """The common case of a comparison, fast: every element passes.
 
-`gpu_workers.verifier.compare_outputs` judges whole arrays, making a dozen float64
+`gpu_workers.verification.compare_outputs` judges whole arrays, making a dozen float64
 temporaries the size of the output; at a timed shape (16 M elements) that is seconds of
 memory traffic and page faults. This pass applies the same rules chunk by chunk, in
 temporaries that stay in cache, and only says whether every element passes and which

@@ -175,7 +175,7 @@ class HeadToHead(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Rounds the kernel won (ratio below 1); None in events recorded before it was kept."""
     faster: bool
     """The kernel beat the incumbent: its median ratio is below 1 and it won more rounds
-    than equal speed would give but rarely (`gpu_workers.benchmarker.PROMOTION_ALPHA`)."""
+    than equal speed would give but rarely (`gpu_workers.benchmarking.PROMOTION_ALPHA`)."""
 
 
 class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):

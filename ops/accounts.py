@@ -86,7 +86,9 @@ def _events(types: tuple[str, ...]) -> list[str]:
 
 
 def _consumers(role: str) -> list[str]:
-    from actors.roles import ROLES  # the role implementations are heavy: only the hub needs them
+    from actors.roles.registry import (
+        ROLES,  # the role implementations are heavy: only the hub needs them
+    )
 
     targets = ROLES[role].targets
     return [durable_name(role, target) for target in (targets or (None,))]

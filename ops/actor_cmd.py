@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from actors.devices import device_missing
-from actors.roles import ROLES
+from actors.roles.registry import ROLES
 from actors.runtime import run_actor
+from gpu_workers.targets import device_missing
 from ops.errors import UserError
 from ops.home import client_auth_for, nats_url, resolve_home
 from ops.lifecycle import run_command

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from actors.audit import audit_projections
-from actors.history import HISTORY_TYPES
-from actors.reverify import reverify
+from actors.campaign.history import HISTORY_TYPES
+from actors.records.audit import audit_projections
+from actors.records.reverify import reverify
 from eventstore.chain_audit import (
     check_anchor,
     check_chain,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from actors.best_kernels import describe, file_name, kernel_text, ranked, write_kernel
-from actors.ranking import campaign_baseline, own_times
+from actors.campaign.ranking import campaign_baseline, own_times
+from actors.records.best_kernels import describe, file_name, kernel_text, ranked, write_kernel
 from ops.errors import UserError
 from ops.options import HOME, JSON
 from ops.output import to_json

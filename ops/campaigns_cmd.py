@@ -8,9 +8,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from actors.campaign_overview import diff, row
-from actors.history import HISTORY_TYPES
-from actors.story import rebuild
+from actors.campaign.history import HISTORY_TYPES
+from actors.records.overview import diff, row
+from actors.records.story import rebuild
 from eventstore.snapshot import Snapshot
 from ops.errors import UserError
 from ops.options import HOME, JSON

@@ -9,19 +9,19 @@ from typing import Any, NoReturn
 import msgspec
 import typer
 
-from actors.devices import calibration_for, device_missing
-from actors.devices import recalibrate as recalibrate_device
-from gpu_workers.benchmarker import benchmark
+from gpu_workers.benchmarking import benchmark
 from gpu_workers.cpu.backend import VERIFY_LIMITS, CpuBackend
+from gpu_workers.cpu.build import default_cache_dir
 from gpu_workers.cpu.calibrate import CalibrationError
-from gpu_workers.cpu.compiler import default_cache_dir
 from gpu_workers.cuda.backend import VERIFY_LIMITS as CUDA_VERIFY_LIMITS
 from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import CalibrationError as GpuCalibrationError
-from gpu_workers.cuda.compiler import CudaBuild
-from gpu_workers.cuda.compiler import default_cache_dir as cuda_cache_dir
+from gpu_workers.cuda.nvcc import CudaBuild
+from gpu_workers.cuda.nvcc import default_cache_dir as cuda_cache_dir
 from gpu_workers.results import BenchmarkResult, Rejection, Verdict
-from gpu_workers.verifier import new_seed, precheck, verify
+from gpu_workers.targets import calibration_for, device_missing
+from gpu_workers.targets import recalibrate as recalibrate_device
+from gpu_workers.verification import new_seed, precheck, verify
 from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import Problem, ProblemError

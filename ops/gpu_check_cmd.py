@@ -18,8 +18,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from actors.campaign import Budget, CampaignSpec, Search, validate
-from actors.devices import calibration_for, device_missing
+from actors.campaign.campaign_file import Budget, CampaignSpec, Search, validate
+from gpu_workers.targets import calibration_for, device_missing
 from ops.errors import UserError
 from ops.hub import running_hub
 from ops.logging import quiet_logs

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from actors.spaces import kernel_templates
+from actors.search.spaces import kernel_templates
 from kernels.builtin import BUILTIN
 from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem

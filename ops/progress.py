@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from actors.history import History
-from actors.ranking import campaign_baseline, own_times, speedup_over
+from actors.campaign.history import History
+from actors.campaign.ranking import campaign_baseline, own_times, speedup_over
 from bus.follow import Msg
 from bus.heartbeat import LIVE_FOR, Heartbeat
 from eventstore.codec import InvalidEvent, decode

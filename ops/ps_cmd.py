@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from actors.roles import ROLES
+from actors.roles.registry import ROLES
 from actors.runtime import durable_name
 from bus.auth import AuthError, ClientAuth
 from bus.backlog import backlog

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from actors.story import story
+from actors.records.story import story
 from ops.errors import UserError
 from ops.options import HOME, JSON
 from ops.output import console, to_json

@@ -16,10 +16,8 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import CLexer, CudaLexer
 
-from actors.best_kernels import kernel_text, ranked
-from actors.campaign_overview import evaluation_order
-from actors.history import Candidate, History
-from actors.ranking import (
+from actors.campaign.history import Candidate, History
+from actors.campaign.ranking import (
     CampaignBaseline,
     OwnTime,
     campaign_baseline,
@@ -27,7 +25,9 @@ from actors.ranking import (
     speedup_over,
     standings,
 )
-from actors.story import Rebuilt
+from actors.records.best_kernels import kernel_text, ranked
+from actors.records.overview import evaluation_order
+from actors.records.story import Rebuilt
 from eventstore.events import Event, HostCalibrated
 from kernels.loading import load_problem
 

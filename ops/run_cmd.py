@@ -24,8 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from actors.best_kernels import describe, file_name, ranked, write_kernel
-from actors.campaign import (
+from actors.campaign.campaign_file import (
     Budget,
     CampaignError,
     CampaignSpec,
@@ -35,9 +34,8 @@ from actors.campaign import (
     validate,
     with_overrides,
 )
-from actors.history import History
-from actors.planner import summary
-from actors.ranking import (
+from actors.campaign.history import History
+from actors.campaign.ranking import (
     CampaignBaseline,
     OwnTime,
     best_of,
@@ -47,7 +45,9 @@ from actors.ranking import (
     speedup_over,
     standings,
 )
-from actors.spaces import design_spaces
+from actors.campaign.summary import summary
+from actors.records.best_kernels import describe, file_name, ranked, write_kernel
+from actors.search.spaces import design_spaces
 from bus.auth import AuthError, ClientAuth
 from bus.connection import INTERACTIVE_WAIT, connect, jetstream
 from bus.follow import follow

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from actors.history import HISTORY_TYPES
-from actors.story import Rebuilt, UnknownCampaign, rebuild
+from actors.campaign.history import HISTORY_TYPES
+from actors.records.story import Rebuilt, UnknownCampaign, rebuild
 from eventstore.duckdb_store import StoreLocked
 from eventstore.snapshot import Snapshot, open_snapshot
 from ops.errors import UserError

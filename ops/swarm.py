@@ -7,11 +7,11 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 
-from actors.devices import device_missing
-from actors.roles import ROLES, Role
+from actors.roles.registry import ROLES, Role
 from actors.runtime import Actor, ActorRuntime
 from bus.auth import ClientAuth
 from bus.connection import connect
+from gpu_workers.targets import device_missing
 
 RUN_ON_THE_DEVICE = ("verifier", "benchmarker")
 

@@ -28,7 +28,7 @@ class SwarmFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def load_swarm(path: Path) -> SwarmFile:
-    from actors.roles import ROLES  # the role table imports every actor: only when loading
+    from actors.roles.registry import ROLES  # the role table imports every actor: only when loading
 
     try:
         swarm = msgspec.convert(tomllib.loads(Path(path).read_text()), type=SwarmFile)

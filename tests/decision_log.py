@@ -13,7 +13,7 @@ from pathlib import Path
 
 import duckdb
 
-from actors.history import HISTORY_TYPES, History
+from actors.campaign.history import HISTORY_TYPES, History
 from eventstore.codec import decode
 from eventstore.events import Event
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from actors.roles import ROLES
+from actors.roles.registry import ROLES
 from bus.connection import Msg, connect
 from bus.heartbeat import HEARTBEAT_PREFIX, Heartbeat
 from eventstore.events import Event

@@ -18,7 +18,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from actors.history import History
+from actors.campaign.history import History
 from eventstore.codec import decode, encode
 from eventstore.events import Event
 from eventstore.store import GENESIS, chain_hash

@@ -10,12 +10,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from actors.audit import lessons_due
-from actors.campaign import Budget, CampaignSpec
-from actors.devices import device_missing, source_hash
-from actors.history import History
-from actors.planner import summary
-from actors.ranking import best_of
+from actors.campaign.campaign_file import Budget, CampaignSpec
+from actors.campaign.history import History
+from actors.campaign.ranking import best_of
+from actors.campaign.summary import summary
+from actors.records.audit import lessons_due
 from eventstore.codec import decode, encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
@@ -35,7 +34,9 @@ from eventstore.events import (
 )
 from eventstore.ids import derived_event_id
 from eventstore.store import Recorded
-from gpu_workers.cuda.compiler import nvcc_path
+from gpu_workers.cuda.nvcc import nvcc_path
+from gpu_workers.targets import device_missing
+from kernels.identity import source_hash
 from kernels.templates import example_kernel
 from tests.recorded_campaign import (
     CAMPAIGN_ID,

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from gpu_workers.benchmarker import (
+from gpu_workers.benchmarking import (
     MIN_RUNS,
     MIN_SECONDS,
     ROOFLINE_SLACK,

@@ -10,8 +10,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from actors.benchmarker import Benchmarker
-from actors.devices import source_hash
+from actors.roles.benchmarker import Benchmarker
 from actors.runtime import Actor, ActorRuntime
 from bus.connection import connect, jetstream
 from eventstore.emitter import Emitter
@@ -25,6 +24,7 @@ from eventstore.events import (
     new_event,
 )
 from eventstore.ids import new_event_id
+from kernels.identity import source_hash
 from ops.hub import Hub
 from tests.recorded_campaign import TWO_GENERATIONS, load_log
 

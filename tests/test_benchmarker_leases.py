@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from actors.benchmarker import Benchmarker, device_of
-from actors.devices import TimingBuilds
-from actors.history import History
+from actors.campaign.history import History
+from actors.roles.benchmarker import Benchmarker
+from actors.roles.verifier import Verifier
 from actors.runtime import ActorRuntime, Reactions
-from actors.verifier import Verifier
 from bus.connection import Client, Msg, connect, jetstream
-from bus.device_lease import DeviceLeases, TimingWindows
+from bus.device_lease import DeviceLeases, TimingWindows, device_key
 from eventstore.codec import decode
 from eventstore.emitter import Emitter, outgoing
 from eventstore.events import (
@@ -34,6 +33,7 @@ from eventstore.events import (
     new_event,
 )
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection, TimingStats
+from gpu_workers.targets import TimingBuilds, worker_device_index
 from kernels.spec import Problem
 from ops.hub import Hub
 from tests.recorded_campaign import TWO_GENERATIONS, load_log
@@ -245,7 +245,7 @@ async def test_a_verifier_waits_out_a_timed_window_on_its_host(hub: Hub) -> None
     written = next(e for e in load_log(TWO_GENERATIONS) if isinstance(e, KernelWritten))
     nc = await connect(hub.url, "kf-verifier")
     benchmarker = await DeviceLeases.open(jetstream(hub.nc), "benchmarker-9")
-    device = device_of("cpu", socket.gethostname())
+    device = device_key("cpu", socket.gethostname(), worker_device_index("cpu"))
     window = await benchmarker.leases.try_acquire(f"{device}.timing", "benchmarker-9")
     assert window is not None
     stop = asyncio.Event()

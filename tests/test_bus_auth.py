@@ -48,7 +48,7 @@ async def _violations(hub: Hub, count: int) -> list[str]:
 
 
 def test_every_user_has_a_private_seed_and_the_roles_match_the_actors(tmp_path: Path) -> None:
-    from actors.roles import ROLES
+    from actors.roles.registry import ROLES
 
     assert set(ACTOR_ROLES) == set(ROLES)
     assert set(USERS) == {*ROLES, "hub", "cli", "admin"}

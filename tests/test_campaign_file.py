@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.campaign import CampaignError, load_campaign, parse_shapes, with_overrides
+from actors.campaign.campaign_file import CampaignError, load_campaign, parse_shapes, with_overrides
 
 DEMO = Path(__file__).parent.parent / "campaigns" / "demo.toml"
 

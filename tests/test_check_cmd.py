@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from actors.devices import device_missing
+from gpu_workers.targets import device_missing
 from kernels.builtin import BUILTIN
 from kernels.templates import example_kernel
 from ops import check_cmd, problems_cmd

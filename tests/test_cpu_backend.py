@@ -11,8 +11,8 @@ import pytest
 from gpu_workers.calibration_cache import contended_path, is_quiet
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu.arena import PAGE, Arena, guard_ranges, layout
+from gpu_workers.cpu.build import CompiledKernel, bad_flags, compile_kernel
 from gpu_workers.cpu.calibrate import calibration_path, llc_bytes, load_or_calibrate
-from gpu_workers.cpu.compiler import CompiledKernel, bad_flags, compile_kernel
 from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.results import HostCalibration
 from kernels.builtin import BUILTIN

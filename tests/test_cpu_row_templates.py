@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.verifier import verify
+from gpu_workers.verification import verify
 from kernels.builtin import BUILTIN
 from kernels.design_space import ParamValue, Template
 from kernels.host_isa import host_cpu_flags

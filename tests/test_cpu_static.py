@@ -12,7 +12,7 @@ import pytest
 
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.cpu.compiler import (
+from gpu_workers.cpu.build import (
     CompiledKernel,
     compile_kernel,
     line_control_directives,

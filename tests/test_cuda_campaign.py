@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.campaign import CampaignError, CampaignSpec, Writer, validate
-from actors.devices import device_missing
-from actors.spaces import design_spaces
+from actors.campaign.campaign_file import CampaignError, CampaignSpec, Writer, validate
+from actors.search.spaces import design_spaces
+from gpu_workers.targets import device_missing
 from kernels.loading import load_problem
 from ops.gpu_check_cmd import CHECKS
 from tests.test_swarm import kfactory, sql

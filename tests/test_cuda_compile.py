@@ -16,7 +16,7 @@ import pytest
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cuda.arch import ARCHES, UnknownArch, limits_for, registers_per_block
 from gpu_workers.cuda.backend import CudaBackend
-from gpu_workers.cuda.compiler import CudaBuild, bad_flags, compile_cuda, nvcc_path
+from gpu_workers.cuda.nvcc import CudaBuild, bad_flags, compile_cuda, nvcc_path
 from gpu_workers.cuda.ptxas import parse_ptx, parse_ptxas_report, report_lines
 from gpu_workers.cuda.static import source_check, static_check
 from gpu_workers.results import Rejection
@@ -371,7 +371,7 @@ def test_a_compile_error_carries_the_log(tmp_path: Path) -> None:
 def test_a_compile_past_the_time_limit_is_stopped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gpu_workers.cuda.compiler.COMPILE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr("gpu_workers.cuda.nvcc.COMPILE_TIMEOUT_S", 0.05)
     result = compile_cuda(GOOD, ("-O3",), problem=SOFTMAX, dtype="fp32", cache_dir=tmp_path)
     assert isinstance(result, CompileFailure)
     assert result.reason == "compile_timeout"

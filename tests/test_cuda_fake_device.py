@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_workers.benchmarker import judge_calls
+from gpu_workers.benchmarking import judge_calls
 from gpu_workers.cuda import fresh, runner
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda import timing as cuda_timing
@@ -320,7 +320,7 @@ def test_a_kernel_wrong_on_odd_calls_is_rejected(
     run = cuda_timing.timing_run(GELU, "fp32", SHAPE, timing)
     assert judge_calls(GELU, "fp32", run.judged) is not None
     tolerance = GELU.tolerances["fp32"]
-    from gpu_workers.verifier import check_outputs
+    from gpu_workers.verification import check_outputs
 
     for call in timing.judged:
         wrong = check_outputs(GELU, tolerance, call.inputs, call.outputs, timing.poison_bits[0])

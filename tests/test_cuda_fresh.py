@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 
 from gpu_workers import runner_files as files
-from gpu_workers.benchmarker import judge_calls
+from gpu_workers.benchmarking import judge_calls
 from gpu_workers.cuda import fresh
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda import timing as cuda_timing
 from gpu_workers.cuda.backend import CudaBackend
-from gpu_workers.cuda.compiler import nvcc_identity, nvcc_path
 from gpu_workers.cuda.device import gpu_unavailable_reason
+from gpu_workers.cuda.nvcc import nvcc_identity, nvcc_path
 from gpu_workers.cuda.timing import CudaCall, CudaTiming, Recheck
 from gpu_workers.results import Rejection, SandboxReport
 from gpu_workers.sandbox import SandboxOutcome
-from gpu_workers.verifier import check_outputs
+from gpu_workers.verification import check_outputs
 from kernels.builtin import BUILTIN, GELU
 
 NO_GPU = gpu_unavailable_reason()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gpu_workers import runner_files as files
-from gpu_workers.benchmarker import judge_calls
+from gpu_workers.benchmarking import judge_calls
 from gpu_workers.cuda import backend as cuda_backend
 from gpu_workers.cuda import baselines, fresh
 from gpu_workers.cuda import protocol as p
@@ -25,7 +25,6 @@ from gpu_workers.cuda import timing as cuda_timing
 from gpu_workers.cuda.backend import VERIFY_LIMITS, CudaBackend
 from gpu_workers.cuda.baselines import ARRAY_FORMULAS, choose_baseline, has_formula
 from gpu_workers.cuda.calibrate import CalibrationError, matmul_library, measure
-from gpu_workers.cuda.compiler import CudaBuild, nvcc_path
 from gpu_workers.cuda.device import (
     DeviceInfo,
     Library,
@@ -38,10 +37,11 @@ from gpu_workers.cuda.device import (
     unavailable_reason,
 )
 from gpu_workers.cuda.driver import Loaded, pack
+from gpu_workers.cuda.nvcc import CudaBuild, nvcc_path
 from gpu_workers.cuda.runner import FAULT_EXIT, HARNESS_EXIT
 from gpu_workers.results import Rejection, SandboxReport
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed
-from gpu_workers.verifier import check_outputs, plan_trials, verify
+from gpu_workers.verification import check_outputs, plan_trials, verify
 from kernels.builtin import BUILTIN, GELU
 from kernels.cuda_launch import parse_launch_plan
 from kernels.templates import TEMPLATES

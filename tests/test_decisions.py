@@ -11,13 +11,13 @@ from typing import Any, TypeVar
 import msgspec
 import pytest
 
-from actors.history import History
-from actors.lessons import draw_lessons, parameter_effects
-from actors.librarian import decide_librarian
-from actors.planner import WALL_TIME_REASON, decide_deadline, decide_planner
-from actors.ranking import campaign_baseline, own_times
+from actors.campaign.history import History
+from actors.campaign.ranking import campaign_baseline, own_times
+from actors.roles.librarian import decide_librarian
+from actors.roles.planner import WALL_TIME_REASON, decide_deadline, decide_planner
 from actors.runtime import Reactions
-from actors.spaces import design_spaces
+from actors.search.lessons import draw_lessons, parameter_effects
+from actors.search.spaces import design_spaces
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,

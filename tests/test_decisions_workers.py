@@ -9,10 +9,9 @@ from typing import TypeVar
 import msgspec
 import pytest
 
-from actors.benchmarker import TimedWindow, decide_timed, timing_job
-from actors.devices import source_hash
-from actors.history import History
-from actors.kernel_writer import (
+from actors.campaign.history import History
+from actors.roles.benchmarker import TimedWindow, decide_timed, timing_job
+from actors.roles.kernel_writer import (
     Kernel,
     decide_fusion,
     decide_reply,
@@ -20,9 +19,9 @@ from actors.kernel_writer import (
     decide_written,
     variation_prompt,
 )
+from actors.roles.verifier import decide_verdict
 from actors.runtime import PoisonMessage, Reactions
-from actors.variation import LLM_TEMPLATE
-from actors.verifier import decide_verdict
+from actors.search.variation import LLM_TEMPLATE
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,
@@ -47,6 +46,7 @@ from gpu_workers.results import (
 )
 from kernels.builtin import BUILTIN
 from kernels.fusion.plan import plan as fusion_plan
+from kernels.identity import source_hash
 from kernels.templates import TEMPLATES
 from tests.recorded_campaign import TWO_GENERATIONS, history_of, load_log
 

@@ -18,7 +18,8 @@ from ops.cli import app
 DEPLOY = Path(__file__).parent.parent / "ops" / "deploy"
 UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
 SOURCES = ("actors", "bus", "eventstore", "kernels", "gpu_workers", "ops")
-#: The variable a campaign's `writer.api_key_env` names by default (actors/campaign.py).
+#: The variable a campaign's `writer.api_key_env` names by default
+#: (actors/campaign/campaign_file.py).
 LLM_KEY = "OPENAI_API_KEY"
 
 

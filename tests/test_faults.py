@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from actors.campaign import load_campaign
-from actors.kernel_writer import KernelWriter
-from actors.roles import ROLES
+from actors.campaign.campaign_file import load_campaign
+from actors.roles.kernel_writer import KernelWriter
+from actors.roles.registry import ROLES
 from actors.runtime import Reactions
 from bus.auth import create_seed_file
 from bus.connection import Msg, connect

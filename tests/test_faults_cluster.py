@@ -14,8 +14,8 @@ import pytest
 import pytest_asyncio
 from rich.console import Console
 
-from actors.campaign import load_campaign
-from actors.roles import ROLES
+from actors.campaign.campaign_file import load_campaign
+from actors.roles.registry import ROLES
 from bus.auth import ClientAuth
 from bus.cluster import LocalCluster, wait_for_jetstream
 from bus.connection import Msg, connect, jetstream

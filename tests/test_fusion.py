@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.verifier import verify
+from gpu_workers.verification import verify
 from kernels.builtin import BUILTIN
 from kernels.cuda_launch import parse_launch_plan
 from kernels.design_space import InvalidParams, Template

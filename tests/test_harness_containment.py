@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_workers.benchmarker import benchmark
+from gpu_workers.benchmarking import benchmark
 from gpu_workers.cpu.arena import Arena, guard_ranges, layout
 from gpu_workers.cpu.backend import DRIVER_ENV, CpuBackend
-from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel
+from gpu_workers.cpu.build import CompiledKernel, compile_kernel
 from gpu_workers.cpu.kernel_process import HostLimits, KernelEnded, KernelProcess
 from gpu_workers.cpu.trusted_build import fresh_inputs_library, kernel_host
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
-from gpu_workers.verifier import judge_runs, plan_trials, verify
+from gpu_workers.verification import judge_runs, plan_trials, verify
 from kernels.builtin import BUILTIN
 from tests.cpu_support import EXAMPLES, FLAGS, calibration, cpu_backend, kf_cache, planted
 

@@ -23,7 +23,7 @@ import nkeys
 import pytest
 from nats.js.errors import NotFoundError
 
-from actors.roles import ROLES
+from actors.roles.registry import ROLES
 from actors.runtime import durable_name
 from bus.auth import ClientAuth, create_seed_file
 from bus.connection import JS_DOMAIN_ENV, Client, connect, jetstream

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from actors.llm.archive import Archive, ArchiveEntry, Niche, band_of
+from actors.search.llm.archive import Archive, ArchiveEntry, Niche, band_of
 
 
 def entry(cid: str, family: str, algorithm: str, speedup: float | None) -> ArchiveEntry:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from actors.llm.client import (
+from actors.search.llm.client import (
     LOCAL_PLACEHOLDER_KEY,
     LlmClient,
     LlmConfig,

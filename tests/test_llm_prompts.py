@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from actors.llm import prompts
-from actors.llm.client import LlmClient, LlmConfig
-from actors.llm.extract import NoCodeFound, extract_kernel
-from actors.llm.prompts import RejectionEvidence, crossover, fix, improve
+from actors.search.llm import prompts
+from actors.search.llm.client import LlmClient, LlmConfig
+from actors.search.llm.extract import NoCodeFound, extract_kernel
+from actors.search.llm.prompts import RejectionEvidence, crossover, fix, improve
 from gpu_workers.cpu.backend import CpuBackend
 from kernels.loading import load_problem
 from tests.fake_openai import FakeOpenAI, Reply

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from actors.campaign import load_campaign
-from actors.librarian import Librarian
-from actors.planner import Planner
+from actors.campaign.campaign_file import load_campaign
+from actors.roles.librarian import Librarian
+from actors.roles.planner import Planner
 from actors.runtime import ActorRuntime
 from bus.connection import connect, jetstream
 from eventstore.emitter import Emitter

@@ -1,7 +1,8 @@
-"""A search that learns across campaigns (`actors.priors`, `actors.search`): a warm study
-proposes the earlier campaigns' best points first and never a point they rejected as a
-wrong kernel; with no earlier campaign it is the cold study, unchanged; the same history
-gives the same proposals. From built events, and from the recorded campaign's log."""
+"""A search that learns across campaigns (`actors.search.priors`,
+`actors.search.template_search`): a warm study proposes the earlier campaigns' best
+points first and never a point they rejected as a wrong kernel; with no earlier campaign
+it is the cold study, unchanged; the same history gives the same proposals. From built
+events, and from the recorded campaign's log."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from actors.campaign import CampaignSpec
-from actors.history import Candidate, History, param_key
-from actors.planner import decide_planner
-from actors.priors import prior_of, shape_similarity
+from actors.campaign.campaign_file import CampaignSpec
+from actors.campaign.history import Candidate, History, param_key
+from actors.roles.planner import decide_planner
 from actors.runtime import Reactions
-from actors.search import PRIOR_FLOOR, Proposal, TemplateSearch
-from actors.spaces import design_spaces
+from actors.search.priors import prior_of, shape_similarity
+from actors.search.spaces import design_spaces
+from actors.search.template_search import PRIOR_FLOOR, Proposal, TemplateSearch
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,

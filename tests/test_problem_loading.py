@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors.campaign import CampaignSpec
+from actors.campaign.campaign_file import CampaignSpec
 from kernels import loading, shape_rules
 from kernels.builtin import BUILTIN
 from kernels.loading import ProblemLoadError, load_problem

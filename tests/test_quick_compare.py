@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpu_workers.quick_compare import CHUNK, all_pass
-from gpu_workers.verifier import compare_whole
+from gpu_workers.verification import compare_whole
 from kernels.builtin import BUILTIN
 
 POISON = 0x7FBADBAD

@@ -12,14 +12,14 @@ import duckdb
 import msgspec
 from rich.console import Console
 
-from actors.audit import audit_projections
-from actors.best_kernels import ranked
-from actors.campaign import Budget, CampaignSpec
-from actors.history import History
-from actors.librarian import decide_librarian
-from actors.ranking import best_of, campaign_baseline, own_times, speedup_over, standings
+from actors.campaign.campaign_file import Budget, CampaignSpec
+from actors.campaign.history import History
+from actors.campaign.ranking import best_of, campaign_baseline, own_times, speedup_over, standings
+from actors.records.audit import audit_projections
+from actors.records.best_kernels import ranked
+from actors.records.story import generations as story_generations
+from actors.roles.librarian import decide_librarian
 from actors.runtime import Reactions
-from actors.story import generations as story_generations
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
@@ -36,7 +36,7 @@ from eventstore.events import (
     new_event,
 )
 from eventstore.store import Recorded
-from gpu_workers.benchmarker import (
+from gpu_workers.benchmarking import (
     PROMOTION_ALPHA,
     TimingRun,
     head_to_head,

@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from actors.campaign import Budget, CampaignSpec, validate
+from actors.campaign.campaign_file import Budget, CampaignSpec, validate
 from actors.runtime import ActorRuntime
 from bus.connection import connect, jetstream
 from eventstore.emitter import Emitter

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from actors.campaign import Budget, CampaignSpec, Search
-from actors.roles import ROLES
+from actors.campaign.campaign_file import Budget, CampaignSpec, Search
+from actors.roles.registry import ROLES
 from actors.runtime import Actor, ActorRuntime, Reactions
 from bus.auth import ClientAuth
 from bus.connection import Client, connect

@@ -11,11 +11,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from actors.campaign import load_campaign
-from actors.history import Candidate
-from actors.llm import prompts
-from actors.spaces import design_spaces, kernel_templates, seed_points, template_named
-from actors.variation import archive_of, blank_page, source_traits, variations
+from actors.campaign.campaign_file import load_campaign
+from actors.campaign.history import Candidate
+from actors.search.llm import prompts
+from actors.search.spaces import design_spaces, kernel_templates, seed_points, template_named
+from actors.search.variation import archive_of, blank_page, source_traits, variations
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.sandbox import Limits
-from gpu_workers.verifier import check_outputs, plan_trials, trial_shapes, verify
+from gpu_workers.verification import check_outputs, plan_trials, trial_shapes, verify
 from kernels.builtin import BUILTIN
 from kernels.templates import EXAMPLE_TEMPLATES, TEMPLATES, example_file_text
 from tests.cpu_support import EXAMPLES, FLAGS, calibration, cpu_backend, kf_cache, planted

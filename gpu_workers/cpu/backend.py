@@ -10,10 +10,10 @@ import msgspec
 import numpy as np
 
 from gpu_workers import runner_files as files
-from gpu_workers.benchmarker import TimingRun
+from gpu_workers.benchmarking import TimingRun
 from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.compiler import CompiledKernel, compile_kernel, nan_safe
+from gpu_workers.cpu.build import CompiledKernel, compile_kernel, nan_safe
 from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.cpu.timing_run import arena_bytes
 from gpu_workers.cpu.trusted_build import cache_flush_library, fresh_inputs_library, kernel_host
@@ -22,7 +22,7 @@ from gpu_workers.results import Mechanism, Rejection, SandboxReport
 from gpu_workers.runner_files import expect_reply, write_request
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
 from gpu_workers.sandbox_outcome import contention
-from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial, new_seed
+from gpu_workers.verification import CompileOutcome, RunOutcome, RunOutput, Trial, new_seed
 from kernels.spec import Problem
 
 RUNNER = "gpu_workers.cpu.runner"

@@ -17,7 +17,7 @@ from gpu_workers.cache_root import cache_root
 from gpu_workers.calibration_cache import cached_calibration, is_quiet
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.compiler import compile_kernel
+from gpu_workers.cpu.build import compile_kernel
 from gpu_workers.results import HostCalibration
 from gpu_workers.runner_files import read_reply, write_request
 from gpu_workers.sandbox import Limits, run_sandboxed, sandbox_dir

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from gpu_workers.cpu.compiler import CompiledKernel, bad_flags, scan_source
+from gpu_workers.cpu.build import CompiledKernel, bad_flags, scan_source
 from gpu_workers.results import Rejection
 
 _MATH = [

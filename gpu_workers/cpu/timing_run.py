@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu_workers import runner_files as files
-from gpu_workers.benchmarker import JudgedCall, judge_calls
+from gpu_workers.benchmarking import JudgedCall, judge_calls
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.arena import ITEMSIZE, Arena, guard_ranges, layout, poison, slot_bytes
 from gpu_workers.cpu.freed_memory import keep_freed_memory
@@ -36,7 +36,7 @@ from gpu_workers.pass_band import Band
 from gpu_workers.recheck_pool import entry
 from gpu_workers.results import Rejection
 from gpu_workers.sandbox import host_busy_seconds
-from gpu_workers.verifier import trial_seed
+from gpu_workers.verification import trial_seed
 from kernels.loading import load_problem
 from kernels.spec import Arrays, Problem
 

@@ -20,18 +20,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpu_workers import runner_files as files
-from gpu_workers.benchmarker import TimingRun
+from gpu_workers.benchmarking import TimingRun
 from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda.arch import DEFAULT_ARCH
 from gpu_workers.cuda.baselines import NAIVE_CUDA, choose_baseline, naive_template
-from gpu_workers.cuda.compiler import (
-    CudaBuild,
-    compile_cuda,
-    default_cache_dir,
-    nvcc_identity,
-    nvcc_path,
-)
 from gpu_workers.cuda.device import (
     cuda_env,
     cuda_libraries,
@@ -40,6 +33,13 @@ from gpu_workers.cuda.device import (
     require_gpu,
 )
 from gpu_workers.cuda.fresh import JUDGED_CALLS, refresh_cubin
+from gpu_workers.cuda.nvcc import (
+    CudaBuild,
+    compile_cuda,
+    default_cache_dir,
+    nvcc_identity,
+    nvcc_path,
+)
 from gpu_workers.cuda.static import source_check, static_check
 from gpu_workers.cuda.timing import CudaTiming, default_rechecks, read_timing, timing_run
 from gpu_workers.results import Rejection
@@ -52,7 +52,7 @@ from gpu_workers.runner_files import (
 )
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
 from gpu_workers.sandbox_outcome import sandbox_failure
-from gpu_workers.verifier import CompileOutcome, RunOutcome, RunOutput, Trial
+from gpu_workers.verification import CompileOutcome, RunOutcome, RunOutput, Trial
 from kernels.cuda_launch import LaunchError, LaunchPlan, parse_launch_plan
 from kernels.spec import Problem
 

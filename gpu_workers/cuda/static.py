@@ -66,7 +66,7 @@ from gpu_workers.results import Rejection
 from kernels.cuda_launch import MAX_BLOCK, Launch, LaunchError, LaunchPlan
 
 if TYPE_CHECKING:
-    from gpu_workers.cuda.compiler import CudaBuild
+    from gpu_workers.cuda.nvcc import CudaBuild
 
 ALLOWED_HEADERS = frozenset(
     {

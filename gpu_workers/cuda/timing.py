@@ -4,7 +4,7 @@ The runner (gpu_workers.cuda.runner) writes its BenchReply and, beside it, the i
 (as given and as left) and outputs of the kernel calls chosen at random by the secret
 seed, and the outputs of the re-checks after timing. `read_timing` reads them back as a
 CudaTiming; `timing_run` makes the benchmarker's TimingRun of it, whose `judged` calls
-the benchmarker judges (gpu_workers.benchmarker.judge_calls): the timed calls on the
+the benchmarker judges (gpu_workers.benchmarking.judge_calls): the timed calls on the
 inputs read back from the device (drawn there by the secret seed, so only the runner saw
 them), the re-checks on inputs generated here again from their (distribution, seed).
 """
@@ -15,12 +15,12 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from gpu_workers.benchmarker import JudgedCall, TimingRun
+from gpu_workers.benchmarking import JudgedCall, TimingRun
 from gpu_workers.cuda import protocol as p
 from gpu_workers.results import Rejection, SandboxReport
 from gpu_workers.sandbox import SandboxOutcome
 from gpu_workers.sandbox_outcome import contention
-from gpu_workers.verifier import trial_seed
+from gpu_workers.verification import trial_seed
 from kernels.spec import Arrays, Problem
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from actors.history import HISTORY_TYPES, History
+from actors.campaign.history import HISTORY_TYPES, History
 from bus.connection import Client
 from eventstore.queries import replay
 

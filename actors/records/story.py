@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from actors.history import Candidate, History
-from actors.ranking import OwnTime, best_of, own_times
+from actors.campaign.history import Candidate, History
+from actors.campaign.ranking import OwnTime, best_of, own_times
 from eventstore.events import CandidateProposed, Event, LessonLearned
 
 

@@ -11,17 +11,26 @@ the kernels of candidates (`kernel`, `best`).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
-from actors.history import Candidate, History
-from actors.lessons import draw_lessons
-from actors.ranking import best_of
-from actors.replayer import HistoryReader
+from actors.campaign.history import Candidate, History
+from actors.campaign.ranking import best_of
+from actors.campaign.replayer import HistoryReader
+from actors.roles.messages import (
+    SERVICE,
+    KernelReply,
+    KernelRequest,
+    LessonsRequest,
+    LessonView,
+    SeenReply,
+    SeenRequest,
+)
 from actors.runtime import Actor, Reactions
+from actors.search.lessons import draw_lessons
 from bus.connection import Client
-from bus.service import RequestRefused, Service, request, serve
+from bus.service import RequestRefused, Service, serve
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,
@@ -35,46 +44,6 @@ from eventstore.events import (
     LessonLearned,
 )
 from eventstore.ids import derived_event_id
-
-SERVICE = "kf-librarian"
-
-
-class SeenRequest(msgspec.Struct, frozen=True):
-    campaign_id: str
-    param_keys: list[str] = []
-    source_hash: str | None = None
-    candidate_id: str = ""
-
-
-class SeenReply(msgspec.Struct, frozen=True):
-    keys: dict[str, str | None]
-    """param key -> the candidate that already has it (evaluated or in flight)."""
-    source_duplicate_of: str | None = None
-    """The event that settled an earlier candidate with the same kernel source."""
-
-
-class KernelRequest(msgspec.Struct, frozen=True):
-    campaign_id: str
-    candidate_id: str | None = None  # None: the campaign's best
-
-
-class KernelReply(msgspec.Struct, frozen=True):
-    candidate_id: str
-    source: str
-    flags: list[str]
-    speedup: float | None = None
-    rejection: dict[str, Any] | None = None
-
-
-class LessonsRequest(msgspec.Struct, frozen=True):
-    campaign_id: str
-
-
-class LessonView(msgspec.Struct, frozen=True):
-    kind: str
-    statement: str
-    data: dict[str, Any]
-    evidence_ids: list[str]
 
 
 class Librarian(Actor):
@@ -238,23 +207,3 @@ def _decode(data: bytes, kind: type[T]) -> T:
         return msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise RequestRefused(f"bad request: {exc}") from exc
-
-
-# --- what other actors call -------------------------------------------------------------
-
-
-async def ask_seen(nc: Client, ask: SeenRequest) -> SeenReply:
-    reply = await request(nc, SERVICE, "seen", msgspec.json.encode(ask), timeout=30)
-    return msgspec.json.decode(reply, type=SeenReply)
-
-
-async def ask_kernel(nc: Client, campaign_id: str, candidate_id: str | None) -> KernelReply | None:
-    ask = KernelRequest(campaign_id, candidate_id)
-    reply = await request(nc, SERVICE, "kernel", msgspec.json.encode(ask), timeout=30)
-    return msgspec.json.decode(reply, type=KernelReply | None)
-
-
-async def ask_lessons(nc: Client, campaign_id: str) -> list[LessonView]:
-    ask = LessonsRequest(campaign_id)
-    reply = await request(nc, SERVICE, "lessons", msgspec.json.encode(ask), timeout=30)
-    return msgspec.json.decode(reply, type=list[LessonView])

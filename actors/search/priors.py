@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from actors.history import Candidate
+from actors.campaign.history import Candidate
 
 WRONG_KERNEL_STAGES = ("compile", "static", "run", "compare")
 """Stages whose rejection says the kernel itself is wrong (other stages, such as timing

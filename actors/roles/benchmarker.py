@@ -1,6 +1,6 @@
 """The benchmarker: times each verified kernel against the numpy baseline and the
 campaign's incumbent, interleaved in one run, then re-checks it on new inputs
-(`gpu_workers.benchmarker`).
+(`gpu_workers.benchmarking`).
 
 It times only while it holds the device's lease in the NATS KV (`bus.device_lease`): one
 benchmarker at a time per device, on any host, and no verification or compilation
@@ -25,15 +25,8 @@ from typing import Any
 
 import msgspec
 
-from actors.devices import (
-    TimingBuilds,
-    build_for_timing,
-    calibration_for,
-    calibration_kept,
-    recalibrate,
-)
-from actors.history import History
-from actors.replayer import HistoryReader
+from actors.campaign.history import History
+from actors.campaign.replayer import HistoryReader
 from actors.runtime import Actor, PoisonMessage, Reactions
 from bus.connection import Client, jetstream
 from bus.device_lease import DEVICE_LEASE_TTL, DeviceLeases, TimingWindows, device_key
@@ -49,16 +42,17 @@ from eventstore.events import (
     new_event,
 )
 from gpu_workers.calibration_cache import is_quiet
-from gpu_workers.cuda.device import device_index
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
+from gpu_workers.targets import (
+    TimingBuilds,
+    build_for_timing,
+    calibration_for,
+    calibration_kept,
+    recalibrate,
+    worker_device_index,
+)
 from kernels.loading import load_problem
 from kernels.spec import Problem
-
-
-def device_of(target: str, host: str) -> str:
-    """The lease key of the device a `target` worker on `host` runs kernels on: the
-    host's cores for cpu, its GPU (CUDA_VISIBLE_DEVICES' first) for cuda."""
-    return device_key(target, host, device_index() if target == "cuda" else None)
 
 
 class TimedWindow(msgspec.Struct, frozen=True):
@@ -209,7 +203,7 @@ class Benchmarker(Actor):
         """The history, and the device's leases."""
         self._reader = HistoryReader(nc)
         self._leases = await DeviceLeases.open(jetstream(nc), ref.instance, self.lease_ttl)
-        self._device = device_of(self.target, ref.host)
+        self._device = device_key(self.target, ref.host, worker_device_index(self.target))
 
     async def handle(self, event: Event, out: Reactions) -> None:
         """The edges: catch up, build (off the event loop, with a share of the device),

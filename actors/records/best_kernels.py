@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from actors.history import Candidate, History
-from actors.ranking import CampaignBaseline, OwnTime, leaderboard, speedup_over
+from actors.campaign.history import Candidate, History
+from actors.campaign.ranking import CampaignBaseline, OwnTime, leaderboard, speedup_over
 from gpu_workers.atomic_file import write_atomically
 
 EXTENSIONS = {"cpu": ".c", "cuda": ".cu"}
@@ -15,7 +15,7 @@ EXTENSIONS = {"cpu": ".c", "cuda": ".cu"}
 
 def ranked(history: History, campaign_id: str) -> list[Candidate]:
     """Timed kernels at the campaign's shape: the best (promoted head to head) first, then
-    the others by their own median time (`actors.ranking.leaderboard`)."""
+    the others by their own median time (`actors.campaign.ranking.leaderboard`)."""
     return [c for c in leaderboard(history.campaign_candidates(campaign_id)) if c.written]
 
 
@@ -51,7 +51,7 @@ def describe(
     baseline: CampaignBaseline | None = None,
 ) -> dict[str, Any]:
     """A kernel's figures: `median_ns` is its own time over every run that timed it
-    (`actors.ranking.own_times`), `run_median_ns` its own run's. With the campaign's
+    (`actors.campaign.ranking.own_times`), `run_median_ns` its own run's. With the campaign's
     `baseline`, its speedup over that too."""
     written, timed = candidate.written, candidate.benchmark
     assert written is not None and timed is not None

@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from actors.campaign import CampaignSpec, decode_config
-from actors.ranking import best_of
+from actors.campaign.campaign_file import CampaignSpec, decode_config
+from actors.campaign.ranking import best_of
 from eventstore.events import (
     BenchmarkCompleted,
     CampaignFinished,
@@ -258,7 +258,7 @@ class History:
         ]
 
     def best(self, campaign_id: str) -> Candidate | None:
-        """The incumbent: promoted only by a head-to-head win (`actors.ranking`)."""
+        """The incumbent: promoted only by a head-to-head win (`actors.campaign.ranking`)."""
         return best_of(self.campaign_candidates(campaign_id))
 
     def generation_settled(self, campaign_id: str, generation: int) -> bool:

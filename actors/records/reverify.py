@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import secrets
 
-from actors.campaign import CampaignSpec
-from actors.devices import backend_for, calibration_for, compile_and_time, device_missing
-from actors.history import Candidate, History
+from actors.campaign.campaign_file import CampaignSpec
+from actors.campaign.history import Candidate, History
 from eventstore.claims import Claim, agrees, differs, skipped
 from gpu_workers.results import BenchmarkResult
-from gpu_workers.verifier import precheck, verify
+from gpu_workers.targets import backend_for, calibration_for, compile_and_time, device_missing
+from gpu_workers.verification import precheck, verify
 from kernels.loading import load_problem
 
 NO_COMPILER = "no_compiler"

@@ -14,11 +14,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.campaign import CampaignSpec
-from actors.history import Candidate
-from actors.llm.archive import Archive, ArchiveEntry
-from actors.search import Proposal
-from actors.spaces import kernel_templates
+from actors.campaign.campaign_file import CampaignSpec
+from actors.campaign.history import Candidate
+from actors.search.llm.archive import Archive, ArchiveEntry
+from actors.search.spaces import kernel_templates
+from actors.search.template_search import Proposal
 from kernels.templates import TEMPLATES
 
 LLM_TEMPLATE = "llm"

@@ -3,27 +3,39 @@ benchmarker; and whether this host has the device at all."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Generic
 
-from gpu_workers.benchmarker import Backend, BuildT, benchmark
+from gpu_workers.benchmarking import Backend, BuildT, benchmark
 from gpu_workers.calibration_cache import is_quiet
 from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cpu.build import default_cache_dir
 from gpu_workers.cpu.calibrate import load_or_calibrate as calibrate_cpu
-from gpu_workers.cpu.compiler import default_cache_dir
 from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import load_or_calibrate as calibrate_gpu
-from gpu_workers.cuda.compiler import default_cache_dir as cuda_cache_dir
-from gpu_workers.cuda.device import benchmark_unavailable_reason, gpu_unavailable_reason
+from gpu_workers.cuda.device import (
+    benchmark_unavailable_reason,
+    device_index,
+    gpu_unavailable_reason,
+)
+from gpu_workers.cuda.nvcc import default_cache_dir as cuda_cache_dir
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from kernels.design_space import TARGET_DTYPES
 from kernels.spec import Problem
 
 TARGETS = tuple(TARGET_DTYPES)
+
+PRECHECKED_TARGETS = ("cuda",)
+"""Targets whose verification is split: compile and static here, the run on the device."""
+
+
+def worker_device_index(target: str) -> str | None:
+    """The device a `target` worker on this host runs kernels on: None for cpu (the host's
+    cores), the GPU (CUDA_VISIBLE_DEVICES' first) for cuda."""
+    return device_index() if target == "cuda" else None
 
 
 class UnsupportedTarget(ValueError):
@@ -115,7 +127,7 @@ class TimingBuilds(Generic[BuildT]):
     incumbent: BuildT | None
 
     def time(self, problem: Problem, calibration: HostCalibration, **options: Any) -> Timed:
-        """Time the build (`gpu_workers.benchmarker.benchmark`, with `options`)."""
+        """Time the build (`gpu_workers.benchmarking.benchmark`, with `options`)."""
         return benchmark(
             problem, self.backend, self.build, calibration, incumbent=self.incumbent, **options
         )
@@ -161,8 +173,3 @@ def compile_and_time(
     if isinstance(builds, Rejection):
         return builds
     return builds.time(problem, calibration, dtype=dtype, **options)
-
-
-def source_hash(source: str, flags: list[str] | tuple[str, ...]) -> str:
-    """The identity of a kernel: its source and the flags it is built with."""
-    return hashlib.sha256(("// flags: " + " ".join(flags) + "\n" + source).encode()).hexdigest()

@@ -18,17 +18,16 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.campaign import Writer
-from actors.devices import source_hash
-from actors.history import Candidate, History
-from actors.librarian import ask_lessons
-from actors.llm import prompts
-from actors.llm.extract import NoCodeFound, extract_kernel
-from actors.llm.prompts import DEFAULT_FLAGS, RejectionEvidence
-from actors.replayer import HistoryReader
+from actors.campaign.campaign_file import Writer
+from actors.campaign.history import Candidate, History
+from actors.campaign.replayer import HistoryReader
+from actors.roles.messages import ask_lessons
 from actors.runtime import Actor, PoisonMessage, Reactions
-from actors.spaces import template_named
-from actors.variation import LLM_TEMPLATE, WRITE
+from actors.search.llm import prompts
+from actors.search.llm.extract import NoCodeFound, extract_kernel
+from actors.search.llm.prompts import DEFAULT_FLAGS, RejectionEvidence
+from actors.search.spaces import template_named
+from actors.search.variation import LLM_TEMPLATE, WRITE
 from bus.connection import Client
 from eventstore.events import (
     ActorRef,
@@ -44,6 +43,7 @@ from eventstore.events import (
 from eventstore.queries import replay
 from kernels.design_space import InvalidParams, Template
 from kernels.fusion.plan import plan as fusion_plan
+from kernels.identity import source_hash
 from kernels.loading import load_problem
 from kernels.spec import Problem
 from kernels.templates import TEMPLATES
@@ -249,7 +249,7 @@ class KernelWriter(Actor):
         out: Reactions,
     ) -> str | None:
         # Imported here: openai takes ~0.4 s to import, and only LLM campaigns need it.
-        from actors.llm.client import LlmClient, LlmConfig, LlmConfigError, LlmFailed
+        from actors.search.llm.client import LlmClient, LlmConfig, LlmConfigError, LlmFailed
 
         config = LlmConfig(
             base_url=writer.base_url or "",

@@ -29,7 +29,7 @@ from gpu_workers.results import (
     SandboxReport,
     TimingStats,
 )
-from gpu_workers.verifier import DeviceBackend, bits, compare_outputs, new_seed, trial_seed
+from gpu_workers.verification import DeviceBackend, bits, compare_outputs, new_seed, trial_seed
 from kernels.spec import Arrays, Cost, Problem
 
 MIN_RUNS = 30

@@ -27,14 +27,15 @@ from typing import Any
 
 import structlog
 
-from actors.campaign import CampaignSpec
-from actors.history import Campaign, Candidate, History
-from actors.librarian import SeenRequest, ask_lessons, ask_seen
-from actors.replayer import HistoryReader
+from actors.campaign.campaign_file import CampaignSpec
+from actors.campaign.history import Campaign, Candidate, History
+from actors.campaign.replayer import HistoryReader
+from actors.campaign.summary import spent_candidates, summary
+from actors.roles.messages import SeenRequest, ask_lessons, ask_seen
 from actors.runtime import Actor, Reactions
-from actors.search import Proposal, Space, TemplateSearch
-from actors.spaces import design_spaces, seed_points
-from actors.variation import LLM_TEMPLATE, blank_page, seeds, variations
+from actors.search.spaces import design_spaces, seed_points
+from actors.search.template_search import Proposal, Space, TemplateSearch
+from actors.search.variation import LLM_TEMPLATE, blank_page, seeds, variations
 from bus.connection import Client, jetstream
 from eventstore.emitter import Emitter
 from eventstore.events import (
@@ -51,7 +52,7 @@ from eventstore.events import (
 from eventstore.ids import derived_event_id
 from kernels.loading import ProblemLoadError
 
-log = structlog.get_logger("actors.planner")
+log = structlog.get_logger("actors.roles.planner")
 
 
 #: How often the planner looks at its campaigns' wall-time deadlines.
@@ -397,13 +398,6 @@ def _avoided(proposal: Proposal, regions: list[dict[str, Any]]) -> bool:
     )
 
 
-def spent_candidates(history: History, campaign: Campaign) -> int:
-    """Candidates that count against the budget: all proposed but the deduplicated."""
-    return sum(
-        1 for c in history.campaign_candidates(campaign.started.campaign_id) if c.duplicate is None
-    )
-
-
 def _finish_reason(history: History, campaign: Campaign, now: datetime) -> str | None:
     spec = campaign.spec
     spent = spent_candidates(history, campaign)
@@ -418,26 +412,3 @@ def _finish_reason(history: History, campaign: Campaign, now: datetime) -> str |
             f">= {spec.budget.stop_at_roofline:.0%}"
         )
     return None
-
-
-def summary(history: History, campaign: Campaign) -> dict[str, Any]:
-    campaign_id = campaign.started.campaign_id
-    candidates = history.campaign_candidates(campaign_id)
-    best = history.best(campaign_id)
-    return {
-        "evaluated": sum(1 for c in candidates if c.evaluated),
-        "duplicates_avoided": sum(1 for c in candidates if c.duplicate),
-        "rejected_by_stage": history.rejections_by_stage(campaign_id),
-        "generations": len(campaign.generations),
-        "best": None
-        if best is None or best.benchmark is None
-        else {
-            "candidate_id": best.candidate_id,
-            "speedup": best.benchmark.speedup,
-            "roofline_fraction": best.benchmark.roofline_fraction,
-            "median_ns": best.benchmark.median_ns,
-            "baseline": best.benchmark.baseline,
-            "baseline_ns": best.benchmark.baseline_ns,
-            "source_hash": best.benchmark.source_hash,
-        },
-    }

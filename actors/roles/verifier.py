@@ -1,5 +1,5 @@
 """The verifier: compiles each written kernel and checks it against the reference in the
-sandbox (`gpu_workers.verifier`); emits KernelVerified or KernelRejected with evidence.
+sandbox (`gpu_workers.verification`); emits KernelVerified or KernelRejected with evidence.
 
 On a prechecked target (cuda) it takes `KernelCompiled` instead: the compiler already
 refused what does not build or fit, and the source comes from the librarian.
@@ -14,13 +14,10 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
-from actors.benchmarker import device_of
-from actors.compiler import PRECHECKED_TARGETS
-from actors.devices import backend_for
-from actors.librarian import ask_kernel
+from actors.roles.messages import ask_kernel
 from actors.runtime import Actor, Reactions
 from bus.connection import Client, jetstream
-from bus.device_lease import DeviceLeases
+from bus.device_lease import DeviceLeases, device_key
 from eventstore.events import (
     ActorRef,
     Event,
@@ -30,7 +27,8 @@ from eventstore.events import (
     KernelWritten,
 )
 from gpu_workers.results import Verdict
-from gpu_workers.verifier import verify
+from gpu_workers.targets import PRECHECKED_TARGETS, backend_for, worker_device_index
+from gpu_workers.verification import verify
 from kernels.loading import load_problem
 
 
@@ -72,7 +70,7 @@ class Verifier(Actor):
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
         self._leases = await DeviceLeases.open(jetstream(nc), ref.instance)
-        self._device = device_of(self.target, ref.host)
+        self._device = device_key(self.target, ref.host, worker_device_index(self.target))
 
     @staticmethod
     def for_target(target: str) -> Verifier:

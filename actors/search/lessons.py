@@ -17,8 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.history import Candidate, History
-from actors.ranking import promotions
+from actors.campaign.history import Candidate, History
+from actors.campaign.ranking import promotions
 
 MIN_SAMPLES = 2
 MIN_EFFECT = 0.5
@@ -163,7 +163,7 @@ def avoided_regions(scope: list[Candidate]) -> list[Lesson]:
 
 def lineage(candidates: list[Candidate]) -> list[Lesson]:
     """The kernels that became the campaign's best, in order: promoted by own time and
-    head to head (`actors.ranking`), the rule `run`, `replay` and the audit follow. Each
+    head to head (`actors.campaign.ranking`), the rule `run`, `replay` and the audit follow. Each
     shows its recorded speedup (over its own baseline), so a promotion may show a lower
     one than the kernel it replaced."""
     chain = promotions(candidates)

@@ -17,11 +17,10 @@ from typing import Any
 
 import msgspec
 
-from actors.devices import source_hash
-from actors.history import History
-from actors.lessons import Lesson, draw_lessons
-from actors.planner import spent_candidates, summary
-from actors.ranking import best_of
+from actors.campaign.history import History
+from actors.campaign.ranking import best_of
+from actors.campaign.summary import spent_candidates, summary
+from actors.search.lessons import Lesson, draw_lessons
 from eventstore.claims import Claim, agrees, differs, skipped
 from eventstore.events import (
     BenchmarkCompleted,
@@ -35,6 +34,7 @@ from eventstore.events import (
     KernelWritten,
     LessonLearned,
 )
+from kernels.identity import source_hash
 
 MAX_DIFFERENCES = 10
 REL_TOLERANCE = 1e-9

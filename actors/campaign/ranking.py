@@ -12,7 +12,7 @@ Here:
   run, so one run of it on a busy host does not stand as its figure;
 - the best (the incumbent new kernels are timed against) changes only when a kernel beat
   it in a head-to-head interleaved run (`evidence["head_to_head"]`, written by
-  `gpu_workers.benchmarker.head_to_head`, which re-measures both when they are within
+  `gpu_workers.benchmarking.head_to_head`, which re-measures both when they are within
   noise). A kernel timed against another incumbent, or none, replaces the best only when
   its own time is faster beyond both kernels' noise.
 """
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from actors.history import Candidate
+    from actors.campaign.history import Candidate
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from actors.benchmarker import Benchmarker
-from actors.compiler import PRECHECKED_TARGETS, Compiler
-from actors.fuser import Fuser
-from actors.kernel_writer import KernelWriter
-from actors.librarian import Librarian
-from actors.planner import Planner
+from actors.roles.benchmarker import Benchmarker
+from actors.roles.compiler import Compiler
+from actors.roles.fuser import Fuser
+from actors.roles.kernel_writer import KernelWriter
+from actors.roles.librarian import Librarian
+from actors.roles.planner import Planner
+from actors.roles.verifier import Verifier
 from actors.runtime import Actor
-from actors.verifier import Verifier
+from gpu_workers.targets import PRECHECKED_TARGETS
 
 
 @dataclass(frozen=True)

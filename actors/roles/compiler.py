@@ -13,14 +13,11 @@ import asyncio
 
 import msgspec
 
-from actors.devices import cuda_backend
 from actors.runtime import Actor, Reactions
 from eventstore.events import Event, KernelCompiled, KernelRejected, KernelWritten
-from gpu_workers.verifier import precheck
+from gpu_workers.targets import PRECHECKED_TARGETS, cuda_backend
+from gpu_workers.verification import precheck
 from kernels.loading import load_problem
-
-PRECHECKED_TARGETS = ("cuda",)
-"""Targets whose verification is split: compile and static here, the run on the device."""
 
 
 class Compiler(Actor):

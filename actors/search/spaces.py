@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from actors.campaign import CampaignSpec
-from actors.search import Proposal, Space
+from actors.campaign.campaign_file import CampaignSpec
+from actors.search.template_search import Proposal, Space
 from kernels.design_space import Template
 from kernels.fusion.plan import fusion_space
 from kernels.loading import load_problem

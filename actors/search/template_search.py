@@ -7,7 +7,7 @@ a rejected kernel, so TPE learns to leave failing regions. Points that break a s
 constraints, were already proposed in the dedupe scope, or fall in a region a lesson
 says to avoid are told as pruned and never proposed.
 
-What earlier campaigns measured (other shapes, other hosts) is a prior (`actors.priors`):
+What earlier campaigns measured (other shapes, other hosts) is a prior (`actors.search.priors`):
 - their outcomes enter the study as speedups over each campaign's own best, least
   similar campaign first, so TPE's weighting of older trials counts them least; this
   campaign's own follow, as speedups over its best;
@@ -29,8 +29,8 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from actors.history import Candidate, param_key
-from actors.priors import Prior, prior_of
+from actors.campaign.history import Candidate, param_key
+from actors.search.priors import Prior, prior_of
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -7,7 +7,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from actors.history import Candidate, History
+from actors.campaign.history import Candidate, History
 
 
 def evaluation_order(history: History, campaign_id: str) -> list[Candidate]:

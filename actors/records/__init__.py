@@ -1,0 +1,1 @@
+"""After-the-fact records of a campaign: audit, re-verification, best kernels, story, overview."""

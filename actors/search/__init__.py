@@ -1,0 +1,1 @@
+"""Search: design spaces, strategies that propose points in them, priors and lessons."""

@@ -1,18 +1,27 @@
 """The runtime every role shares: subscribe to event types, handle, emit, stop cleanly.
 
-An actor declares the event types it `reacts_to` and implements `handle`. The runtime
-binds the role's durable consumer (instances of a role compete for the work), decodes
-each message, calls `handle` inside a structlog context (campaign, role, instance),
-publishes what it returns with causation and correlation ids, and only then acks.
-Reactions get ids derived from their cause, so a redelivered message that is handled
-again yields the same events, which the bus and the store deduplicate.
+An actor declares its `role`, the event types it `reacts_to`, optionally a `target`
+(then its consumer is the role's for that target), `max_deliver` (5), `ack_wait` (10 s:
+a worker that died is noticed this late; a live one reports progress every third of it)
+and `shutdown_grace`, and implements `handle(event, out)`. The runtime binds the role's
+durable consumer (instances of a role compete for the work), decodes each message (one
+that is not an event is a `PoisonMessage`, dead-lettered at once), calls `handle` inside
+a structlog context (campaign, role, instance), publishes what it emitted with causation
+and correlation ids, and only then acks. `out.emit(EventType, **payload)` builds a
+reaction whose id derives from its cause (`eventstore/ids.py`), so a redelivered message
+that is handled again yields the same events, which the bus and the store deduplicate;
+`event_id=` overrides it for a fact that several causes may reach. `ActorStarted` and
+`ActorStopped` are published under the campaign `kf-system`.
 
-On SIGTERM or SIGINT the in-flight message is finished within a grace period or left
-for redelivery; nothing is acked that was not done.
+On SIGTERM or SIGINT it stops fetching; the in-flight message is finished within
+`shutdown_grace` (0.5 s, so the process ends within 2 s) or `nak`ed for another
+instance; nothing is acked that was not done.
 
 While it runs, the runtime publishes the actor's heartbeat (`bus/heartbeat.py`): what it
 serves, the event it is handling, and its state in words, which a handler sets with
-`self.status(...)` (for instance while it waits for a device's lease).
+`self.status(...)` from any thread (the benchmarker: `waiting for the lease on
+cpu.<host>, held by benchmarker-2`, then `timing on cpu.<host> (lease 42)`; a verifier:
+`waiting for benchmarker-2's timed window on cpu.<host>`).
 """
 
 from __future__ import annotations

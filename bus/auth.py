@@ -3,6 +3,16 @@
 Users authenticate with NATS nkeys: a seed file (mode 0600) on the client, its public
 key in the server's configuration with the user's subject permissions. The bus knows
 no roles: callers name users and give their permissions (see `ops/accounts.py`).
+
+Seeds are written with `write_private`: the file 0600, its folder 0700. Each user's
+replies arrive under `_INBOX.<its public key>` (`inbox_prefix`, set as the client's inbox
+prefix), an inbox no other user may subscribe to. `authorization` turns public key ->
+`Permissions` into a configuration's `authorization` block (the embedded hub's, and each
+node's of a cluster through `ops/deploy/render.py`); `server_config` adds `tls`, with
+which clients must use TLS and verify the server with the CA of `ClientAuth.ca_file`. A
+client without credentials, or with unknown ones, is refused at connection
+(`bus/connection.py` raises AuthError); a refused publish or subscription is logged by
+the server. `is_loopback` is what lets a hub run without authentication (loopback only).
 """
 
 from __future__ import annotations

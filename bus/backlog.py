@@ -1,4 +1,9 @@
-"""Work waiting in a durable consumer: not yet delivered, and delivered but not yet acked."""
+"""Work waiting in a durable consumer: not yet delivered, and delivered but not yet acked.
+
+Read from the consumer's info: queued (`num_pending`), in flight (`num_ack_pending`) and
+the instances asking for work now (`num_waiting`, the idle ones). `kfactory ps` shows it
+per role consumer beside the heartbeats.
+"""
 
 from __future__ import annotations
 

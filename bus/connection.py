@@ -2,10 +2,16 @@
 
 nats-py gives up after 60 reconnect attempts (about two minutes) by default; every
 Kernel Factory connection retries forever once connected. Before the first connection,
-actors wait for the hub as long as it takes (saying so every 30 s), while interactive
-commands give up after a few seconds with one line naming the URL. Setting `stop`, or
-cancelling the call, ends the wait at once. `auth` gives the user's nkey seed and the CA
-that signed the server's TLS certificate.
+actors wait for the hub as long as it takes (logging `waiting for the hub at URL` every
+`WAITING_LOG_EVERY` s), while interactive commands (`run --nats`, `sql`, `events`, `ps`)
+give up after `INTERACTIVE_WAIT` (10 s) with one line naming the URL. Setting `stop`
+(SIGINT or SIGTERM), or cancelling the call, ends the wait at once. A server that refuses
+the credentials is not waited for: `connect` raises AuthError at once, naming the seed
+file. `auth` gives the user's nkey seed and the CA that signed the server's TLS
+certificate.
+
+`jetstream` addresses the JetStream domain of `$KF_JS_DOMAIN` when set: a client of a GPU
+host's leaf node reaches the cluster's JetStream only as `$JS.<domain>.API`.
 """
 
 from __future__ import annotations

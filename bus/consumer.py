@@ -8,6 +8,19 @@ a `PoisonMessage` not at all. A message given up on goes to the dead-letter call
 with the reason and is then terminated; one whose handler died with its process on
 the last delivery is reported by the server's max-deliveries advisory instead
 (`watch_exhausted`). Either way nothing is dropped silently.
+
+A message is acked only after its handler returned (the actor runtime's handler returns
+once JetStream acked the events it emitted). While it runs, `in_progress()` is sent every
+third of `ack_wait`, so only a dead worker's message is redelivered. A failure is `nak`ed
+with a delay from `retry_backoff` (0.5 s) doubling to `max_backoff` (15 s). Transient
+(`is_transient`): a timeout, a connection error, nobody serving a request, a service
+answer of code 500 or more, a lost lease; retried for `transient_window` (600 s), so a
+role restarting costs no work. Any other error is given up on after `max_deliver` (5)
+deliveries. The server's own `max_deliver` is the transient count (`deliveries_for`).
+On a stop, the handler gets `grace` s, then it is cancelled and its message `nak`ed for
+another instance. The dead-letter event's id derives from the consumer and the stream
+sequence (`eventstore/failures.py`), so a failure is reported once, whoever reports it:
+the consumer, or the recorder that watches the advisory.
 """
 
 from __future__ import annotations

@@ -20,7 +20,21 @@ they can never both go ahead. Timing never starves: one verification at most run
 after a benchmarker asked. Shared work can wait behind several timed windows in a row,
 but benchmarkers only have work that verifiers passed, so it is bounded in practice.
 
-A holder that dies stops renewing; its lease expires after the TTL and the device is free.
+A holder that dies stops renewing; its lease expires after `DEVICE_LEASE_TTL` (10 s) and
+the device is free. The GPU index is the worker's first CUDA_VISIBLE_DEVICES entry. The
+hub's admin creates the bucket; only the benchmarker and verifier users may use it
+(`ops/accounts.py`). The cuda compiler (nvcc, on the host CPU) takes no share of a GPU.
+What a holder waits for is `report`ed in words, which become its heartbeat's state:
+`waiting for the lease on cpu.<host>, held by benchmarker-2`, `timing on cpu.<host>
+(lease 42)`, `waiting for benchmarker-2's timed window on cpu.<host>`.
+
+A timed window lasts one timing run's warm-up and timed rounds. The CPU driver sets a run
+up first (kernel processes, arenas, fresh inputs) and says when it is ready and when its
+timed rounds end (`gpu_workers/runner_files.py`); `TimingWindows` opens and closes the
+window around them, and the judging and re-check after it run with a share. A repeated
+run or a calibration waits for a window of its own; the CUDA driver holds its window for
+the whole run. A window whose lease was lost yields no result: the message goes back and
+its next delivery finds any outcome already in the history.
 """
 
 from __future__ import annotations

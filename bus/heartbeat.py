@@ -4,6 +4,13 @@ Every actor process publishes a small beat on core NATS (not JetStream: it is no
 fact to keep) every `BEAT_EVERY` s, and at once when its state changes or when someone
 asks (`kf.hb.ping`). The subject is `kf.hb.<role>.<instance>`, and each role's user may
 publish only under its own role, so no process can speak for another role.
+
+A beat (`Heartbeat`) says role, instance, host, pid, target, device, the event being
+handled, the state in words (set by the handler: `actors/runtime.py`), how many events it
+handled and when it was sent. A process not heard from for `LIVE_FOR` (3 beats, 15 s) is
+not live. `collect` pings and listens 1.5 s: `kfactory ps` shows what it heard, with
+each role consumer's backlog (`bus/backlog.py`); `watch` is how `kfactory run` sees
+which roles its campaign lacks.
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ API (stable; other modules build on it):
 - A holder whose renewal fails (the key is gone or was taken: compare-and-set mismatch;
   or no renewal got through for a whole TTL) sees `lost` set, and must stop the guarded
   work: `check()` raises LeaseLost from then on.
+- `scope` (`<bucket>@<creation time>`): a bucket made again starts its revisions over,
+  under a new scope; tokens of different scopes are never compared.
+- The hub's admin creates both buckets, as replicated as KF_EVENTS; others only open them.
 """
 
 from __future__ import annotations
@@ -330,7 +333,10 @@ _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 
 class HeldLease:
-    """A lease held by `LeaseBucket.held`, renewed in the background."""
+    """A lease held by `LeaseBucket.held`, renewed in the background by a task that stops
+    when the block ends. Its timeouts (like every timeout in the project) are
+    `asyncio.timeout` blocks: Python 3.11's `asyncio.wait_for` loses a cancellation that
+    arrives as its awaitable completes, and a renewing task so cancelled renewed for ever."""
 
     def __init__(self, bucket: LeaseBucket, lease: Lease) -> None:
         self.bucket = bucket

@@ -2,6 +2,13 @@
 
 Every message carries `Nats-Msg-Id`, so a retry after a lost ack is deduplicated by
 the server (within its duplicate window) and by the store (on the event id).
+
+`publish` waits for JetStream's ack (`ack_timeout`, 5 s) and retries a transient failure
+(a timeout, no responders, a connection closed or reconnecting, JetStream unavailable)
+with the same id, backing off from 50 ms to 1 s, for `retry_for` s: None, the default,
+is forever, so a server restart of any length delays a publisher and loses nothing.
+`publish_many` pipelines with `publish_async` and re-sends what was not acked, one by
+one, with the same ids.
 """
 
 from __future__ import annotations

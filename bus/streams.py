@@ -1,8 +1,15 @@
 """Idempotent declarations of the event stream and the durable consumers on it.
 
-`KF_EVENTS` has one replica on a single server and `CLUSTER_REPLICAS` (3) on a JetStream
-cluster, so one node may be lost without losing an acknowledged event; the caller may
-name the count instead.
+`KF_EVENTS` holds `kf.ev.>` in file storage with limits retention (30 days, oldest
+discarded) and a `DUPLICATE_WINDOW_S` (5-minute) duplicate window on `Nats-Msg-Id`. It has
+one replica on a single server and `CLUSTER_REPLICAS` (3) on a JetStream cluster, so one
+node may be lost without losing an acknowledged event: `default_replicas` reads the
+server's INFO, which names a cluster when there is one. The caller may name the count
+instead. An existing stream is brought to the configuration (an unchanged one is left
+alone). Only the hub's admin creates it; actors and the recorder `wait_for_stream`.
+
+Work consumers are durable pull consumers with explicit acks, one per role (and per
+target), whose instances compete for messages (`bus/consumer.py`).
 """
 
 from __future__ import annotations

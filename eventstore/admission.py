@@ -3,6 +3,12 @@
 `admit` raises only `InvalidEvent`, whatever it is given, so no message can stop the
 recorder: every refusal becomes an `EventRejected`. An accepted event is re-encoded
 canonically; those bytes are what the store keeps, returns and hashes.
+
+The checks, in order: the bytes decode (`codec.decode`: over `events.MAX_EVENT_BYTES`,
+512 KiB, or nested deeper than `codec.MAX_DEPTH`, 32, is refused before parsing); the
+subject is the event's own `kf.ev.<campaign>.<type>[.<target>]`; `Nats-Msg-Id` is its
+`event_id`; its `actor.role` may emit its type (`authority.py`). A property-based test
+throws arbitrary bytes and JSON at it (`tests/test_recorder_hostile.py`).
 """
 
 from __future__ import annotations

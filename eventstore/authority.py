@@ -4,6 +4,10 @@ The bus grants each role's NATS user publish rights on exactly these types, and 
 recorder refuses an event whose `actor.role` is not an emitter of its type. So a
 benchmarker can neither publish `CampaignFinished` nor sign a `KernelWritten` as the
 kernel writer.
+
+Every actor role also emits `LIFECYCLE` (ActorStarted, ActorStopped, DeadLettered);
+`cli` starts, resumes and stalls campaigns; `recorder` (the hub) reports EventRejected
+and DeadLettered.
 """
 
 from __future__ import annotations

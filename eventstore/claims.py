@@ -1,5 +1,11 @@
 """What an audit says about one claim: it agrees, it differs (with the evidence), or it
-was skipped on this host (with the reason)."""
+was skipped on this host (with the reason).
+
+`kfactory audit` (`ops/audit_cmd.py`) makes three kinds, by `area`: the record (`chain`,
+`columns`: `eventstore/chain_audit.py`), the projections (`projection`, `kernel`:
+`actors/records/audit.py`) and, with `--reverify K`, the best kernels run again here
+(`reverify`: `actors/records/reverify.py`). It prints one `line` per claim.
+"""
 
 from __future__ import annotations
 

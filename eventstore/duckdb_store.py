@@ -4,7 +4,18 @@ owner runs.
 
 Rows go in as Arrow micro-batches inside one transaction per batch; `event_id` has a
 unique index, so a batch that repeats a stored event is detected by the database and
-re-sequenced without it.
+re-sequenced without it. `payload` is a VARCHAR holding the canonical bytes verbatim:
+DuckDB's JSON type would re-format numbers, and the stored bytes would no longer be the
+hashed ones (an older store's JSON column is converted on open). The same transaction
+writes `store_cursor`: the last KF_EVENTS sequence recorded and the recording lease's
+token and scope, the stored fence being read inside the transaction that writes.
+
+`query` runs one read-only statement (`sql_guard`) on a cursor of its own, in a
+transaction that is always rolled back, on a connection with external access disabled
+and its configuration locked, and interrupts it after its timeout
+(`DEFAULT_QUERY_TIMEOUT`, 30 s, unless the caller says). With no owner running,
+`kfactory sql` opens the file read-only and queries it with the same limits; while one
+runs, opening the file raises StoreLocked.
 """
 
 from __future__ import annotations

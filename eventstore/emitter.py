@@ -1,4 +1,8 @@
-"""Publishing events: each to `kf.ev.<campaign>.<type>[.<target>]`, with its id as Nats-Msg-Id."""
+"""Publishing events: each to `kf.ev.<campaign>.<type>[.<target>]`, with its id as Nats-Msg-Id.
+
+Each event goes out in its canonical bytes (`codec.encode`), and `emit` returns once
+JetStream has stored it, retrying for as long as it takes by default (`bus/publisher.py`).
+"""
 
 from __future__ import annotations
 

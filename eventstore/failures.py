@@ -1,5 +1,17 @@
 """Events that record messages which could not be handled. Their ids are derived from
-the message itself, so reporting the same failure twice stores it once."""
+the message itself, so reporting the same failure twice stores it once.
+
+- `EventRejected` (the recorder): a message on `kf.ev.>` that is not a valid event, with
+  the reason, its subject and stream sequence, and the first `RAW_EXCERPT_BYTES` (2 KiB)
+  of its bytes; its id derives from the sequence and a digest of the bytes.
+- `DeadLettered`: a message a consumer gave up on, with the consumer, the deliveries, the
+  reason and the original event's id; its id derives from the consumer and the stream
+  sequence, so the actor that gave up and the recorder that saw the server's
+  max-deliveries advisory report it once.
+
+The campaign is the subject's, else `kf-system`. Both are published through the bus and
+stored like any event.
+"""
 
 from __future__ import annotations
 

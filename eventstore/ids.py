@@ -3,6 +3,13 @@
 A reaction's id is derived from (cause, role, ordinal): when a message is redelivered
 and its handler runs twice, both runs emit the same ids, and the duplicates vanish in
 JetStream's dedupe window and in the store.
+
+A derived id is UUIDv7-shaped (`stable_event_id`): the cause's time in the time bits, a
+hash of the parts in the rest. A fact that several causes can reach takes its id from
+one event they share, so it is stored once: a generation's lessons, stall and close from
+its GenerationOpened (`actors/roles/librarian.py`), a campaign's finish from its
+CampaignStarted (`actors/roles/planner.py`), a failure from the message
+(`failures.py`).
 """
 
 from __future__ import annotations

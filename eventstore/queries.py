@@ -3,6 +3,17 @@
 Queries run concurrently, each on a cursor of its own with a time limit. A result too big
 for one message (NATS caps them at 1 MiB) is cut into pages the caller fetches in turn
 (`sql-page`), so only the row cap, which the caller sets, limits it.
+
+The `kf-store` micro service has four endpoints:
+- `sql`: `SqlRequest` (one read-only statement, `max_rows` 10,000, `timeout`
+  `DEFAULT_QUERY_TIMEOUT` unless the caller says); the first `SqlPage` of the result;
+- `sql-page`: the next pages, `PAGE_BYTES` (640 KiB) each, kept `PAGES_KEPT_FOR` (120 s);
+- `status`: the store's path, last position, campaign count and stream cursor;
+- `replay`: stored payloads in position order, filtered by campaign, event types,
+  problem, target and position, up to 20,000 per request (what `History` is rebuilt from).
+Each request is answered in a task of its own and runs the store in a thread, so queries
+run beside each other, the recorder and replay. A refused query answers code 400, a
+timeout 408, a failed query 422; `StoreUnavailable` when no owner answers.
 """
 
 from __future__ import annotations

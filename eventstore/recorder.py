@@ -5,7 +5,17 @@ micro-batches and commits the stream cursor in the same transaction as the event
 a recorder killed at any instant resumes exactly after its last commit: nothing lost,
 nothing stored twice. Messages that are not valid events (see `admission.py`) are
 answered with an EventRejected event, whatever they hold; messages a consumer gave up
-on become DeadLettered events.
+on become DeadLettered events. Both are published back through the bus, so every record
+arrives the same way.
+
+A batch is up to `max_batch` (5,000) events, gathered for `linger` (20 ms); past
+`high_water` (50,000) buffered messages the recorder stops taking more and the stream's
+flow control holds the server back. It starts after the store's cursor; if the stream is
+behind the store (it was recreated), it reads all of it again and the event-id dedupe
+keeps the store exact. A failing append is retried with backoff, the batch held. The
+server's max-deliveries advisory (`bus.consumer.watch_exhausted`: a worker that died on
+a message's last delivery) becomes the same DeadLettered event its consumer would have
+published.
 
 With a `lease` (the hub's recording lease, bus/lease.py), it checks the lease before
 each batch and each event it emits, and writes every batch under the lease's fencing

@@ -3,9 +3,20 @@
 A store assigns each new event a gap-free global `position` and extends its
 campaign's hash chain: `hash_n = sha256(payload_n || hash_{n-1})`, starting from 32
 zero bytes, where `payload` is the event's canonical bytes (`codec.encode`), stored and
-returned verbatim. Appends are idempotent on `event_id`. Back ends (`memory_store`,
-`duckdb_store`) only persist and read rows; they pass the same contract tests
-(`tests/test_store_contract.py`).
+returned verbatim. Appends are idempotent on `event_id`: a batch that collides with a
+stored event is sequenced again without the events already known. Back ends
+(`memory_store`, `duckdb_store`) only persist and read rows; they pass the same contract
+tests (`tests/test_store_contract.py`). `verify_chain` re-hashes what is stored.
+
+`append` commits, with the events, the bus sequence the batch ends at (`stream_cursor`),
+so a recorder killed at any instant restarts after its last commit: the "commit, then
+ack" rule, with the ack kept in the store, where it cannot drift from the data. Under the
+recording lease it also takes the lease's `Fence` (fencing token and scope) and keeps it
+beside the cursor; the same write refuses (`FencedOut`, nothing written) a token older
+than the stored one of the same scope. What the fence adds to the recorder's lease
+check: a check and the write after it are not one step, and on one host the DuckDB file
+lock already keeps a second writer out; a store reached by two recorders any other way
+(a shared file system, a file copied back) refuses the older one.
 """
 
 from __future__ import annotations

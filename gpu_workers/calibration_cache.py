@@ -1,7 +1,9 @@
 """A device's calibration, kept in a file keyed by the device: one measured on a quiet
 host for good; one measured while other work ran (its ceilings may be too low, and a
-kernel judged against them refused for being faster than the host "allows") only for a
-few minutes, so that every check and test of those minutes does not measure again."""
+kernel judged against them refused for being faster than the host "allows") only for
+`CONTENDED_KEPT_SECONDS` (five minutes), so that every check and test of those minutes
+does not measure again. Quiet means at most `QUIET_CORES` cores' worth of other work, the
+benchmarker's threshold for a quiet timing run."""
 
 from __future__ import annotations
 

@@ -2,7 +2,15 @@
 in turn on the same input set, warmed up first, the order rotated each round so no
 contender always runs right after another (or always cold). The baseline, often many
 times slower than the kernel and pooled over a whole campaign, may join only every n-th
-round: its samples still spread evenly over the whole timed window."""
+round: its samples still spread evenly over the whole timed window (the CPU driver's
+`BASELINE_EVERY`, 3, or `BASELINE_EVERY_WITH_INCUMBENT`, 6, in gpu_workers.cpu.protocol).
+
+Against an incumbent the rounds are paired, and timing may end early once `min_seconds`
+have passed: when the kernel was slower by `LOSS_RATIO` (1.25x) or more in every round so
+far, at least `LOSS_ROUNDS` (8) of them (`lost`: it has lost the head-to-head), or when
+the incumbent was as fast or faster in more than half of `min_runs` rounds (`cannot_win`:
+16 of 30), since the remaining rounds could not bring the median of the paired ratios
+below 1 and the verdict (not faster, not in doubt) is the full run's."""
 
 from __future__ import annotations
 

@@ -3,12 +3,14 @@
 After timing, a kernel is re-checked on every distribution at the timed shape. At a
 campaign's shape (16 M elements for softmax 4096x4096) drawing those inputs and computing
 their float64 references costs more than the timing itself, and is the same work for
-every candidate. The pool keeps, for each distribution, `SETS` input sets drawn from seeds
-no one is told, as .npy files in one private folder the worker creates (mode 0700) and
-removes. For fp32 a set keeps, instead of its float64 reference, each output's pass band
-(`gpu_workers.pass_band`): outputs inside it pass on float32 comparisons, and only for
-an output outside it is the reference made again (other dtypes keep the reference and
-error scale). Each re-check draws, per distribution, one set from its own secret seed.
+every candidate. The pool keeps, for each distribution, `SETS` (2) input sets drawn from
+seeds no one is told, as .npy files in one private folder the worker creates (mode 0700)
+and removes; a set is filled the first time a re-check draws it, so a campaign computes
+them a few times, not once per candidate. For fp32 a set keeps, instead of its float64
+reference, each output's pass band (`gpu_workers.pass_band`): outputs inside it pass on
+float32 comparisons, and only for an output outside it is the reference made again
+(other dtypes keep the reference and error scale). Each re-check draws, per distribution,
+one set from its own secret seed.
 
 Why this keeps the rule: a kernel cannot predict which inputs it gets. Its process sees
 an empty read-only root and may open nothing (seccomp), so it can neither read the pool

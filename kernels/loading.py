@@ -1,4 +1,14 @@
-"""Find a problem by name: the built-in library, or `path/to/file.py:NAME` from a user."""
+"""Find a problem by name: the built-in library, or `path/to/file.py:NAME` from a user.
+
+A problem file is imported with its folder on `sys.path` (it may import the modules
+beside it, at its top), and checked before anything is run against it: its dims, rules
+and shapes (a drawn shape must be movable to meet the constraints); then the reference,
+the baseline and the error scale run on the smallest test shape (numpy warnings
+silenced) and must return every output of the signature, by name, in its shape, as
+floats (the reference as float64), and the cost model a `Cost`. Any mistake is refused
+in one line naming `path.py:NAME` (ProblemLoadError), never blamed on a kernel. The
+loaded problem's `spec` is the file's resolved path, so another process loads it again.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,11 @@
 A problem may declare `derived={"half": "cols // 2"}` and `constraints=("cols % 2 == 0",)`.
 Expressions use the dim names, integer constants, + - * // % **, comparisons, and / or /
 not, and min, max, abs; nothing else (no attributes, no other calls).
+
+Arguments may use derived dims; shapes never give them, and the kernel is not passed them.
+A given shape (test, default, campaign, `--shape`) that breaks a rule is refused with
+the rule named (`broken`); a drawn shape is moved, one dim at a time by the least step,
+until it meets them (`fitted`).
 """
 
 from __future__ import annotations

@@ -6,6 +6,17 @@ Calling convention for every target: one pointer per argument, in `args` order
 (`derived`, e.g. `half = cols // 2`) are not passed: the kernel computes them from its
 dims. A kernel that should be passed such a value declares it an ordinary dim and ties
 it with a constraint (`cols == 2 * half`).
+
+A problem has a float64 reference and the float32 numpy baseline; input generators over
+`DISTRIBUTIONS` (a problem says which it supports, and with `nonfinite` what its
+reference does with NaN and infinities); fixed edge shapes (`test_shapes`) and shapes
+drawn per check (`draw_shapes`, moved to meet the constraints); the shape it is timed
+at by default (`default_shape`); tolerances per dtype; and a cost model (bytes moved,
+flops). Its dtypes are those it has a tolerance for (`tolerances`: a half-precision one
+allows four half-ulps of rounding). Finite inputs are clipped to the dtype's finite range
+(`to_dtype`); an output may be infinite only where the exact result rounds to infinity
+(`gpu_workers.verification`). A reference that fails raises ProblemError: the problem's
+fault, never a kernel verdict.
 """
 
 from __future__ import annotations

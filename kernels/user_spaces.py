@@ -9,8 +9,10 @@ them as they treat the built-ins):
 - `MacroTemplate`: plain C whose parameters are macros, as Kernel Tuner users write them.
   The point's values become `-DNAME=VALUE` flags; the source is used as it is.
 - `GenericSpace`: any kernel the user already has (a seed), tuned without an edit:
-  compiler flags from an allowed set, a vector-width hint, and for a kernel that uses
-  `#pragma omp`, the thread count and the schedule of its worksharing loops.
+  compiler flags from an allowed set, a vector-width hint (`-mprefer-vector-width`), and
+  for a kernel that uses `#pragma omp`, the thread count and the schedule of its
+  worksharing loops (`num_threads` and `schedule` clauses, added only where the pragma
+  names none).
 
 A problem file declares its spaces in a module-level `SPACES` list of `KernelSpace`; a
 campaign file in `[[spaces]]` tables with the same fields. Restrictions are Python

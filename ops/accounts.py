@@ -3,8 +3,28 @@
 One user per role (its actors publish only the event types the role emits and pull only
 from the role's own consumers), `hub` (the recorder and the store's services), `cli`
 (starts campaigns, follows them, asks the store) and `admin` (the only one that manages
-streams). Seeds live in `<home>/creds/<user>.nk`, mode 0600, created on the hub's first
-start; `kfactory creds USER -o FILE` copies one to another host.
+streams). Seeds live in `<home>/creds/<user>.nk`, mode 0600 (the folder 0700), created
+on the hub's first start; `kfactory creds USER -o FILE` copies one to another host.
+
+`permissions` grants (public key -> `bus.auth.Permissions`):
+- a role: publish the event types it emits (`eventstore/authority.py`, with its lifecycle
+  and dead letters), `kf.svc.>` requests, heartbeats under its own role only
+  (`kf.hb.<role>.*`); of the JetStream API, the stream's info and its own durable
+  consumers (create, info, next, ack); subscribe to its own inbox
+  (`_INBOX.<its public key>.>`) and `kf.hb.ping`. The librarian also answers its own
+  service (`kf.svc.kf-librarian.>`). The benchmarker and the verifier use the device
+  leases (`KF_DEVICE_LEASES`);
+- `hub`: publish EventRejected and DeadLettered, ephemeral ordered consumers of the
+  stream and its messages (for the dead-letter watcher), the recording lease
+  (`KF_RECORDER_LEASE`) and, of `KF_DEVICE_LEASES`, only the stream info (to see that it
+  exists); subscribe to `kf.svc.kf-store.>` (no other user does) and the
+  max-deliveries advisories; reply to requests (`allow_responses`);
+- `cli`: publish CampaignStarted, CampaignResumed and CampaignStalled, ordered consumers,
+  store requests and `kf.hb.ping`; hear every heartbeat (`kf.hb.*.*`);
+- `admin`: everything except answering `kf.svc.>`; the hub uses it once, to create or
+  update KF_EVENTS and the lease buckets. Actors and the recorder only wait for them.
+No other user (but `admin`) may touch a lease bucket. The recorder checks the rest: an
+event's `actor.role` must be an emitter of its type.
 """
 
 from __future__ import annotations

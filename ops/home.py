@@ -2,6 +2,16 @@
 
 Default `./.kfactory`, or `$KF_HOME`, or `--home`. `server.json` names the NATS URL of
 the server that owns the store right now, so other commands on this host find it.
+
+A run folder holds `events.duckdb`; under `nats/`, the embedded nats-server's store, its
+configuration and the port it keeps (`nats/port`); under `creds/`, every user's seed;
+under `swarm/`, the state and logs of `kfactory up`; and `server.json` (URL, pid of the
+live owner, store, and the CA its clients trust). `sql`, `events`, `ps`, `run` and
+`actor` find the hub through it and connect as their user: the URL is `--nats`, else
+`$KF_NATS_URL`, else `server.json`'s; credentials `--creds`, else `$KF_CREDS`, else the
+run folder's seed; the CA `--tls-ca`, else `$KF_TLS_CA`, else `server.json`'s. A process
+on another host gets its seed from `kfactory creds USER -o FILE` and passes it with
+`--creds`, with the hub's CA as `--tls-ca`.
 """
 
 from __future__ import annotations

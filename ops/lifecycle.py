@@ -1,10 +1,13 @@
 """Running a command's event loop so that SIGINT and SIGTERM end it within 2 s.
 
 The command's body gets a `stop` event, set by the first signal, and winds down on its
-own. If it is still running `STOP_GRACE` s later it is cancelled, whatever it was doing
-(connecting, starting the hub, waiting for a reply). Work handed to threads (a compile,
-a benchmark) cannot be cancelled: a stopped command does not wait for those threads,
-which is where `asyncio.run` used to hang for minutes after SIGTERM.
+own. If it is still running `STOP_GRACE` (1.2 s) later it is cancelled, whatever it was
+doing (connecting, starting the hub, waiting for a reply); `UNWIND_GRACE` (0.6 s) after
+that the process exits anyway, saying so. Work handed to threads (a compile, a
+benchmark) cannot be cancelled: a stopped command does not wait for those threads (their
+work was left for redelivery), which is where `asyncio.run` kept an embedded `kfactory
+run` for minutes after SIGTERM. A stopped command exits with `STOPPED` (130); a server,
+whose normal end is a signal, with 0.
 """
 
 from __future__ import annotations

@@ -1,4 +1,17 @@
-"""`kfactory server`: the hub in the foreground."""
+"""`kfactory server`: the hub in the foreground.
+
+It embeds a nats-server on `--listen` (127.0.0.1 by default) or joins `--nats` (a cluster:
+URL1,URL2,URL3). Every client authenticates; `--no-auth` is refused off loopback. With
+`--tls-cert` and `--tls-key` clients must use TLS and verify the hub with `--tls-ca`.
+
+Recording has one owner at a time (`ops/hub.py`): a server that finds the recording
+lease held waits as a standby until it expires (`--lease-ttl` s after the owner's last
+renewal) or is released, then reads the stream from its own store's cursor. A server
+that joined `--nats` (a cluster's) and is deposed (its lease lost, or its write fenced
+out) stops recording, says so, and stands by again, so a cluster's only recorder comes
+back by itself once the lease is free; a server with an embedded nats-server exits with
+one line instead.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Opening the run folder's store for the commands that read history (replay, audit,
-best, campaigns, report, export), with one-line errors."""
+best, campaigns, report, export), with one-line errors.
+
+They open the file read-only (`eventstore/snapshot.py`). DuckDB lets no reader beside its
+writer: while a server holds the file they say so, with its pid, and read nothing.
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,15 @@ up to `MAX_DELAY` while it keeps exiting; one that ran `STABLE_AFTER` s starts o
 `FIRST_DELAY`. Children die with the supervisor (PR_SET_PDEATHSIG), so killing it
 orphans nothing. Its state (pids, restarts) is in `HOME/swarm/state.json`, which is how
 `kfactory down` finds it.
+
+The hub (a `kfactory server` child, when no URL is given) starts first; the actors once
+`server.json` names the URL of that child. Every exit is logged with its status and the
+delay before the next start. The state says `ready` once every process has started (what
+`up --detach` waits for). `stop` sends SIGTERM to the actors, then to the hub (which
+records their last events), and SIGKILLs what has not stopped `STOP_WAIT` s after its
+SIGTERM. `stop_swarm` (`kfactory down`) sends SIGTERM to the supervisor, then kills
+whatever of the state's processes is still there, but only a pid whose command line
+names the run folder (a recycled pid is left alone).
 """
 
 from __future__ import annotations

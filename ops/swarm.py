@@ -1,4 +1,13 @@
-"""Running every role inside this process (the laptop mode of `kfactory run`)."""
+"""Running every role inside this process (the laptop mode of `kfactory run`).
+
+`running_swarm` starts one runtime per role that serves the target, and as many
+verifiers and benchmarkers as asked (`run --verifiers`, `--benchmarkers`), each on a
+connection of its own with its role's credentials, all on this process's one event loop.
+Without the target's device here (no usable GPU for cuda) the verifier and benchmarker
+are left to hosts that have it, and `Swarm.device_missing` says why. `only` starts just
+the roles named: what `kfactory run --nats` starts here for the roles the swarm it joins
+has no live instance of (`needed_roles`).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""`swarm.toml`: which actor processes `kfactory up` runs on this host, and where they join."""
+"""`swarm.toml`: which actor processes `kfactory up` runs on this host, and where they join.
+
+`[[actor]]` tables give a `role`, a `count` (0 to 64 processes) and a `target` the role
+serves (default cpu); `nats` the URL(s) to join (none: `up` starts the hub here), `creds`
+a folder of `ROLE.nk` seeds (none: the run folder's own) and `tls_ca` the hub's CA. A
+wrong field, role or target is refused in one line (`SwarmFileError`). The shipped
+example is `ops/deploy/swarm.toml`.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""`kfactory up --config swarm.toml` and `kfactory down`: a supervised multi-process swarm."""
+"""`kfactory up --config swarm.toml` and `kfactory down`: a supervised multi-process swarm.
+
+`up` runs the supervisor (`ops/supervisor.py`) in the foreground; `--detach` starts it in
+a session of its own and returns once its state says every process has started (at most
+`DETACH_WAIT` s), printing the hub's URL. Each process logs to `HOME/swarm/logs/`. One
+swarm per run folder; without a URL, none beside a server that already owns the folder
+(join that one with `--nats`). `down` stops the swarm (`stop_swarm`) and exits 1, naming
+them, if processes had to be killed.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,24 @@
 """What the event history says about every campaign: a projection rebuilt by replay.
 
 The librarian, the planner and the progress display all build this from the same
-events, so none of them keeps a truth of its own.
+events, so none of them keeps a truth of its own. Every role keeps one current by
+replaying the store (`actors/campaign/replayer.py`); `actors/records/story.py` applies a
+campaign's events to a fresh one, up to any position or time.
+
+- `apply` ignores an event it has already applied (by position and id), so a replay and
+  a live stream may overlap.
+- A candidate keeps its first outcome: a later rejection or benchmark of it (a late
+  result of a worker presumed dead) changes nothing. A DeadLettered message settles a
+  candidate that has no outcome yet as failed.
+- The dedupe index is per scope (problem, target, shapes, dtype), across campaigns:
+  candidates by normalised parameter key (`param_key`, `seen_key`, which answers the
+  librarian's `seen`), kernels by the hash of flags plus source (`kernels/identity.py`,
+  `seen_source`, with which the writer turns a source another candidate settled into
+  CandidateDeduplicated).
+- A campaign's active time (`Campaign.active_seconds`, what `budget.wall_time` counts) is
+  the time since its start or latest resume plus the time it ran before, up to its last
+  event before that resume.
+- `best` is the incumbent, promoted only head to head (`actors.campaign.ranking.best_of`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,16 @@
-"""Keeping a `History` current by replaying the store through its owner."""
+"""Keeping a `History` current by replaying the store through its owner.
+
+`catch_up` applies every stored event of `HISTORY_TYPES` since the history's position,
+fetched from the store's `kf.svc.kf-store.replay` endpoint. Before a role decides on an
+event it catches up until that event is stored (`until_event_id`), polling for up to
+`timeout` (60 s); then NotYetRecorded, a transient failure, sends the message back for a
+later delivery. So decisions never miss their cause.
+
+`off_loop` runs a long decision (the planner's search: seconds of optuna for a wide
+generation) in a worker thread, with no event applied meanwhile: every actor of
+`kfactory run` shares one event loop with the recorder, whose recording lease dies if
+that loop stops for its TTL.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,11 @@ them all) and, at the moment each claim was made, rebuilds what the claim should
 been: each generation's lessons and close (best candidate, counts), the dedupe answers,
 the finish reason and summary. Every kernel's source must hash to the identity that
 later events name, and every benchmark's speedup must be its own baseline over median.
+
+It rebuilds them with the code the actors run: lessons with `draw_lessons`, each
+close's best with `actors.campaign.ranking.best_of`, dedupe answers from the same
+`History` index. Its claims are of the areas `projection` and `kernel`
+(`eventstore/claims.py`).
 """
 
 from __future__ import annotations

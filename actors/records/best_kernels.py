@@ -1,5 +1,11 @@
 """A campaign's best kernels as files that `kfactory check` and a plain compiler take as
-they are: a `// kfactory-flags:` line, a provenance line, then the recorded source."""
+they are: a `// kfactory-flags:` line, a provenance line, then the recorded source.
+
+`kfactory best` writes them in leaderboard order (`ranked`: the best first, then the
+others by own time); `kfactory run` writes the winner to `<home>/best/`. A file is named
+after its candidate id (`.c` for cpu, `.cu` for cuda); its provenance line gives the
+speedup of its own timing run, not the leaderboard's figure.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,11 @@ A claim holds when the new speedup is no lower than the recorded one beyond the 
 both measurements show (the recorded kernel IQR, plus the new kernel and baseline IQRs,
 relative to their medians). A host without the target's device makes the stages it can
 (compile and static checks for cuda) and says what it skipped.
+
+The kernels are the `k` timed ones with the highest recorded speedups. Each goes through
+the harness the verifier and benchmarker use (`gpu_workers.verification.precheck` and
+`verify`, then `gpu_workers.targets.compile_and_time`) with one new secret seed. A speedup
+recorded on another device than this host's is reported, not judged (`skipped`).
 """
 
 from __future__ import annotations

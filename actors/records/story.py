@@ -1,7 +1,10 @@
 """A campaign's story, rebuilt from its events alone: generations and the best so far,
 the lessons and what they changed, rejections by stage and reason, and the time each
-role spent. `rebuild` stops at a position or a moment, so the story can be told as of
-any point of the campaign.
+role spent. `rebuild` applies the events to a fresh `History` and stops at a position
+or a moment, so the story can be told as of any point of the campaign (`kfactory
+replay`). Each generation names its best so far by the rule `run` and the librarian use
+(`actors.campaign.ranking.best_of`); each lesson says what later proposals did with it;
+the time per role is the sum of the seconds from each event's cause to it.
 """
 
 from __future__ import annotations

@@ -6,6 +6,14 @@
   parameter values under which candidates always failed (the planner avoids those);
 - lineage: the candidates that became the campaign's best (own time, head to head), in
   order.
+
+Effects and failures are drawn over every candidate of the problem, target and dtype (all
+campaigns); the lineage over this campaign's. An effect needs `MIN_SAMPLES` candidates on
+each side and an effect size of at least `MIN_EFFECT`; a value is to be avoided when
+every one of at least `MIN_SAMPLES` evaluated candidates with it was rejected at
+compile, static, run or compare. Each lesson cites the ids of the events it was drawn
+from. The librarian emits them when it closes a generation; the audit re-derives them
+with this same `draw_lessons`.
 """
 
 from __future__ import annotations

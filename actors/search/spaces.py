@@ -4,6 +4,12 @@ A problem's spaces are the built-in templates of a built-in problem, the `SPACES
 problem file declares (keyed by the resolved `path.py:NAME`), the `[[spaces]]` of the
 campaign file, a generic space around each seed kernel, and the fusion space of a graph
 problem. `kfactory problems show` and the kernel writer resolve them through here too.
+
+Seeds, a problem file's `SPACES` and the campaign's `[[spaces]]` are cpu spaces: other
+targets get their built-in templates and the fusion space only. Seed spaces come first;
+names must be unique among a problem's spaces, and only the spaces written for the
+campaign's dtype are searched. `kernels/user_spaces.py` builds the user's spaces.
+`seed_points`: generation 0 of a campaign with seeds proposes each seed as it is.
 """
 
 from __future__ import annotations

@@ -1,5 +1,14 @@
 """Measure this host's ceilings (bandwidth, fp32 peak) on a quiet host and cache them per
-host; a measurement taken while other work ran is kept for a few minutes only."""
+host; a measurement taken while other work ran is kept for a few minutes only.
+
+The measuring kernels (calibration.c, ours) run in the sandboxed driver: an all-core copy
+of `COPY_BYTES` with non-temporal stores (bytes read plus written), a numpy float32 (BLAS)
+matmul of `SGEMM_N`^3, and all-core FMA chains in the widest vectors the CPU has; the fp32
+peak is the higher of the last two. A busy host is measured again, up to `ATTEMPTS` runs,
+waiting `BACKOFF_S` and then twice as long each time, and each ceiling keeps its best run
+(other work only lowers a ceiling). The cache (`gpu_workers.calibration_cache`) is keyed
+by host name, CPU model, core count and last-level cache size.
+"""
 
 from __future__ import annotations
 

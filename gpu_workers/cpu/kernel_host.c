@@ -9,7 +9,28 @@
    each call from outside and stops this process (SIGSTOP) between calls.
 
    The first reply is the pid to signal (8 bytes), then a kf_hello; every command after
-   that gets one kf_reply. */
+   that gets one kf_reply.
+
+   Containment, before the library loads: its own user (when not root), network, IPC,
+   mount and PID namespaces (the kernel runs as init of its PID namespace, so any process
+   left in it dies with it); the death signal; rdtsc faults (PR_SET_TSC); no new
+   privileges; and a first seccomp filter that refuses new processes, programs, sockets,
+   signals to others and tracing (clone only with CLONE_THREAD). After it loads: no core
+   files, 1 MiB of file writes, address-space and CPU-time limits; an empty, read-only
+   root (chroot); started as root, a user of its own (uid and gid KF_FIRST_UID + pid %
+   100000) with RLIMIT_NPROC at 2 x cores + 8, which then counts its threads alone; the
+   death signal armed again (a change of credentials clears it); and the second seccomp
+   filter: memory (never executable), threads, waiting, reading and writing, and what the
+   C library and OpenMP need besides (clocks, ids, affinity, signal masks, reading a
+   limit); everything else is refused. A refused call traps (SIGSYS) and is reported by
+   number (ST_FORBIDDEN_SYSCALL). Each mechanism is reported in the hello as applied, or
+   refused with the errno.
+
+   The whole arena is mapped writable and dirty before the first call
+   (MADV_POPULATE_WRITE), so no call pays a page fault or a dirty-bit update for memory the
+   harness set up. MXCSR and the x87 state are reset before and after every call, and a
+   change is reported (ST_FP_STATE); 64 KiB of stack below the host's frame are scrubbed
+   after every call. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>

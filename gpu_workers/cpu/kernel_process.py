@@ -4,6 +4,21 @@ The host (kernel_host.c) shares only the arena with the driver. Each call is sta
 around a command and its reply over pipes; between calls the host is stopped (SIGSTOP), so
 nothing of the kernel runs while the driver checks outputs, writes fresh inputs or times
 the baseline. An ending of the host is the kernel's doing and is raised as KernelEnded.
+
+- `nop` is a round trip that calls nothing: the handshake's cost, recorded with a timing.
+- The kernel shares the host's reply pipe, so it could answer "done" early: it is then
+  stopped where it is and its half-written outputs are judged. If the host's own answer
+  is still waiting on the pipe once the host is stopped, the kernel wrote one of its own:
+  `forged_reply`.
+- Other endings: `timeout` (no answer within the run's wall-clock limit, or its CPU time
+  used up), `memory_limit` (an allocation refused under the address-space limit),
+  `crashed`, `exited`, `load_failed`, `forbidden_syscall` (named) and `fp_state` (the
+  floating-point control state changed).
+- `mechanisms` records each containment the host applied, or why not; `kfactory check`
+  prints them. `HOST_ENV` and the root folder's name are the same in every run: nothing
+  tells a kernel whether it is verified or timed.
+- `helper_cpu_ns`: CPU time the driver's other threads used while a call was timed, which
+  took those cores from the kernel; the timing run counts it as contention.
 """
 
 from __future__ import annotations

@@ -10,6 +10,18 @@ when its flags say writable or thread-local, whatever its name; code runs at loa
 section's type (or the loader's section name) says so; an instruction is forbidden however
 it got into the object; a header is allowed when the real preprocessor found it under
 the compiler's own system include directories.
+
+`source_check` (before compiling): `.incbin` or `#embed` (forbidden_construct), an
+include outside those directories (forbidden_include: the refusal names only the path),
+assembler among the kernel's own tokens after macro expansion, or forged line markers
+(forbidden_construct). `static_check` (the object, as `build.ObjectFacts` read it): an
+import off the allow list (forbidden_symbol: maths, memory, the OpenMP runtime GCC emits
+and its read-only queries, no `omp_set_*`), code that runs at load or unload (init or
+fini arrays, constructors, ifuncs: load_time_code), writable or thread-local storage
+(kernel_state), data among code (executable_data), instructions a compute kernel never
+needs, found by disassembly (forbidden_instruction: `syscall`, `int`, `rdtsc`, `rdrand`,
+loads of MXCSR or the x87 control word, ...), and no exported `kernel`
+(missing_entry_point).
 """
 
 from __future__ import annotations

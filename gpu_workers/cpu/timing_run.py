@@ -6,6 +6,25 @@ every cache level (no call finds them cached, however large the caches); which c
 judged is drawn from the check's secret before the call. After timing, the same loaded
 kernel is re-checked on every distribution of the problem at the timed shape. The driver
 judges what it kept (it holds the inputs and outputs), with the benchmarker's own rule.
+
+- The kernel, and the incumbent in a host of its own, rotate over `input_sets` (2, or one
+  per baseline seed) in their arenas. Fresh inputs come from `fresh_inputs.c` (N(0, 1)
+  by Box-Muller from a keyed counter hash) for an fp32 problem that fills its inputs from
+  a distribution, else from the problem's own generator with a fresh seed; the flush is
+  `cache_flush.c` (CLFLUSHOPT or CLFLUSH on x86-64, `dc civac` on AArch64).
+- The numpy baseline runs here, in the driver, which never loaded a kernel, in the same
+  interleaved rounds (`gpu_workers.interleave`): every `BASELINE_EVERY`-th round, every
+  `BASELINE_EVERY_WITH_INCUMBENT`-th with an incumbent.
+- The run is set up before its timed window: with `wait_for_window` the driver waits
+  until the worker holds the device (`runner_files.wait_for_window`), and says when the
+  timed rounds are over (`close_window`). It records the handshake (the median of 21
+  `nop`s) and the contention of the window (`ContentionMeter`: the host's busy CPU time
+  less its kernels' and its own between calls).
+- A kept call that replaces an earlier one takes over its arrays, so no fresh pages are
+  needed mid-window; once the window is closed the driver keeps the memory it frees
+  (`freed_memory`). `JUDGES` (1) thread judges the kept calls while the re-check runs,
+  `PREPARED_AHEAD` (2) distributions' inputs (from the secret pool, `recheck_pool`)
+  prepared in threads meanwhile.
 """
 
 from __future__ import annotations

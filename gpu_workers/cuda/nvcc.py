@@ -9,6 +9,12 @@ and spills; the PTX gives each kernel's parameters and launch bounds and what th
 reaches outside itself (device-runtime calls, global variables, clock registers). Both
 are stored in the build for the static stage. Only device code is compiled: nvcc
 `-cubin` never builds or runs host code from the source.
+
+It runs on any host, for the back end's architecture: the visible GPU's, or
+`arch.DEFAULT_ARCH` (sm_90) where there is no usable GPU; an architecture `arch.py` has
+no limits for is refused (UnknownArch). Flags outside the allow list, a dtype the
+problem or the target does not take, and launch lines that do not parse or fit the
+problem are refused before nvcc runs.
 """
 
 from __future__ import annotations

@@ -14,6 +14,15 @@ outputs of calls chosen at random from the job's secret seed (gpu_workers.cuda.f
 A kernel's fault ends the process with a FaultReply saying why (crashed, launch_failed,
 timeout, memory_limit, bad_launch); anything else that goes wrong is a harness fault,
 reported as such.
+
+Every device array and scratch buffer has canary bytes on both sides (`Guarded`,
+`protocol.SLACK_BYTES`); outputs are poisoned with a NaN of the dtype (a different
+payload per run); every launch is synchronised and checked, and one that does not end
+within `launch_timeout_s` (verification) or `call_timeout_s` (timing) is a timeout.
+Timing uses CUDA events on the default stream with the L2 flushed before every call
+(`l2_flush_bytes`, at least twice the L2), the kernel, the baseline and the incumbent
+interleaved (`gpu_workers.interleave`) over input sets in turn, each with outputs of its
+own poisoned again before every call.
 """
 
 from __future__ import annotations

@@ -8,6 +8,23 @@ node accepts leaf nodes (TLS): a GPU host runs one, without JetStream, for its a
 A leaf connects as one user (`leaf-NAME`, its seed inside the leaf's file): on the
 cluster it may do what all the roles of that host may do together. Each role's own
 permissions are enforced by the leaf itself, which has the roles' users.
+
+- `sync_interval` is the description's (shipped `always`: every write fsynced before it
+  is acknowledged; the 2-minute default lost acknowledged writes in Jepsen's analysis of
+  NATS 2.12.1). The `authorization` block is `bus/auth.authorization` over
+  `ops/accounts.permissions`, the table the embedded hub's configuration comes from.
+- A leaf's clients reach JetStream through the cluster's `domain`, so every user gets
+  both forms of its JetStream and KV subjects (`in_domain`: `$JS.API.X` becomes
+  `$JS.<domain>.API.X`, `$KV.X` becomes `$JS.<domain>.API.$KV.X`); the leaf's own users
+  get the domain form only.
+- A leaf user may publish events and heartbeats as families (`kf.ev.>`, `kf.hb.>`), less
+  every event type and heartbeat subject none of its roles publishes
+  (`leaf_user_permissions`): nats-server announces a stream's `kf.ev.>` interest to a
+  leaf only if its user may publish the whole of it. Leaf users are in the top-level
+  `authorization`; nats-server's `leafnodes` authorization takes no nkeys or permissions.
+- `render` creates the run folder's seeds where missing (and each leaf's); `write` writes
+  the files 0600. `on_this_host` moves a description onto 127.0.0.1 ports for tests and
+  benches.
 """
 
 from __future__ import annotations

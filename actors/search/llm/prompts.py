@@ -2,6 +2,9 @@
 
 Every prompt states the problem exactly (signature, calling convention, shapes,
 tolerances), shows the source it starts from, and lists the lessons the history holds.
+`write` has no source to start from: it shows the reference's own source, the cost at the
+timed shape and, once the host has been calibrated (HostCalibrated), its ceilings and the
+least time they allow.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ DEMO = Path(__file__).parent.parent / "campaigns" / "demo.toml"
         ("[budget]\nstop_at_roofline = 2.0", "stop_at_roofline = 2.0: must be in (0, 1.5]"),
         ("[search]\nper_generation = -1", "search.per_generation = -1: must be at least 1"),
         ("[writer]\nattempts = 0", "writer: timeout_s must be > 0, attempts >= 1"),
+        ('[writer]\nkind = "genetic"', "Invalid enum value 'genetic' - at `$.writer.kind`"),
     ],
 )
 def test_a_bad_field_is_refused_at_load_in_one_line(

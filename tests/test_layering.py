@@ -1,6 +1,7 @@
 """Rules the whole package keeps: nats-py stays inside `bus/` (every other package talks
 to the bus through it); no role imports another role, and `actors/`' concerns import
-one way (campaign, then search, then records and roles); no timeout can swallow a
+one way (campaign, then search, then records and roles); no role branches on the
+campaign's writer kind (the search strategies' registry does); no timeout can swallow a
 cancellation."""
 
 from __future__ import annotations
@@ -104,3 +105,46 @@ def test_actor_concerns_import_one_way() -> None:
                     offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert offenders == []
     assert "actors.roles.messages" in _modules_imported(ROLES_DIR / "planner.py")
+
+
+def _writer_kind_branches(source: str) -> list[int]:
+    """The lines that compare or match on a `writer.kind`."""
+    found: list[int] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            tested = [node.left, *node.comparators]
+        elif isinstance(node, ast.Match):
+            tested = [node.subject]
+        else:
+            continue
+        if any(
+            isinstance(part, ast.Attribute)
+            and part.attr == "kind"
+            and isinstance(part.value, ast.Attribute)
+            and part.value.attr == "writer"
+            for expression in tested
+            for part in ast.walk(expression)
+        ):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_no_role_branches_on_the_writer_kind() -> None:
+    """A campaign's generations are filled by the strategy `actors.search.registry` names
+    for its writer kind: a new strategy needs no role to change."""
+    planted = (
+        "def fill(spec):\n"
+        "    if spec.writer.kind == 'llm':\n"
+        "        return 1\n"
+        "    match campaign.spec.writer.kind:\n"
+        "        case 'template':\n"
+        "            return 2\n"
+        "    return 3 if 'llm' != spec.writer.kind else 4\n"
+    )
+    assert _writer_kind_branches(planted) == [2, 4, 7]
+    offenders = {
+        str(path.relative_to(ROOT)): lines
+        for path in ROLES_DIR.rglob("*.py")
+        if (lines := _writer_kind_branches(path.read_text()))
+    }
+    assert offenders == {}

@@ -3,17 +3,19 @@
 On CampaignStarted it opens generation 0; on GenerationClosed it either finishes the
 campaign (budget, wall time, the roofline target, or nothing left to try) or opens the
 next generation. On CampaignResumed it continues a campaign whose last generation was
-closed (work in flight resumes by itself: the bus redelivers it). Proposals come from
-an optuna study rebuilt from the replayed history of the problem and target; the
-librarian is asked which points were already evaluated, and lessons marking regions to
-avoid are honoured.
+closed (work in flight resumes by itself: the bus redelivers it). A generation is
+filled by the campaign's search strategy, looked up by its `writer.kind` in
+`actors.search.registry` (the template search, or LLM variations); for strategies that
+propose points of the design spaces the librarian is asked which points were already
+evaluated, and lessons marking regions to avoid are honoured.
 
 Every decision is a pure function of the history, the incoming event and plain inputs
 (`decide_planner`, `decide_deadline`); `Planner.handle` only gathers those inputs (the
 history, the librarian's answers, the design spaces) and retries with what the
 librarian knows. The wall time is active time: a deadline watcher finishes a campaign
-it drives as soon as that is spent, even mid-generation. A problem with no design space
-stalls the campaign (`CampaignStalled`, kind `no_design_space`) instead of failing.
+it drives as soon as that is spent, even mid-generation. A strategy that cannot fill a
+generation stalls the campaign instead of failing (`CampaignStalled`: the template search,
+kind `no_design_space`, for a problem with no design space).
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from typing import Any
 import structlog
 
 from actors.campaign.campaign_file import CampaignSpec
-from actors.campaign.history import Campaign, Candidate, History
+from actors.campaign.history import Campaign, History
 from actors.campaign.replayer import HistoryReader
 from actors.campaign.summary import spent_candidates, summary
 from actors.roles.messages import SeenRequest, ask_lessons, ask_seen
 from actors.runtime import Actor, Reactions
-from actors.search.spaces import design_spaces, seed_points
-from actors.search.template_search import Proposal, Space, TemplateSearch
-from actors.search.variation import LLM_TEMPLATE, blank_page, seeds, variations
+from actors.search.registry import strategy_for
+from actors.search.spaces import design_spaces
+from actors.search.strategy import GenerationInputs, Planned, Stalled, Strategy
+from actors.search.template_search import Proposal, Space
 from bus.connection import Client, jetstream
 from eventstore.emitter import Emitter
 from eventstore.events import (
@@ -93,18 +96,19 @@ class Planner(Actor):
             decide_planner(history, event, out, now=now)
             return
         campaign = history.campaigns[event.campaign_id]
-        spec = campaign.spec
         campaign_id = campaign.started.campaign_id
-        spaces, first_points = await asyncio.to_thread(_spaces_and_seeds, spec, campaign_id)
-        if not spaces or (spec.writer.kind == "llm" and generation > 0):
-            # nothing to search (a stall, or a blank page for the LLM), or variations,
-            # which have keys of their own
+        strategy = strategy_for(campaign.spec)
+        spaces, first_points = await asyncio.to_thread(
+            _spaces_and_first_points, strategy, campaign.spec, campaign_id
+        )
+        if not strategy.needs_known(generation, spaces):
             decide_planner(history, event, out, now=now, spaces=spaces)
             return
         lessons = await ask_lessons(self._nc, campaign_id)
         avoid = [lesson.data for lesson in lessons if lesson.data.get("avoid")]
-        scope_keys = [c.proposal.param_key for c in _scope(history, campaign)]
-        known = await self._seen(campaign_id, scope_keys)
+        spec = campaign.spec
+        scope = history.scope_candidates(spec.problem, spec.target, spec.dtype)
+        known = await self._seen(campaign_id, [c.proposal.param_key for c in scope])
         # The librarian has the last word on what was evaluated (other planners may race):
         # decide again without the points it knows, until it knows none of those proposed.
         for _ in range(3):
@@ -159,13 +163,14 @@ class Planner(Actor):
                 log.warning("could not check the deadlines", error=str(exc))
 
 
-def _spaces_and_seeds(spec: CampaignSpec, campaign_id: str) -> tuple[list[Space], list[Proposal]]:
-    """The campaign's design spaces and its first points (LLM mode: the templates' best
-    points seed the archive; template mode: seed kernels as they are, before the search);
-    none when the problem's space cannot be loaded."""
+def _spaces_and_first_points(
+    strategy: Strategy, spec: CampaignSpec, campaign_id: str
+) -> tuple[list[Space], list[Proposal]]:
+    """The campaign's design spaces and the first points its strategy starts from; none
+    when the problem's space cannot be loaded."""
     try:
         spaces = design_spaces(spec.problem, spec.target, spec.dtype, spec)
-        first_points = seeds(spec) if spec.writer.kind == "llm" else seed_points(spec)
+        first_points = strategy.first_points(spec)
     except (ProblemLoadError, OSError, ValueError) as exc:
         log.warning("no design space", campaign=campaign_id, error=str(exc))
         return [], []
@@ -259,11 +264,6 @@ def _all_dead_lettered(history: History, candidate_ids: list[str]) -> bool:
     return bool(counted) and all(c.failed_undelivered for c in counted)
 
 
-def _scope(history: History, campaign: Campaign) -> list[Candidate]:
-    spec = campaign.spec
-    return history.scope_candidates(spec.problem, spec.target, spec.dtype)
-
-
 def _open(
     history: History,
     campaign: Campaign,
@@ -276,98 +276,21 @@ def _open(
 ) -> None:
     spec = campaign.spec
     remaining = spec.budget.candidates - spent_candidates(history, campaign)
-    count = min(spec.search.per_generation, remaining)
-    if spec.writer.kind == "llm" and generation > 0:
-        _vary(history, campaign, generation, count, out)
+    inputs = GenerationInputs(
+        min(spec.search.per_generation, remaining), spaces, first_points, known, avoid
+    )
+    filled = strategy_for(spec).fill(history, campaign, generation, inputs)
+    if isinstance(filled, Stalled):
+        out.emit(CampaignStalled, kind=filled.kind, detail=filled.detail)
         return
-    if spec.writer.kind == "llm":  # generation 0: the templates' best points seed the archive
-        proposals = [p for p in first_points if p.key not in known][:count]
-        if not proposals:  # no template, no seed: the LLM writes from the problem alone
-            _write(history, campaign, count, out)
-            return
-    elif not spaces:
-        out.emit(
-            CampaignStalled,
-            kind="no_design_space",
-            detail=f"no design space to search for {spec.problem} on {spec.target} ({spec.dtype}): "
-            "no template, seed kernel or fusion space takes it",
-        )
-        return
-    else:  # seed kernels as they are first, then the search fills the generation
-        proposals = [p for p in first_points if p.key not in known][:count]
-        if len(proposals) < count:
-            taken = {p.key for p in proposals}
-            proposals += TemplateSearch(spaces, spec.search.seed).propose(
-                _scope(history, campaign),
-                count - len(proposals),
-                generation,
-                lambda p: p.key in known or p.key in taken or _avoided(p, list(avoid)),
-                campaign_id=campaign.started.campaign_id,  # earlier campaigns are its prior
-                shape=spec.shapes[0] if spec.shapes else None,
-            )
-    _propose(
-        history,
-        campaign,
-        generation,
-        [{"template": p.template, "params": p.params, "param_key": p.key} for p in proposals],
-        "nothing new to try in the design space",
-        out,
-    )
-
-
-def _vary(
-    history: History, campaign: Campaign, generation: int, count: int, out: Reactions
-) -> None:
-    spec = campaign.spec
-    campaign_id = campaign.started.campaign_id
-    chosen = variations(
-        history.campaign_candidates(campaign_id), count, generation, spec.search.seed
-    )
-    _propose(
-        history,
-        campaign,
-        generation,
-        [
-            {
-                "template": LLM_TEMPLATE,
-                "params": {"family": v.family},
-                "param_key": v.key(campaign_id, generation),
-                "operator": v.operator,
-                "parents": v.parents,
-            }
-            for v in chosen
-        ],
-        "no parent to vary: every kernel so far failed before writing",
-        out,
-    )
-
-
-def _write(history: History, campaign: Campaign, count: int, out: Reactions) -> None:
-    campaign_id = campaign.started.campaign_id
-    _propose(
-        history,
-        campaign,
-        0,
-        [
-            {
-                "template": LLM_TEMPLATE,
-                "params": {"family": v.family},
-                "param_key": v.key(campaign_id, 0),
-                "operator": v.operator,
-                "parents": [],
-            }
-            for v in blank_page(count)
-        ],
-        "nothing to write",
-        out,
-    )
+    _propose(history, campaign, generation, filled.candidates, filled.reason_if_none, out)
 
 
 def _propose(
     history: History,
     campaign: Campaign,
     generation: int,
-    candidates: list[dict[str, Any]],
+    candidates: list[Planned],
     reason_if_none: str,
     out: Reactions,
 ) -> None:
@@ -378,7 +301,7 @@ def _propose(
     spec = campaign.spec
     campaign_id = campaign.started.campaign_id
     out.emit(GenerationOpened, generation=generation, planned=len(candidates))
-    for index, fields in enumerate(candidates):
+    for index, planned in enumerate(candidates):
         out.emit(
             CandidateProposed,
             problem=spec.problem,
@@ -386,16 +309,12 @@ def _propose(
             dtype=spec.dtype,
             candidate_id=f"{campaign_id}:g{generation}:c{index}",
             generation=generation,
-            **fields,
+            template=planned.template,
+            params=planned.params,
+            param_key=planned.param_key,
+            operator=planned.operator,
+            parents=planned.parents,
         )
-
-
-def _avoided(proposal: Proposal, regions: list[dict[str, Any]]) -> bool:
-    return any(
-        region.get("template") == proposal.template
-        and proposal.params.get(str(region.get("param"))) == region.get("value")
-        for region in regions
-    )
 
 
 def _finish_reason(history: History, campaign: Campaign, now: datetime) -> str | None:

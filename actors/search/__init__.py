@@ -1,1 +1,2 @@
-"""Search: design spaces, strategies that propose points in them, priors and lessons."""
+"""Search: design spaces, the strategies that fill a campaign's generations (one per
+`writer.kind`, in `registry`), priors and lessons."""

@@ -99,8 +99,12 @@ def test_actor_concerns_import_one_way() -> None:
         for path in paths:
             for name in _modules_imported(path):
                 parts = name.split(".")
-                if parts[0] == "actors" and len(parts) > 1 and parts[1] != "runtime":
-                    if parts[1] not in allowed:
-                        offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+                if (
+                    parts[0] == "actors"
+                    and len(parts) > 1
+                    and parts[1] != "runtime"
+                    and parts[1] not in allowed
+                ):
+                    offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert offenders == []
     assert "actors.roles.messages" in _modules_imported(ROLES_DIR / "planner.py")

@@ -6,7 +6,7 @@ every section that is writable or thread-local and not empty, whatever its name,
 COMMON symbols (state one call could hand to the next); code that runs at load or unload
 (init/fini arrays, .ctors/.dtors, .init/.fini, GNU ifuncs, a defined _init/_fini); data
 placed among code; and, by disassembly, instructions a compute kernel never needs
-(system calls, interrupts, clocks, randomness, loads of floating-point or thread state,
+(system calls, interrupts, clocks, randomness, setting floating-point or thread state,
 transactional memory), however they got there. The compiler's assembly, read before it
 is assembled (`foreign_assembler`), may hold only what GCC writes for C: any other
 directive came from a string the source passed through to the assembler. The static

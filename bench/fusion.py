@@ -25,8 +25,9 @@ import msgspec
 from gpu_workers.benchmarking import benchmark
 from gpu_workers.cache_root import cache_root
 from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.cpu.build import CompiledKernel, default_cache_dir
+from gpu_workers.cpu.build import CompiledKernel
 from gpu_workers.cpu.calibrate import load_or_calibrate
+from gpu_workers.cpu.toolchain import default_cache_dir
 from gpu_workers.results import BenchmarkResult
 from gpu_workers.verification import verify
 from kernels.builtin import BUILTIN

@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from actors.campaign.history import param_key  # noqa: E402
 from actors.search.spaces import design_spaces  # noqa: E402
-from gpu_workers.cpu.build import COMPILER, nan_safe, prelude  # noqa: E402
+from gpu_workers.cpu.toolchain import COMPILER, nan_safe, prelude  # noqa: E402
 from kernels.design_space import Template  # noqa: E402
 from kernels.loading import load_problem  # noqa: E402
 from kernels.templates import TEMPLATES  # noqa: E402

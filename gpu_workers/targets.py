@@ -12,8 +12,8 @@ from typing import Any, Generic
 from gpu_workers.benchmarking import Backend, BuildT, benchmark
 from gpu_workers.calibration_cache import is_quiet
 from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.cpu.build import default_cache_dir
 from gpu_workers.cpu.calibrate import load_or_calibrate as calibrate_cpu
+from gpu_workers.cpu.toolchain import default_cache_dir
 from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import load_or_calibrate as calibrate_gpu
 from gpu_workers.cuda.device import (

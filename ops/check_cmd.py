@@ -11,8 +11,8 @@ import typer
 
 from gpu_workers.benchmarking import benchmark
 from gpu_workers.cpu.backend import VERIFY_LIMITS, CpuBackend
-from gpu_workers.cpu.build import default_cache_dir
 from gpu_workers.cpu.calibrate import CalibrationError
+from gpu_workers.cpu.toolchain import default_cache_dir
 from gpu_workers.cuda.backend import VERIFY_LIMITS as CUDA_VERIFY_LIMITS
 from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import CalibrationError as GpuCalibrationError

@@ -129,93 +129,107 @@ async def running_hub(
     seconds, renewed in the background) before it opens its store; while another hub
     holds it, this one waits as a standby (ConnectStopped if `stop` is set meanwhile).
     """
-    server = None
-    supervising: asyncio.Task[None] | None = None
-    if nats_url is None:
-        server = _embedded_server(home, listen, port, auth, tls)
-        await asyncio.to_thread(_start_on_kept_port, server, home)
-        nats_url = server.url
-        supervising = asyncio.create_task(supervise(server))
+    async with contextlib.AsyncExitStack() as stack:  # released in reverse order
+        server = None
+        if nats_url is None:
+            server = _embedded_server(home, listen, port, auth, tls)
+            await asyncio.to_thread(_start_on_kept_port, server, home)
+            stack.push_async_callback(asyncio.to_thread, server.stop)
+            stack.push_async_callback(_cancelled, asyncio.create_task(supervise(server)))
+            nats_url = server.url
+        hub_auth, admin_auth = _client_auths(home, server, auth, ca_file, external_auth)
+        path = store or store_path(home)
+        wait = None if server is None else 30.0
+        await _ensure_streams(nats_url, admin_auth, wait, stop)
+        nc = await connect(nats_url, "kf-recorder", wait_for_server=wait, stop=stop, auth=hub_auth)
+        stack.push_async_callback(_closed, nc)
+        leases = await LeaseBucket.open(jetstream(nc), RECORDER_LEASES, lease_ttl)
+        holder = f"{socket.gethostname()}:{path}"
+        lease = await stack.enter_async_context(_recording_lease(leases, holder, stop))
+        event_store = await _open_store(path, lease, stop)
+        stack.callback(event_store.close)
+        recorder = Recorder(nc, event_store, lease=lease)
+        stop_recording = asyncio.Event()
+        recording = asyncio.create_task(recorder.run(stop_recording))
+        # record what has arrived while the lease is still ours
+        stack.push_async_callback(_recorded, recording, stop_recording)
+        service = await serve_queries(nc, event_store)
+        stack.push_async_callback(service.stop)
+        write_server_info(
+            home,
+            ServerInfo(
+                url=nats_url,
+                pid=os.getpid(),
+                store=str(event_store.path),
+                ca=str(ca_file) if ca_file else None,
+            ),
+        )
+        stack.callback(clear_server_info, home, os.getpid())
+        yield Hub(
+            nats_url,
+            event_store,
+            recorder,
+            nc,
+            server,
+            recording,
+            home,
+            ca_file,
+            None if server is not None else external_auth,
+            lease,
+        )
+
+
+def _client_auths(
+    home: Path,
+    server: EmbeddedNatsServer | None,
+    auth: bool,
+    ca_file: Path | None,
+    external_auth: ClientAuth | None,
+) -> tuple[ClientAuth, ClientAuth]:
+    """How the hub's recorder and its admin connect: (hub, admin)."""
     if (server is not None and auth) or (
         server is None and (external_auth is None or external_auth.seed_file is None)
     ):
         # the embedded server's users, or those of a cluster `kfactory deploy` rendered here
-        hub_auth, admin_auth = client_auth(home, HUB, ca_file), client_auth(home, ADMIN, ca_file)
-    else:
-        hub_auth = admin_auth = external_auth or ClientAuth(None, ca_file)
-    path = store or store_path(home)
-    event_store: DuckDBEventStore | None = None
-    nc: Client | None = None
-    stop_recording = asyncio.Event()
-    recording: asyncio.Task[None] | None = None
-    try:
-        wait = None if server is None else 30.0
-        admin = await connect(
-            nats_url, "kf-admin", wait_for_server=wait, stop=stop, auth=admin_auth
-        )
-        try:  # only the admin manages the stream; before anyone publishes through us
-            events = await ensure_events_stream(jetstream(admin))
-            for bucket in (RECORDER_LEASES, DEVICE_LEASES):  # as replicated as the events
-                await ensure_lease_bucket(
-                    jetstream(admin), bucket, replicas=events.config.num_replicas or 1
-                )
-        finally:
-            await admin.close()
-        nc = await connect(nats_url, "kf-recorder", wait_for_server=wait, stop=stop, auth=hub_auth)
-        leases = await LeaseBucket.open(jetstream(nc), RECORDER_LEASES, lease_ttl)
-        async with _recording_lease(leases, f"{socket.gethostname()}:{path}", stop) as lease:
-            try:
-                event_store = await _open_store(path, lease, stop)
-                recorder = Recorder(nc, event_store, lease=lease)
-                recording = asyncio.create_task(recorder.run(stop_recording))
-                service = await serve_queries(nc, event_store)
-                write_server_info(
-                    home,
-                    ServerInfo(
-                        url=nats_url,
-                        pid=os.getpid(),
-                        store=str(event_store.path),
-                        ca=str(ca_file) if ca_file else None,
-                    ),
-                )
-                try:
-                    yield Hub(
-                        nats_url,
-                        event_store,
-                        recorder,
-                        nc,
-                        server,
-                        recording,
-                        home,
-                        ca_file,
-                        None if server is not None else external_auth,
-                        lease,
-                    )
-                finally:
-                    clear_server_info(home, os.getpid())
-                    await service.stop()
-            finally:  # record what has arrived while the lease is still ours
-                stop_recording.set()
-                if recording is not None:
-                    with contextlib.suppress(Exception):
-                        async with asyncio.timeout(30):
-                            await recording
-    finally:
-        stop_recording.set()
-        if supervising is not None:
-            supervising.cancel()
-            with contextlib.suppress(BaseException):
-                await supervising
-        if nc is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(1.0):
-                    await nc.drain()
-            if not nc.is_closed:
-                await nc.close()
-        if event_store is not None:
-            event_store.close()
-        if server is not None:
-            await asyncio.to_thread(server.stop)
+        return client_auth(home, HUB, ca_file), client_auth(home, ADMIN, ca_file)
+    shared = external_auth or ClientAuth(None, ca_file)
+    return shared, shared
+
+
+async def _ensure_streams(
+    url: str, auth: ClientAuth, wait: float | None, stop: asyncio.Event | None
+) -> None:
+    """The events stream and the lease buckets, made by the admin (only the admin manages
+    them) before anyone publishes through the hub."""
+    async with await connect(url, "kf-admin", wait_for_server=wait, stop=stop, auth=auth) as admin:
+        events = await ensure_events_stream(jetstream(admin))
+        for bucket in (RECORDER_LEASES, DEVICE_LEASES):  # as replicated as the events
+            await ensure_lease_bucket(
+                jetstream(admin), bucket, replicas=events.config.num_replicas or 1
+            )
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+
+
+async def _closed(nc: Client) -> None:
+    """Drain the connection (a second at most), then close it."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            await nc.drain()
+    if not nc.is_closed:
+        await nc.close()
+
+
+async def _recorded(recording: asyncio.Task[None], stop_recording: asyncio.Event) -> None:
+    """Stop the recorder once it has stored what has arrived (30 s at most)."""
+    stop_recording.set()
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(30):
+            await recording
 
 
 @contextlib.asynccontextmanager

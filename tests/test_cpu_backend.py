@@ -11,9 +11,10 @@ import pytest
 from gpu_workers.calibration_cache import contended_path, is_quiet
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu.arena import PAGE, Arena, guard_ranges, layout
-from gpu_workers.cpu.build import CompiledKernel, bad_flags, compile_kernel
+from gpu_workers.cpu.build import CompiledKernel, compile_kernel
 from gpu_workers.cpu.calibrate import calibration_path, llc_bytes, load_or_calibrate
 from gpu_workers.cpu.static import source_check, static_check
+from gpu_workers.cpu.toolchain import bad_flags
 from gpu_workers.results import HostCalibration
 from kernels.builtin import BUILTIN
 from tests.cpu_support import EXAMPLES, FLAGS, calibration, kf_cache, planted

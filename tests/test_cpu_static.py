@@ -12,14 +12,11 @@ import pytest
 
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.cpu.build import (
-    CompiledKernel,
-    compile_kernel,
-    line_control_directives,
-    object_facts,
-    prelude,
-)
+from gpu_workers.cpu.build import CompiledKernel, compile_kernel
+from gpu_workers.cpu.object_facts import object_facts
+from gpu_workers.cpu.source_scan import line_control_directives
 from gpu_workers.cpu.static import source_check
+from gpu_workers.cpu.toolchain import prelude
 from gpu_workers.results import Rejection
 from kernels.builtin import BUILTIN
 from kernels.templates import TEMPLATES

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from gpu_workers.cpu.backend import CpuBackend
-from gpu_workers.cpu.build import CompiledKernel, compile_kernel, nan_safe
+from gpu_workers.cpu.build import CompiledKernel, compile_kernel
+from gpu_workers.cpu.toolchain import nan_safe
 from gpu_workers.verification import (
     RunOutput,
     Trial,

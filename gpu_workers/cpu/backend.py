@@ -13,9 +13,10 @@ from gpu_workers import runner_files as files
 from gpu_workers.benchmarking import TimingRun
 from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.build import CompiledKernel, compile_kernel, nan_safe
+from gpu_workers.cpu.build import CompiledKernel, compile_kernel
 from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.cpu.timing_run import arena_bytes
+from gpu_workers.cpu.toolchain import nan_safe
 from gpu_workers.cpu.trusted_build import cache_flush_library, fresh_inputs_library, kernel_host
 from gpu_workers.recheck_pool import RecheckPool
 from gpu_workers.results import Mechanism, Rejection, SandboxReport

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import re
 
-from gpu_workers.cpu.build import CompiledKernel, bad_flags, scan_source
+from gpu_workers.cpu.build import CompiledKernel
+from gpu_workers.cpu.source_scan import scan_source
+from gpu_workers.cpu.toolchain import bad_flags
 from gpu_workers.results import Rejection
 
 _MATH = [

@@ -11,7 +11,7 @@ import msgspec
 
 from gpu_workers.build_cache import cached_build
 from gpu_workers.compiler_process import run_compiler
-from gpu_workers.cpu.build import COMPILER, compiler_identity, default_cache_dir
+from gpu_workers.cpu.toolchain import COMPILER, compiler_identity, default_cache_dir
 
 HERE = Path(__file__).parent
 HOST_SOURCE = HERE / "kernel_host.c"

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors import devices
+from gpu_workers import targets
 from gpu_workers.calibration_cache import (
     CONTENDED_KEPT_SECONDS,
     QUIET_CORES,
@@ -107,12 +107,12 @@ def test_recalibrate_measures_afresh_rather_than_reading_the_cache(
     monkeypatch.setenv("KFACTORY_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "ATTEMPTS", 1)
     planted = _planted(calibration_path(None), busy=0.0)
-    monkeypatch.setattr(devices, "_calibrations", {})
-    assert devices.calibration_for("cpu") == planted
-    fresh = devices.recalibrate("cpu")
+    monkeypatch.setattr(targets, "_calibrations", {})
+    assert targets.calibration_for("cpu") == planted
+    fresh = targets.recalibrate("cpu")
     assert fresh.host != "planted" and fresh.measured_at != planted.measured_at
     assert fresh.host_contention_cores is not None
-    assert devices.calibration_for("cpu") == fresh  # what was measured last is what is used
+    assert targets.calibration_for("cpu") == fresh  # what was measured last is what is used
 
 
 def test_a_contended_calibration_is_used_for_a_while_then_measured_again(
@@ -125,11 +125,11 @@ def test_a_contended_calibration_is_used_for_a_while_then_measured_again(
         measured.append(busy)
         return busy
 
-    monkeypatch.setattr(devices, "_calibrations", {})
-    monkeypatch.setattr(devices, "_calibrate", measure)
-    first = devices.calibration_for("cpu")
-    assert devices.calibration_for("cpu") is first and len(measured) == 1
-    monkeypatch.setattr(devices, "CONTENDED_KEPT_SECONDS", 0.0)
-    devices.recalibrate("cpu")
-    devices.calibration_for("cpu")
+    monkeypatch.setattr(targets, "_calibrations", {})
+    monkeypatch.setattr(targets, "_calibrate", measure)
+    first = targets.calibration_for("cpu")
+    assert targets.calibration_for("cpu") is first and len(measured) == 1
+    monkeypatch.setattr(targets, "CONTENDED_KEPT_SECONDS", 0.0)
+    targets.recalibrate("cpu")
+    targets.calibration_for("cpu")
     assert len(measured) == 3

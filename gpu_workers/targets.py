@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Generic
 
-from gpu_workers.benchmarking import Backend, BuildT, benchmark
+from gpu_workers.benchmarking import BenchmarkRequest, benchmark
 from gpu_workers.calibration_cache import is_quiet
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.build import default_cache_dir
@@ -22,6 +22,7 @@ from gpu_workers.cuda.device import (
     gpu_unavailable_reason,
 )
 from gpu_workers.cuda.nvcc import default_cache_dir as cuda_cache_dir
+from gpu_workers.protocols import Backend, BuildT
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from kernels.design_space import TARGET_DTYPES
 from kernels.spec import Problem
@@ -127,9 +128,12 @@ class TimingBuilds(Generic[BuildT]):
     incumbent: BuildT | None
 
     def time(self, problem: Problem, calibration: HostCalibration, **options: Any) -> Timed:
-        """Time the build (`gpu_workers.benchmarking.benchmark`, with `options`)."""
+        """Time the build (`gpu_workers.benchmarking.benchmark`; `options` are the rest
+        of its `BenchmarkRequest`)."""
         return benchmark(
-            problem, self.backend, self.build, calibration, incumbent=self.incumbent, **options
+            BenchmarkRequest(
+                problem, self.backend, self.build, calibration, incumbent=self.incumbent, **options
+            )
         )
 
 

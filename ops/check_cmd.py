@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 import msgspec
 import typer
 
-from gpu_workers.benchmarking import benchmark
+from gpu_workers.benchmarking import BenchmarkRequest, benchmark
 from gpu_workers.cpu.backend import VERIFY_LIMITS, CpuBackend
 from gpu_workers.cpu.build import default_cache_dir
 from gpu_workers.cpu.calibrate import CalibrationError
@@ -289,15 +289,17 @@ def check(
                 raise UserError(f"the incumbent {incumbent} does not compile")
             incumbent_build = inc.build
         outcome = benchmark(
-            spec,
-            backend,
-            build,
-            calibration,
-            incumbent=incumbent_build,
-            shape=bench_shape,
-            dtype=dtype,
-            seed=check_seed,
-            recalibrate=lambda: recalibrate_device(target),
+            BenchmarkRequest(
+                spec,
+                backend,
+                build,
+                calibration,
+                incumbent=incumbent_build,
+                shape=bench_shape,
+                dtype=dtype,
+                seed=check_seed,
+                recalibrate=lambda: recalibrate_device(target),
+            )
         )
     report = _report(verdict, outcome)
     if json_out:

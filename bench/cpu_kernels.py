@@ -59,7 +59,7 @@ from native_harness import (
 )
 from roofline import Ceilings, measure
 
-from gpu_workers.benchmarking import benchmark
+from gpu_workers.benchmarking import BenchmarkRequest, benchmark
 from gpu_workers.cache_root import cache_root
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
@@ -108,11 +108,13 @@ def repeatability(problem: str, repeats: int) -> dict[str, Any]:
     medians, minimums, busy = [], [], []
     for _ in range(repeats):
         result = benchmark(
-            spec,
-            backend,
-            compiled.build,
-            calibration,
-            recalibrate=lambda: load_or_calibrate(cache_root(), force=True),
+            BenchmarkRequest(
+                spec,
+                backend,
+                compiled.build,
+                calibration,
+                recalibrate=lambda: load_or_calibrate(cache_root(), force=True),
+            )
         )
         if not isinstance(result, BenchmarkResult):
             raise SystemExit(f"repeatability run rejected: {result}")

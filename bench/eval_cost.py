@@ -47,7 +47,7 @@ from typing import Any
 
 import kernels
 from gpu_workers import runner_files
-from gpu_workers.benchmarking import benchmark
+from gpu_workers.benchmarking import BenchmarkRequest, benchmark
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu import timing_run
 from gpu_workers.cpu.backend import DRIVER_ENV, CpuBackend
@@ -240,7 +240,9 @@ def one_evaluation(
     if incumbent_source is not None:
         incumbent = precheck(problem, backend, incumbent_source, FLAGS, "fp32").build
     result, bench_seconds = _timed(
-        lambda: benchmark(problem, backend, build, calibration, incumbent=incumbent, shape=shape)
+        lambda: benchmark(
+            BenchmarkRequest(problem, backend, build, calibration, incumbent=incumbent, shape=shape)
+        )
     )
     if not hasattr(result, "kernel"):
         raise SystemExit(f"the example was rejected while timed: {result}")

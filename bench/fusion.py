@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from gpu_workers.benchmarking import benchmark
+from gpu_workers.benchmarking import BenchmarkRequest, benchmark
 from gpu_workers.cache_root import cache_root
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.build import CompiledKernel
@@ -64,13 +64,15 @@ def measure(
     assert build is not None  # it was just verified
     calibration = load_or_calibrate(cache_root())
     result = benchmark(
-        problem,
-        backend,
-        build,
-        calibration,
-        incumbent=incumbent,
-        shape=shape,
-        recalibrate=lambda: load_or_calibrate(cache_root(), force=True),
+        BenchmarkRequest(
+            problem,
+            backend,
+            build,
+            calibration,
+            incumbent=incumbent,
+            shape=shape,
+            recalibrate=lambda: load_or_calibrate(cache_root(), force=True),
+        )
     )
     if not isinstance(result, BenchmarkResult):
         return {**row, "verdict": f"rejected {result.stage}/{result.reason}: {result.message}"}

@@ -161,7 +161,7 @@ class DeviceLeases:
 
 class TimingWindows:
     """`device`'s timing lease as a worker thread opens and closes it around each timed
-    window (`gpu_workers.benchmarking.TimingWindow`), taken and given back on the event
+    window (`gpu_workers.protocols.TimingWindow`), taken and given back on the event
     loop `loop`, and the benchmarker's share of the device around everything else it
     does there. `share` takes the share (the build, then the driver's set-up); opening a
     window gives the share back first, so that a benchmarker waiting for a window holds

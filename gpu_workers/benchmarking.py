@@ -8,29 +8,32 @@ that looks faster but is in doubt is timed against it again first. This module t
 statistics and refuses what cannot be trusted: a stall in the timed region, samples that
 add up to more than the run took, outputs of randomly chosen timed calls or of the
 re-check after timing that are wrong (`judge_calls`), and a kernel faster than the
-roofline allows.
+roofline allows. A run that cannot be taken as it is gets timed again by a named retry
+policy (`RETRY_POLICIES`: a busy host, a stall, a head-to-head in doubt).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic
 
 import numpy as np
 
-from gpu_workers.pass_band import Band, within
-from gpu_workers.results import (
-    BenchmarkResult,
-    HeadToHead,
-    HostCalibration,
-    Rejection,
-    SandboxReport,
-    TimingStats,
+from gpu_workers.pass_band import within
+from gpu_workers.protocols import (
+    BuildT,
+    JudgedCall,
+    TimingBackend,
+    TimingRequest,
+    TimingRun,
+    TimingWindow,
 )
-from gpu_workers.verification import DeviceBackend, bits, compare_outputs, new_seed, trial_seed
-from kernels.spec import Arrays, Cost, Problem
+from gpu_workers.results import BenchmarkResult, HeadToHead, HostCalibration, Rejection, TimingStats
+from gpu_workers.verification import bits, compare_outputs, new_seed, trial_seed
+from kernels.spec import Cost, Problem
 
 MIN_RUNS = 30
 MIN_SECONDS = 0.5
@@ -46,28 +49,6 @@ BUSY_RETRIES = 2
 PROMOTION_ALPHA = 0.05
 """A kernel beats the incumbent only with more round wins than two kernels of equal speed
 (each round a fair coin) would give in more than this share of head-to-heads."""
-
-
-@dataclass
-class JudgedCall:
-    """One kernel call whose outputs are judged: a timed call chosen at random, or a call of
-    the re-check after timing."""
-
-    when: str
-    inputs: Arrays
-    outputs: Arrays
-    inputs_after: Arrays
-    """The inputs as the call left them: they must be unchanged."""
-    poison_bits: int
-    seed: int | None
-    """The seed `inputs` were drawn from, where they came from the problem's generator."""
-    expected: Arrays | None = None
-    scales: Arrays | None = None
-    """The float64 reference of `inputs` and its error scale, where already computed (the
-    re-check pool); None: computed here."""
-    bands: dict[str, Band] | None = None
-    """Each output's pass band for `expected` (`gpu_workers.pass_band`): outputs inside
-    every band pass without the float64 comparison; any other goes to it."""
 
 
 def judge_calls(problem: Problem, dtype: str, calls: list[JudgedCall]) -> Rejection | None:
@@ -111,76 +92,6 @@ def judge_calls(problem: Problem, dtype: str, calls: list[JudgedCall]) -> Reject
     return None
 
 
-@dataclass
-class TimingRun:
-    """Raw samples of one timing run, as the device back end measured them."""
-
-    kernel_ns: list[int] = field(default_factory=list)
-    kernel_warmup_ns: list[int] = field(default_factory=list)
-    baseline_ns: list[int] = field(default_factory=list)
-    incumbent_ns: list[int] = field(default_factory=list)
-    input_sets: int = 0
-    rotated_bytes: int = 0
-    caches_flushed: bool = False
-    judged: list[JudgedCall] = field(default_factory=list)
-    """Calls whose outputs the worker is to judge (a back end may judge them itself and
-    report a `rejection` instead)."""
-    judged_calls: list[int] = field(default_factory=list)
-    """Which calls (counting warm-up) were judged."""
-    rechecked: list[str] = field(default_factory=list)
-    """The distributions re-checked at the timed shape after timing."""
-    handshake_ns: float | None = None
-    kernel_cpu_seconds: float | None = None
-    sandbox: SandboxReport | None = None
-    wall_seconds: float = 0.0
-    timed_seconds: float = 0.0
-    host_contention_cores: float | None = None
-    baseline_name: str = "numpy float32"
-    """What the baseline samples timed: the implementation users run today."""
-    rejection: Rejection | None = None
-
-
-BuildT = TypeVar("BuildT")
-BuildT_contra = TypeVar("BuildT_contra", contravariant=True)
-
-
-class TimingBackend(Protocol[BuildT_contra]):
-    target: str
-
-    def time(
-        self,
-        problem: Problem,
-        build: BuildT_contra,
-        incumbent: BuildT_contra | None,
-        shape: dict[str, int],
-        *,
-        seed: int,
-        seeds: list[int],
-        recheck_seed: int | None,
-        rotate_bytes: int,
-        min_runs: int,
-        min_seconds: float,
-        window_open: Callable[[], None] | None = None,
-        window_closed: Callable[[], None] | None = None,
-    ) -> TimingRun:
-        """One timing run. `window_open`, if given, is called once the run is set up and
-        before its warm-up, and returns when the device is held alone (a back end that
-        cannot set up first calls it at once); `window_closed` once the run's timed window
-        (warm-up and timed rounds) is over while it goes on (judging, re-check)."""
-        ...
-
-
-class TimingWindow(Protocol):
-    """The device held alone for timing: `open` waits until it is (a no-op while it is),
-    `close` lets other work on it again (a no-op when not held). A benchmark opens it
-    when a timing run is set up (or before a calibration), and closes it as soon as the
-    run's timed window is over."""
-
-    def open(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
 class NoWindow:
     """For callers that hold the device otherwise, or need not."""
 
@@ -189,10 +100,6 @@ class NoWindow:
 
     def close(self) -> None:
         pass
-
-
-class Backend(DeviceBackend[BuildT], TimingBackend[BuildT], Protocol[BuildT]):
-    """A back end that builds, verifies and times kernels of one build type."""
 
 
 def timing_stats(samples: list[int]) -> TimingStats:
@@ -314,147 +221,233 @@ def _judge(
     return None
 
 
-def benchmark(
-    problem: Problem,
-    backend: TimingBackend[BuildT],
-    build: BuildT,
-    calibration: HostCalibration,
-    *,
-    incumbent: BuildT | None = None,
-    shape: dict[str, int] | None = None,
-    dtype: str = "fp32",
-    seed: int | None = None,
-    min_runs: int = MIN_RUNS,
-    min_seconds: float = MIN_SECONDS,
-    recalibrate: Callable[[], HostCalibration] | None = None,
-    window: TimingWindow | None = None,
-) -> BenchmarkResult | Rejection:
-    """Time a verified kernel against the baseline (and incumbent); re-check it afterwards.
+@dataclass(frozen=True)
+class BenchmarkRequest(Generic[BuildT]):
+    """A verified kernel to time against the baseline (and the incumbent), and how.
 
-    A kernel beyond the roofline is refused, but first, when `recalibrate` is given, the
-    host is measured again: a ceiling measured on a busy host may simply be too low.
     `seed` (drawn afresh when None) is the check's secret: the timed inputs, which calls
     are judged and the re-check's inputs derive from it; it is recorded in the result.
+    A kernel beyond the roofline is refused, but first, when `recalibrate` is given, the
+    host is measured again: a ceiling measured on a busy host may simply be too low.
     `window` is opened for every timing run once it is set up, and for a calibration, and
     closed as soon as each is past its timed window."""
-    device = window or NoWindow()
-    shape = problem.full_shape(shape or problem.default_shape)
-    seed = new_seed() if seed is None else seed
-    seeds = [trial_seed(seed, i, "bench") for i in range(DISTINCT_INPUT_SETS)]
-    recheck_seed = trial_seed(seed, 0, "recheck")
 
-    def time_once(recheck: bool = False) -> TimingRun:
+    problem: Problem
+    backend: TimingBackend[BuildT]
+    build: BuildT
+    calibration: HostCalibration
+    incumbent: BuildT | None = None
+    shape: dict[str, int] | None = None
+    """None: the problem's default shape."""
+    dtype: str = "fp32"
+    seed: int | None = None
+    min_runs: int = MIN_RUNS
+    min_seconds: float = MIN_SECONDS
+    recalibrate: Callable[[], HostCalibration] | None = None
+    window: TimingWindow | None = None
+
+
+class TimingSession(Generic[BuildT]):
+    """The timing runs of one benchmark: each in a window of its own, each judged against
+    the calibration, which is measured again (once) before a run beyond the roofline is
+    refused."""
+
+    def __init__(self, request: BenchmarkRequest[BuildT]) -> None:
+        self.request = request
+        self.window = request.window or NoWindow()
+        self.shape = request.problem.full_shape(request.shape or request.problem.default_shape)
+        self.seed = new_seed() if request.seed is None else request.seed
+        self.seeds = tuple(trial_seed(self.seed, i, "bench") for i in range(DISTINCT_INPUT_SETS))
+        self.calibration = request.calibration
+        self.recalibrated = False
+
+    def time(self, recheck: bool = False) -> TimingRun:
         """One timing run; `recheck`: also re-check every distribution at this shape after
-        timing (once per benchmark: repeats for a busy host or a stall only re-time; each
-        still judges timed calls chosen at random)."""
+        timing (once per benchmark: the retry policies' runs only re-time; each still
+        judges timed calls chosen at random)."""
+        request = self.request
         try:
-            return backend.time(
-                problem,
-                build,
-                incumbent,
-                shape,
-                seed=seed,
-                seeds=seeds,
-                recheck_seed=recheck_seed if recheck else None,
-                rotate_bytes=2 * calibration.llc_bytes,
-                min_runs=min_runs,
-                min_seconds=min_seconds,
-                window_open=device.open,
-                window_closed=device.close,
+            return request.backend.time(
+                TimingRequest(
+                    problem=request.problem,
+                    build=request.build,
+                    incumbent=request.incumbent,
+                    shape=self.shape,
+                    seed=self.seed,
+                    seeds=self.seeds,
+                    recheck_seed=trial_seed(self.seed, 0, "recheck") if recheck else None,
+                    rotate_bytes=2 * self.calibration.llc_bytes,
+                    min_runs=request.min_runs,
+                    min_seconds=request.min_seconds,
+                    window_open=self.window.open,
+                    window_closed=self.window.close,
+                )
             )
         finally:
-            device.close()
+            self.window.close()
 
-    recalibrated = False
-
-    def judge(run: TimingRun) -> Rejection | None:
-        nonlocal calibration, recalibrated
-        rejection = _judge(problem, run, shape, dtype, calibration)
+    def judge(self, run: TimingRun) -> Rejection | None:
+        """`_judge`; a run beyond the roofline is judged again after the host is
+        recalibrated (alone on the device), where the request allows it."""
+        problem, dtype = self.request.problem, self.request.dtype
+        rejection = _judge(problem, run, self.shape, dtype, self.calibration)
+        recalibrate = self.request.recalibrate
         if rejection is None or rejection.reason != "beyond_roofline" or not recalibrate:
             return rejection
-        if not recalibrated:
-            device.open()
+        if not self.recalibrated:
+            self.window.open()
             try:
-                calibration, recalibrated = recalibrate(), True
+                self.calibration, self.recalibrated = recalibrate(), True
             finally:
-                device.close()
-        return _judge(problem, run, shape, dtype, calibration)
+                self.window.close()
+        return _judge(problem, run, self.shape, dtype, self.calibration)
 
-    run = time_once(recheck=True)
-    rechecked = run.rechecked
-    rejection = judge(run)
-    if rejection is not None:
-        return rejection
-    attempts = 1
-    while (run.host_contention_cores or 0.0) > QUIET_CORES and attempts <= BUSY_RETRIES:
+    def judged_run(self, recheck: bool = False) -> TimingRun | Rejection:
+        """One timing run (`time`), or why it was refused (`judge`)."""
+        run = self.time(recheck)
+        rejection = self.judge(run)
+        return run if rejection is None else rejection
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Where a benchmark stands between its retry policies."""
+
+    run: TimingRun
+    """The run whose times are reported."""
+    rechecked: list[str]
+    """The distributions the first run re-checked after timing."""
+    attempts: int = 1
+    """The timing runs counted (a stall's fresh run replaces one, and is not counted)."""
+    stall_retried: bool = False
+    pooled: tuple[TimingRun, ...] = ()
+    """Further runs whose rounds against the incumbent count with `run`'s."""
+
+
+def versus_incumbent(measured: Measured) -> HeadToHead | None:
+    """The kernel against the incumbent over every pooled round; None: timed without one."""
+    if not measured.run.incumbent_ns:
+        return None
+    ratios = [ratio for run in (measured.run, *measured.pooled) for ratio in paired_ratios(run)]
+    return head_to_head(ratios, remeasured=bool(measured.pooled))
+
+
+def _contention(run: TimingRun) -> float:
+    return run.host_contention_cores or 0.0
+
+
+def retime_while_busy(session: TimingSession[Any], measured: Measured) -> Measured | Rejection:
+    """A busy host: while other work used more than QUIET_CORES during the kept run, time
+    again, up to BUSY_RETRIES times; the least disturbed run is kept."""
+    run, attempts = measured.run, measured.attempts
+    while _contention(run) > QUIET_CORES and attempts <= BUSY_RETRIES:
         attempts += 1
-        again = time_once()
-        rejection = judge(again)
-        if rejection is not None:
-            return rejection
-        if (again.host_contention_cores or 0.0) < (run.host_contention_cores or 0.0):
+        again = session.judged_run()
+        if isinstance(again, Rejection):
+            return again
+        if _contention(again) < _contention(run):
             run = again
-    stall_retried = False
-    first_stall = find_stall(run)
-    if first_stall is not None:
-        run = time_once()  # transient noise does not repeat in a fresh process; a cheat does
-        rejection = judge(run)
-        if rejection is not None:
-            return rejection
-        stall = find_stall(run)
-        if stall is not None:
-            return Rejection(
-                stage="benchmark",
-                reason="timing_stall",
-                message=(
-                    f"call {stall['call']} took {int(stall['call_ns']) / 1e6:.1f} ms against a "
-                    f"median of {float(stall['median_ns']) / 1e6:.3f} ms, in two fresh runs"
-                ),
-                evidence={
-                    **stall,
-                    "first_run_call": first_stall["call"],
-                    "first_run_call_ns": first_stall["call_ns"],
-                },
-            )
-        stall_retried = True
-    versus = head_to_head(paired_ratios(run), remeasured=False) if run.incumbent_ns else None
-    if versus is not None and in_doubt(versus):
-        again = time_once()
-        rejection = judge(again)
-        if rejection is not None:
-            return rejection
-        versus = head_to_head(paired_ratios(run) + paired_ratios(again), remeasured=True)
-        attempts += 1
+    return dataclasses.replace(measured, run=run, attempts=attempts)
+
+
+def retime_a_stall(session: TimingSession[Any], measured: Measured) -> Measured | Rejection:
+    """A stall (`find_stall`): time once more, in a fresh process. Transient noise does
+    not repeat there; a cheat does, and a stall in both runs is refused."""
+    first_stall = find_stall(measured.run)
+    if first_stall is None:
+        return measured
+    run = session.judged_run()
+    if isinstance(run, Rejection):
+        return run
+    stall = find_stall(run)
+    if stall is not None:
+        return Rejection(
+            stage="benchmark",
+            reason="timing_stall",
+            message=(
+                f"call {stall['call']} took {int(stall['call_ns']) / 1e6:.1f} ms against a "
+                f"median of {float(stall['median_ns']) / 1e6:.3f} ms, in two fresh runs"
+            ),
+            evidence={
+                **stall,
+                "first_run_call": first_stall["call"],
+                "first_run_call_ns": first_stall["call_ns"],
+            },
+        )
+    return dataclasses.replace(measured, run=run, stall_retried=True)
+
+
+def pool_a_head_to_head_in_doubt(
+    session: TimingSession[Any], measured: Measured
+) -> Measured | Rejection:
+    """A head-to-head in doubt (`in_doubt`): time the kernel against the incumbent again
+    and pool the rounds of both runs."""
+    versus = versus_incumbent(measured)
+    if versus is None or not in_doubt(versus):
+        return measured
+    again = session.judged_run()
+    if isinstance(again, Rejection):
+        return again
+    return dataclasses.replace(measured, pooled=(again,), attempts=measured.attempts + 1)
+
+
+RetryPolicy = Callable[[TimingSession[Any], Measured], Measured | Rejection]
+RETRY_POLICIES: tuple[RetryPolicy, ...] = (
+    retime_while_busy,
+    retime_a_stall,
+    pool_a_head_to_head_in_doubt,
+)
+"""Applied in this order to every benchmark; the first rejection ends it."""
+
+
+def benchmark(request: BenchmarkRequest[BuildT]) -> BenchmarkResult | Rejection:
+    """Time a verified kernel against the baseline (and incumbent), re-checking it after
+    the first run, then time again where a retry policy says so (`RETRY_POLICIES`)."""
+    session = TimingSession(request)
+    first = session.judged_run(recheck=True)
+    if isinstance(first, Rejection):
+        return first
+    measured = Measured(run=first, rechecked=first.rechecked)
+    for policy in RETRY_POLICIES:
+        outcome = policy(session, measured)
+        if isinstance(outcome, Rejection):
+            return outcome
+        measured = outcome
+    return _result(session, measured)
+
+
+def _result(session: TimingSession[Any], measured: Measured) -> BenchmarkResult:
+    request, run, shape = session.request, measured.run, session.shape
     kernel = timing_stats(run.kernel_ns)
     baseline = timing_stats(run.baseline_ns)
-    incumbent_stats = timing_stats(run.incumbent_ns) if run.incumbent_ns else None
-    floor = roofline_ns(problem.cost_for(shape, dtype), calibration, dtype)
+    incumbent = timing_stats(run.incumbent_ns) if run.incumbent_ns else None
+    floor = roofline_ns(
+        request.problem.cost_for(shape, request.dtype), session.calibration, request.dtype
+    )
     return BenchmarkResult(
-        problem=problem.name,
-        target=backend.target,
+        problem=request.problem.name,
+        target=request.backend.target,
         shape=shape,
         kernel=kernel,
         baseline=baseline,
         baseline_name=run.baseline_name,
-        incumbent=incumbent_stats,
+        incumbent=incumbent,
         speedup=baseline.median_ns / kernel.median_ns,
-        speedup_vs_incumbent=(
-            incumbent_stats.median_ns / kernel.median_ns if incumbent_stats else None
-        ),
+        speedup_vs_incumbent=incumbent.median_ns / kernel.median_ns if incumbent else None,
         roofline_ns=floor,
         roofline_fraction=floor / kernel.median_ns,
         input_sets=run.input_sets,
         rotated_bytes=run.rotated_bytes,
         caches_flushed=run.caches_flushed,
         timed_seconds=run.timed_seconds,
-        stall_retried=stall_retried,
+        stall_retried=measured.stall_retried,
         host_contention_cores=run.host_contention_cores,
-        timing_attempts=attempts,
-        seed=seed,
+        timing_attempts=measured.attempts,
+        seed=session.seed,
         judged_calls=tuple(run.judged_calls),
-        rechecked=tuple(rechecked),
+        rechecked=tuple(measured.rechecked),
         handshake_ns=run.handshake_ns,
         kernel_cpu_seconds=run.kernel_cpu_seconds,
         sandbox=run.sandbox,
-        head_to_head=versus,
+        head_to_head=versus_incumbent(measured),
     )

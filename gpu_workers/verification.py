@@ -1,15 +1,16 @@
 """Verification rules, the same for every device: stages compile, static, run, compare.
 
-A device back end compiles, checks statically and runs kernels in its sandbox; this
-module decides. Rules: every check draws a fresh secret seed (recorded in the verdict, so
-an audit can replay it); from it come the test shapes (fixed edge shapes plus shapes
-drawn per check: tall, wide, page-sized, ragged) and fresh inputs for every trial, from
-every distribution the problem supports (including NaN/Inf, values near the type's
-limits, masked rows and wide spreads); outputs poisoned before every run and every
-element checked; NaN and Inf pass only where the float64 reference gives exactly that
-(NaN where it gives NaN, the same infinity, or the infinity a finite result rounds to);
-inputs must be unchanged; writes past the end are caught; a second run on the same
-inputs must agree bit for bit (any NaN equals any NaN).
+A device back end (`gpu_workers.protocols.DeviceBackend`) compiles, checks statically
+and runs kernels in its sandbox; this module decides. Rules: every check draws a fresh
+secret seed (recorded in the verdict, so an audit can replay it); from it come the test
+shapes (fixed edge shapes plus shapes drawn per check: tall, wide, page-sized, ragged)
+and fresh inputs for every trial, from every distribution the problem supports
+(including NaN/Inf, values near the type's limits, masked rows and wide spreads);
+outputs poisoned before every run and every element checked; NaN and Inf pass only where
+the float64 reference gives exactly that (NaN where it gives NaN, the same infinity, or
+the infinity a finite result rounds to); inputs must be unchanged; writes past the end
+are caught; a second run on the same inputs must agree bit for bit (any NaN equals any
+NaN).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from gpu_workers.protocols import BuildT, CompileOutcome, DeviceBackend, RunOutput, Trial
 from gpu_workers.quick_compare import all_pass
 from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict, WorstElement
 from kernels.spec import Array, Arrays, Problem, Tolerance
@@ -29,60 +31,6 @@ from kernels.spec import Array, Arrays, Problem, Tolerance
 RUNS_PER_TRIAL = 2
 STRESS_RUNS = 6
 """Runs per trial on the largest test shape, where threads overlap most: races show there."""
-
-
-@dataclass(frozen=True)
-class Trial:
-    index: int
-    shape: dict[str, int]
-    distribution: str
-    seed: int
-    inputs: Arrays
-    runs: int = RUNS_PER_TRIAL
-
-
-@dataclass(frozen=True)
-class RunOutput:
-    """What one kernel call left behind, as the device back end read it back."""
-
-    trial: int
-    run: int
-    poison_bits: int
-    outputs: Arrays
-    inputs_after: Arrays
-    damaged_slack: tuple[str, ...] = ()
-
-
-BuildT = TypeVar("BuildT")
-"""A back end's build type (what its compile makes and its other stages take)."""
-
-
-@dataclass(frozen=True)
-class CompileOutcome(Generic[BuildT]):
-    build: BuildT | None
-    rejection: Rejection | None
-    cache_hit: bool = False
-
-
-@dataclass
-class RunOutcome:
-    runs: list[RunOutput] = field(default_factory=list)
-    rejection: Rejection | None = None
-    sandbox: SandboxReport | None = None
-
-
-class DeviceBackend(Protocol[BuildT]):
-    """What a target must provide to be verified."""
-
-    target: str
-
-    def compile(
-        self, problem: Problem, source: str, flags: tuple[str, ...], dtype: str
-    ) -> CompileOutcome[BuildT]: ...
-
-    def static_check(self, problem: Problem, build: BuildT) -> Rejection | None: ...
-
-    def run_trials(self, problem: Problem, build: BuildT, trials: list[Trial]) -> RunOutcome: ...
 
 
 def trial_seed(base_seed: int, index: int, salt: str = "trial") -> int:

@@ -27,25 +27,66 @@ def _environment(folder: str) -> jinja2.Environment:
     )
 
 
-_ENVIRONMENTS = {"cpu": _environment("cpu_templates"), "cuda": _environment("cuda_templates")}
-TARGET_DTYPES: dict[str, tuple[str, ...]] = {"cpu": ("fp32",), "cuda": ("fp32", "bf16", "fp16")}
-"""The element types each target's templates are written for."""
 CUDA_TYPES = {"fp32": "float", "bf16": "__nv_bfloat16", "fp16": "__half"}
 CUDA_FLAGS: tuple[str, ...] = ("-O3", "-O3 --use_fast_math")
 """The nvcc flags a cuda point may choose (every cuda space's "flags"); the compiler adds -arch."""
 
 
+def _openmp(params: Params) -> tuple[str, ...]:
+    """-fopenmp with threads, else -fopenmp-simd."""
+    return ("-fopenmp" if int(params.get("threads", 1)) != 1 else "-fopenmp-simd",)
+
+
+def _no_flags(params: Params) -> tuple[str, ...]:
+    return ()
+
+
+def _float_only(dtype: str) -> dict[str, Any]:
+    """Templates written for float alone: nothing names the element type."""
+    return {}
+
+
+def _cuda_element_type(dtype: str) -> dict[str, Any]:
+    return {"dtype": dtype, "T": CUDA_TYPES[dtype]}
+
+
+@dataclass(frozen=True)
+class TemplateTarget:
+    """How one target's templates are written and rendered."""
+
+    environment: jinja2.Environment
+    """Its jinja template folder."""
+    dtypes: tuple[str, ...]
+    """The element types its templates are written for."""
+    element_context: Callable[[str], dict[str, Any]]
+    """What a jinja file is given for a dtype, besides the point's parameters."""
+    added_flags: Callable[[Params], tuple[str, ...]]
+    """The compiler flags a point gets besides its own "flags"."""
+
+
+TEMPLATE_TARGETS: dict[str, TemplateTarget] = {
+    "cpu": TemplateTarget(_environment("cpu_templates"), ("fp32",), _float_only, _openmp),
+    "cuda": TemplateTarget(
+        _environment("cuda_templates"),
+        ("fp32", "bf16", "fp16"),
+        _cuda_element_type,
+        _no_flags,
+    ),
+}
+TARGET_DTYPES: dict[str, tuple[str, ...]] = {
+    name: target.dtypes for name, target in TEMPLATE_TARGETS.items()
+}
+"""The element types each target's templates are written for."""
+
+
 def render_file(target: str, file: str, /, **context: Any) -> str:
     """A jinja file of a target's template folder, rendered."""
-    return _ENVIRONMENTS[target].get_template(file).render(**context)
+    return TEMPLATE_TARGETS[target].environment.get_template(file).render(**context)
 
 
 def compiler_flags(target: str, params: Params) -> tuple[str, ...]:
-    """The point's "flags", plus OpenMP for cpu: -fopenmp with threads, else -fopenmp-simd."""
-    flags = str(params["flags"]).split()
-    if target == "cpu":
-        flags.append("-fopenmp" if int(params.get("threads", 1)) != 1 else "-fopenmp-simd")
-    return tuple(flags)
+    """The point's "flags", plus the target's (OpenMP for cpu)."""
+    return (*str(params["flags"]).split(), *TEMPLATE_TARGETS[target].added_flags(params))
 
 
 @dataclass(frozen=True)
@@ -127,9 +168,7 @@ class Template:
 
     def generate(self, params: Params, dtype: str) -> Rendered:
         """What `render` returns once it has checked `params` and `dtype`: here, the jinja
-        file rendered with the parameters (and for cuda the element type `T`)."""
-        context: dict[str, Any] = dict(params)
-        if self.target == "cuda":
-            context.update(dtype=dtype, T=CUDA_TYPES[dtype])
+        file rendered with the parameters and the target's `element_context`."""
+        context: dict[str, Any] = {**params, **TEMPLATE_TARGETS[self.target].element_context(dtype)}
         source = render_file(self.target, self.file, template=self.name, **context)
         return Rendered(source=source, flags=compiler_flags(self.target, params))

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from kernels.cuda_templates import CUDA_TEMPLATES
 from kernels.design_space import (
     Constraint,
@@ -481,17 +484,39 @@ EXAMPLE_TEMPLATES: dict[str, str] = {
 """For each problem, the template whose best known point is its example kernel."""
 
 
-def example_kernel(problem: str, target: str = "cpu", dtype: str = "fp32") -> Rendered | None:
-    """The example kernel of a problem, rendered; None if it has no template. For cpu: the
-    best hand-tuned kernel (`EXAMPLE_TEMPLATES`). For cuda: the best known point (an
-    unmeasured guess) of the last template written for `dtype`, the most specialised one,
-    since a problem's CUDA templates are listed general first (matmul: SIMT, then tensor
-    cores for bf16 and fp16)."""
-    if target == "cpu":
-        name = EXAMPLE_TEMPLATES.get(problem)
-        return TEMPLATES[name].render(TEMPLATES[name].best_known) if name else None
+def _hand_tuned(problem: str, target: str, dtype: str) -> Rendered | None:
+    """The best hand-tuned kernel (`EXAMPLE_TEMPLATES`)."""
+    name = EXAMPLE_TEMPLATES.get(problem)
+    return TEMPLATES[name].render(TEMPLATES[name].best_known) if name else None
+
+
+def _most_specialised(problem: str, target: str, dtype: str) -> Rendered | None:
+    """The best known point (an unmeasured guess) of the last template written for
+    `dtype`, the most specialised one, since a problem's templates are listed general
+    first (cuda matmul: SIMT, then tensor cores for bf16 and fp16)."""
     fitting = [t for t in templates_for(problem, target) if t.accepts(dtype)]
     return fitting[-1].render(fitting[-1].best_known, dtype) if fitting else None
+
+
+@dataclass(frozen=True)
+class Examples:
+    """Where a target's example kernels come from, and what they are."""
+
+    kind: str
+    """What an example kernel of this target is, in a few words."""
+    choose: Callable[[str, str, str], Rendered | None]
+    """(problem, target, dtype) to the example kernel, rendered; None: none."""
+
+
+EXAMPLES: dict[str, Examples] = {
+    "cpu": Examples("Example kernel", _hand_tuned),
+    "cuda": Examples("Starting-point kernel (not yet measured)", _most_specialised),
+}
+
+
+def example_kernel(problem: str, target: str = "cpu", dtype: str = "fp32") -> Rendered | None:
+    """The example kernel of a problem, rendered (`EXAMPLES`); None if it has none."""
+    return EXAMPLES[target].choose(problem, target, dtype)
 
 
 def example_file_text(problem: str) -> str:

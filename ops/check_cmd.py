@@ -9,25 +9,17 @@ from typing import Any, NoReturn
 import msgspec
 import typer
 
-from gpu_workers.benchmarking import benchmark
-from gpu_workers.cpu.backend import VERIFY_LIMITS, CpuBackend
-from gpu_workers.cpu.calibrate import CalibrationError
-from gpu_workers.cpu.toolchain import default_cache_dir
-from gpu_workers.cuda.backend import VERIFY_LIMITS as CUDA_VERIFY_LIMITS
-from gpu_workers.cuda.backend import CudaBackend
-from gpu_workers.cuda.calibrate import CalibrationError as GpuCalibrationError
+from gpu_workers.benchmarking import BenchmarkRequest, benchmark
 from gpu_workers.cuda.nvcc import CudaBuild
-from gpu_workers.cuda.nvcc import default_cache_dir as cuda_cache_dir
+from gpu_workers.protocols import Backend
 from gpu_workers.results import BenchmarkResult, Rejection, Verdict
-from gpu_workers.targets import calibration_for, device_missing
+from gpu_workers.targets import TARGET_MAP, TARGETS, calibration_for, device_missing, target_of
 from gpu_workers.targets import recalibrate as recalibrate_device
 from gpu_workers.verification import new_seed, precheck, verify
-from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import Problem, ProblemError
 from ops.errors import UserError
 
-DEFAULT_FLAGS = {"cpu": "-O3 -march=native -fopenmp", "cuda": "-O3"}
 EXIT_NOT_RUN = 3
 FLAGS_COMMENT = re.compile(r"^\s*//\s*kfactory-flags:\s*(.+?)\s*$", re.MULTILINE)
 
@@ -75,7 +67,7 @@ def _flags(source: str, flags: str | None, target: str = "cpu") -> tuple[str, ..
     if flags is not None:
         return tuple(flags.split())
     found = FLAGS_COMMENT.search(source)
-    return tuple((found.group(1) if found else DEFAULT_FLAGS[target]).split())
+    return tuple(found.group(1).split()) if found else target_of(target).default_flags
 
 
 def margins(verdict: Verdict) -> dict[str, dict[str, Any]]:
@@ -236,10 +228,11 @@ def check(
         False, "--recalibrate", help="Measure this host's bandwidth and peak again (with --bench)."
     ),
 ) -> None:
-    if target not in TARGET_DTYPES:
-        raise UserError(f"unknown target {target!r}; use one of {', '.join(TARGET_DTYPES)}")
-    if dtype not in TARGET_DTYPES[target]:
-        raise UserError(f"{target} kernels take {', '.join(TARGET_DTYPES[target])}, not {dtype!r}")
+    if target not in TARGET_MAP:
+        raise UserError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+    device = target_of(target)
+    if dtype not in device.dtypes:
+        raise UserError(f"{target} kernels take {', '.join(device.dtypes)}, not {dtype!r}")
     try:
         spec = load_problem(problem)
     except ProblemLoadError as exc:
@@ -253,17 +246,7 @@ def check(
     if timeout <= 0:
         raise UserError("--timeout must be a positive number of seconds")
     limits = {"wall_seconds": timeout, "cpu_seconds": max(1, int(timeout * 2) + 1)}
-    backend: CpuBackend | CudaBackend
-    if target == "cuda":
-        backend = CudaBackend(
-            cache_dir=cuda_cache_dir(),
-            verify_limits=msgspec.structs.replace(CUDA_VERIFY_LIMITS, **limits),
-        )
-    else:
-        backend = CpuBackend(
-            cache_dir=default_cache_dir(),
-            verify_limits=msgspec.structs.replace(VERIFY_LIMITS, **limits),
-        )
+    backend = device.checking_backend(msgspec.structs.replace(device.verify_limits, **limits))
     kernel_flags = _flags(text, flags, target)
     missing = device_missing(target)
     if missing is not None:
@@ -277,7 +260,7 @@ def check(
     if bench and verdict.verified:
         try:
             calibration = calibration_for(target) if not recalibrate else recalibrate_device(target)
-        except (CalibrationError, GpuCalibrationError) as exc:
+        except device.calibration_error as exc:
             raise UserError(f"cannot calibrate this host: {exc}") from None
         build = backend.compile(spec, text, kernel_flags, dtype).build
         incumbent_build = None
@@ -289,15 +272,17 @@ def check(
                 raise UserError(f"the incumbent {incumbent} does not compile")
             incumbent_build = inc.build
         outcome = benchmark(
-            spec,
-            backend,
-            build,
-            calibration,
-            incumbent=incumbent_build,
-            shape=bench_shape,
-            dtype=dtype,
-            seed=check_seed,
-            recalibrate=lambda: recalibrate_device(target),
+            BenchmarkRequest(
+                spec,
+                backend,
+                build,
+                calibration,
+                incumbent=incumbent_build,
+                shape=bench_shape,
+                dtype=dtype,
+                seed=check_seed,
+                recalibrate=lambda: recalibrate_device(target),
+            )
         )
     report = _report(verdict, outcome)
     if json_out:
@@ -310,7 +295,7 @@ def check(
 
 def _not_run(
     spec: Problem,
-    backend: CudaBackend | CpuBackend,
+    backend: Backend[Any],
     text: str,
     flags: tuple[str, ...],
     dtype: str,

@@ -15,7 +15,7 @@ from kernels.builtin import BUILTIN
 from kernels.design_space import TARGET_DTYPES
 from kernels.loading import ProblemLoadError, load_problem
 from kernels.spec import Problem
-from kernels.templates import example_kernel
+from kernels.templates import EXAMPLES, example_kernel
 from kernels.user_spaces import SpaceError
 from ops.errors import UserError
 
@@ -166,8 +166,7 @@ def show(
         for c in t.constraints:
             out.print(f"  constraint: {c.name}: {c.doc}", markup=False)
     if example is not None:
-        kind = "Example kernel" if target == "cpu" else "Starting-point kernel (not yet measured)"
-        out.print(f"\n{kind} (flags: {' '.join(example.flags)}):\n")
+        out.print(f"\n{EXAMPLES[target].kind} (flags: {' '.join(example.flags)}):\n")
         print(example.source)
 
 

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexers import CLexer, CudaLexer
+from pygments.lexers import get_lexer_by_name
 
 from actors.campaign.history import Candidate, History
 from actors.campaign.ranking import (
@@ -29,6 +29,7 @@ from actors.records.best_kernels import kernel_text, ranked
 from actors.records.overview import evaluation_order
 from actors.records.story import Rebuilt
 from eventstore.events import Event, HostCalibrated
+from gpu_workers.targets import target_of
 from kernels.loading import load_problem
 
 _TEMPLATES = jinja2.Environment(
@@ -238,5 +239,5 @@ def _what(event: Event) -> str:
 
 def _highlight(candidate: Candidate) -> str:
     assert candidate.written is not None
-    lexer = CudaLexer() if candidate.written.target == "cuda" else CLexer()
+    lexer = get_lexer_by_name(target_of(candidate.written.target).source_language)
     return highlight(kernel_text(candidate), lexer, HtmlFormatter(cssclass="code"))

@@ -20,26 +20,15 @@ from actors.roles.registry import ROLES, Role
 from actors.runtime import Actor, ActorRuntime
 from bus.auth import ClientAuth
 from bus.connection import connect
-from gpu_workers.targets import device_missing
+from gpu_workers.targets import device_missing, target_of
 
 RUN_ON_THE_DEVICE = ("verifier", "benchmarker")
-
-
-def device_label(target: str) -> str:
-    """The device a verifier or benchmarker of `target` uses here, for its heartbeat."""
-    if target == "cuda":
-        from gpu_workers.cuda.device import device_index, probe
-
-        return f"{probe().name or 'cuda'} (GPU {device_index() or 0})"
-    from gpu_workers.cpu.calibrate import cpu_model
-
-    return cpu_model()
 
 
 def create_actor(role: Role, target: str) -> Actor:
     actor = role.create(target)
     if role.name in RUN_ON_THE_DEVICE:
-        actor.device = device_label(target)
+        actor.device = target_of(target).device_label()  # for its heartbeat
     return actor
 
 

@@ -6,7 +6,6 @@ These tests time things but assert no performance figure; performance lives in b
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -17,8 +16,7 @@ from gpu_workers.benchmarking import (
     MIN_RUNS,
     MIN_SECONDS,
     ROOFLINE_SLACK,
-    JudgedCall,
-    TimingRun,
+    BenchmarkRequest,
     benchmark,
     find_stall,
     roofline_ns,
@@ -28,6 +26,7 @@ from gpu_workers.cpu.backend import BENCH_LIMITS, CpuBackend
 from gpu_workers.cpu.calibrate import load_or_calibrate
 from gpu_workers.cpu.protocol import BASELINE_EVERY_WITH_INCUMBENT
 from gpu_workers.interleave import LOSS_ROUNDS
+from gpu_workers.protocols import JudgedCall, TimingRequest, TimingRun
 from gpu_workers.recheck_pool import SETS
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from kernels.builtin import BUILTIN
@@ -104,7 +103,9 @@ def test_every_timed_call_starts_from_poisoned_outputs(
     assert cpu_backend.static_check(BUILTIN["softmax"], kernel) is None
     incumbent = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
     result = benchmark(
-        BUILTIN["softmax"], cpu_backend, kernel, calibration, incumbent=incumbent, shape=SMALL
+        BenchmarkRequest(
+            BUILTIN["softmax"], cpu_backend, kernel, calibration, incumbent=incumbent, shape=SMALL
+        )
     )
     assert isinstance(result, BenchmarkResult), result
     assert result.kernel.runs >= LOSS_ROUNDS and result.incumbent is not None
@@ -116,13 +117,15 @@ def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
     kernel = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
     incumbent = _build(cpu_backend, planted("tail_off_by_one").replace("cols - 1", "cols"))
     result = benchmark(
-        BUILTIN["softmax"],
-        cpu_backend,
-        kernel,
-        calibration,
-        incumbent=incumbent,
-        shape=SMALL,
-        recalibrate=lambda: load_or_calibrate(tmp_path, force=True),  # not the shared cache
+        BenchmarkRequest(
+            BUILTIN["softmax"],
+            cpu_backend,
+            kernel,
+            calibration,
+            incumbent=incumbent,
+            shape=SMALL,
+            recalibrate=lambda: load_or_calibrate(tmp_path, force=True),  # not the shared cache
+        )
     )
     assert isinstance(result, BenchmarkResult), result
     assert result.kernel.runs >= MIN_RUNS
@@ -154,7 +157,9 @@ def test_a_host_with_a_large_cache_times_over_two_flushed_input_sets_too(
     kernel = _build(backend, (EXAMPLES / "softmax.c").read_text())
     huge_cache = msgspec.structs.replace(calibration, llc_bytes=4 << 30)
     for shape in (SMALL, {"rows": 4, "cols": 64}):
-        result = benchmark(BUILTIN["softmax"], backend, kernel, huge_cache, shape=shape)
+        result = benchmark(
+            BenchmarkRequest(BUILTIN["softmax"], backend, kernel, huge_cache, shape=shape)
+        )
         assert isinstance(result, BenchmarkResult), result
         assert result.caches_flushed
         assert result.input_sets == 2
@@ -165,7 +170,9 @@ def test_a_first_call_stall_is_rejected(
     cpu_backend: CpuBackend, calibration: HostCalibration
 ) -> None:
     kernel = _build(cpu_backend, planted("sleeps_first_call"))
-    result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
+    result = benchmark(
+        BenchmarkRequest(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
+    )
     assert isinstance(result, Rejection)
     assert (result.stage, result.reason) == ("benchmark", "timing_stall")
     assert result.evidence["call"] == "0" and result.evidence["first_run_call"] == "0"
@@ -175,7 +182,9 @@ def test_a_kernel_that_stops_working_after_verification_fails_the_recheck(
     cpu_backend: CpuBackend, calibration: HostCalibration
 ) -> None:
     kernel = _build(cpu_backend, planted("stops_after_warmup"))
-    result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
+    result = benchmark(
+        BenchmarkRequest(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
+    )
     assert isinstance(result, Rejection)
     assert (result.stage, result.reason) == ("recheck", "unwritten")
 
@@ -188,7 +197,7 @@ def test_the_recheck_pool_keeps_its_references_and_still_catches_a_wrong_kernel(
     pool = backend.recheck_pool.folder
     softmax = BUILTIN["softmax"]
     good = _build(backend, (EXAMPLES / "softmax.c").read_text())
-    result = benchmark(softmax, backend, good, calibration, shape=SMALL)
+    result = benchmark(BenchmarkRequest(softmax, backend, good, calibration, shape=SMALL))
     assert isinstance(result, BenchmarkResult), result
     assert result.rechecked == softmax.distributions
     sets = {p.parent: p.stat().st_mtime_ns for p in pool.rglob("seed")}
@@ -202,7 +211,7 @@ def test_the_recheck_pool_keeps_its_references_and_still_catches_a_wrong_kernel(
     assert not list(pool.rglob("expected-*.npy"))
     # right on the timed (normal) inputs, wrong only on the pool's nonfinite sets
     bad = _build(backend, planted("evidence_ignores_nan"))
-    rejected = benchmark(softmax, backend, bad, calibration, shape=SMALL)
+    rejected = benchmark(BenchmarkRequest(softmax, backend, bad, calibration, shape=SMALL))
     assert isinstance(rejected, Rejection)
     assert (rejected.stage, rejected.reason) == ("recheck", "lost_non_finite")
     assert "nonfinite inputs" in rejected.evidence["when"]
@@ -239,13 +248,15 @@ def test_a_kernel_that_loses_every_early_round_is_timed_no_further(
     kernel = _build(cpu_backend, SLOW_SOFTMAX)
     incumbent = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
     result = benchmark(
-        BUILTIN["softmax"],
-        cpu_backend,
-        kernel,
-        calibration,
-        incumbent=incumbent,
-        shape=SMALL,
-        min_seconds=0.0,
+        BenchmarkRequest(
+            BUILTIN["softmax"],
+            cpu_backend,
+            kernel,
+            calibration,
+            incumbent=incumbent,
+            shape=SMALL,
+            min_seconds=0.0,
+        )
     )
     assert isinstance(result, BenchmarkResult), result
     assert result.head_to_head is not None and not result.head_to_head.faster
@@ -263,7 +274,9 @@ def test_memoizing_never_pays_since_every_timed_call_has_fresh_inputs(
     values again would be faster than the arithmetic allows; here it never sees them."""
     kernel = _build(cpu_backend, planted("memoizes_matmul"), "matmul")
     shape = {"M": 256, "N": 256, "K": 256}
-    result = benchmark(BUILTIN["matmul"], cpu_backend, kernel, calibration, shape=shape)
+    result = benchmark(
+        BenchmarkRequest(BUILTIN["matmul"], cpu_backend, kernel, calibration, shape=shape)
+    )
     assert isinstance(result, BenchmarkResult), result
     assert result.roofline_fraction <= ROOFLINE_SLACK
 
@@ -272,7 +285,9 @@ def test_a_crash_during_timing_is_a_rejection(
     cpu_backend: CpuBackend, calibration: HostCalibration
 ) -> None:
     kernel = _build(cpu_backend, planted("segfaults"))
-    result = benchmark(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
+    result = benchmark(
+        BenchmarkRequest(BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL)
+    )
     assert isinstance(result, Rejection)
     assert (result.stage, result.reason) == ("benchmark", "crashed")
 
@@ -291,28 +306,17 @@ class ScriptedTiming:
         self.calls = 0
         self.log = [] if log is None else log
 
-    def time(
-        self,
-        problem: object,
-        build: object,
-        incumbent: object,
-        shape: dict[str, int],
-        *,
-        seeds: list[int],
-        recheck_seed: int,
-        window_open: Callable[[], None] | None = None,
-        window_closed: Callable[[], None] | None = None,
-        **_: object,
-    ) -> TimingRun:
+    def time(self, request: TimingRequest[object]) -> TimingRun:
         median_ns, contention = self.script[self.calls]
-        if window_open is not None:
-            window_open()
+        recheck_seed = request.recheck_seed
+        if request.window_open is not None:
+            request.window_open()
         self.log.append(f"timed rounds {self.calls}")
-        if window_closed is not None:
-            window_closed()
+        if request.window_closed is not None:
+            request.window_closed()
         self.log.append(f"re-check {self.calls}")
         self.calls += 1
-        inputs = self.problem.generate(shape, "normal", recheck_seed, "fp32")
+        inputs = self.problem.generate(request.shape, "normal", recheck_seed, "fp32")
         right = {k: v.astype(np.float32) for k, v in self.problem.expected(inputs).items()}
         judged = JudgedCall(
             when="a re-check",
@@ -338,7 +342,9 @@ def test_a_busy_host_is_timed_again_and_the_quietest_run_kept(
 ) -> None:
     floor = roofline_ns(BUILTIN["softmax"].cost_for(SMALL, "fp32"), calibration)
     backend = ScriptedTiming("softmax", [(10 * floor, 1.5), (12 * floor, 0.1)])
-    result = benchmark(BUILTIN["softmax"], backend, None, calibration, shape=SMALL)
+    result = benchmark(
+        BenchmarkRequest(BUILTIN["softmax"], backend, None, calibration, shape=SMALL)
+    )
     assert isinstance(result, BenchmarkResult), result
     assert backend.calls == 2 and result.timing_attempts == 2
     assert result.host_contention_cores == 0.1
@@ -357,7 +363,9 @@ def test_a_run_beyond_the_roofline_recalibrates_once_then_is_refused(
         return calibration
 
     result = benchmark(
-        BUILTIN["softmax"], backend, None, calibration, shape=SMALL, recalibrate=recalibrate
+        BenchmarkRequest(
+            BUILTIN["softmax"], backend, None, calibration, shape=SMALL, recalibrate=recalibrate
+        )
     )
     assert isinstance(result, Rejection)
     assert (result.stage, result.reason) == ("roofline", "beyond_roofline")
@@ -398,13 +406,15 @@ def test_each_timing_run_and_calibration_holds_the_device_only_for_its_timed_win
         return calibration
 
     result = benchmark(
-        BUILTIN["softmax"],
-        backend,
-        None,
-        calibration,
-        shape=SMALL,
-        recalibrate=recalibrate,
-        window=window,
+        BenchmarkRequest(
+            BUILTIN["softmax"],
+            backend,
+            None,
+            calibration,
+            shape=SMALL,
+            recalibrate=recalibrate,
+            window=window,
+        )
     )
     assert isinstance(result, Rejection) and result.reason == "beyond_roofline"
     assert log == [
@@ -462,7 +472,9 @@ def test_the_cpu_driver_holds_the_window_only_from_its_set_up_to_its_timed_round
     kernel = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
     shape = {"rows": 512, "cols": 2048}  # a re-check long enough to be seen running
     result = benchmark(
-        BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=shape, window=window
+        BenchmarkRequest(
+            BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=shape, window=window
+        )
     )
     assert isinstance(result, BenchmarkResult), result
     assert log == ["open", "close"] * (len(log) // 2) and log
@@ -489,7 +501,9 @@ def test_a_run_given_up_when_its_window_opens_leaves_no_driver_behind(
     kernel = _build(cpu_backend, (EXAMPLES / "softmax.c").read_text())
     with pytest.raises(RuntimeError, match="the best changed"):
         benchmark(
-            BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL, window=Window([])
+            BenchmarkRequest(
+                BUILTIN["softmax"], cpu_backend, kernel, calibration, shape=SMALL, window=Window([])
+            )
         )
     assert waiting == ["waiting for the timed window"]
     assert _running_drivers() == []

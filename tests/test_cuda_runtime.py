@@ -39,6 +39,7 @@ from gpu_workers.cuda.device import (
 from gpu_workers.cuda.driver import Loaded, pack
 from gpu_workers.cuda.nvcc import CudaBuild, nvcc_path
 from gpu_workers.cuda.runner import FAULT_EXIT, HARNESS_EXIT
+from gpu_workers.protocols import TimingRequest
 from gpu_workers.results import Rejection, SandboxReport
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed
 from gpu_workers.verification import check_outputs, plan_trials, verify
@@ -259,16 +260,18 @@ def test_without_a_gpu_running_and_timing_refuse_instead_of_faking(tmp_path: Pat
         backend.run_trials(GELU, outcome.build, trials)
     with pytest.raises(NoGpu):
         backend.time(
-            GELU,
-            outcome.build,
-            None,
-            {"n": 1024},
-            seed=5,
-            seeds=[1, 2],
-            recheck_seed=3,
-            rotate_bytes=1 << 20,
-            min_runs=3,
-            min_seconds=0.0,
+            TimingRequest(
+                GELU,
+                outcome.build,
+                None,
+                {"n": 1024},
+                seed=5,
+                seeds=(1, 2),
+                recheck_seed=3,
+                rotate_bytes=1 << 20,
+                min_runs=3,
+                min_seconds=0.0,
+            )
         )
     with pytest.raises(NoGpu):
         measure()
@@ -627,16 +630,18 @@ def test_every_timed_call_starts_from_poisoned_outputs(gpu_backend: CudaBackend)
     incumbent = gpu_backend.compile(GELU, GELU_OK, (), "fp32")
     assert kernel.build is not None and incumbent.build is not None
     run = gpu_backend.time(
-        GELU,
-        kernel.build,
-        incumbent.build,
-        {"n": 1 << 20},
-        seed=5,
-        seeds=[11, 12],
-        recheck_seed=13,
-        rotate_bytes=0,
-        min_runs=10,
-        min_seconds=0.1,
+        TimingRequest(
+            GELU,
+            kernel.build,
+            incumbent.build,
+            {"n": 1 << 20},
+            seed=5,
+            seeds=(11, 12),
+            recheck_seed=13,
+            rotate_bytes=0,
+            min_runs=10,
+            min_seconds=0.1,
+        )
     )
     assert run.rejection is None, run.rejection
     assert len(run.kernel_ns) >= 10

@@ -6,7 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gpu_workers.verification import RunOutput, Trial, bits, check_outputs, judge_runs
+from gpu_workers.protocols import RunOutput, Trial
+from gpu_workers.verification import bits, check_outputs, judge_runs
 from kernels.builtin import BUILTIN
 from kernels.spec import DTYPES, to_dtype
 

@@ -11,9 +11,8 @@ import pytest
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.build import CompiledKernel, compile_kernel
 from gpu_workers.cpu.toolchain import nan_safe
+from gpu_workers.protocols import RunOutput, Trial
 from gpu_workers.verification import (
-    RunOutput,
-    Trial,
     check_outputs,
     judge_runs,
     plan_trials,

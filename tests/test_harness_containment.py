@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_workers.benchmarking import benchmark
+from gpu_workers.benchmarking import BenchmarkRequest, benchmark
 from gpu_workers.cpu.arena import Arena, guard_ranges, layout
 from gpu_workers.cpu.backend import DRIVER_ENV, CpuBackend
 from gpu_workers.cpu.build import CompiledKernel, compile_kernel
@@ -168,7 +168,9 @@ def test_memoizing_by_pointer_is_caught_by_fresh_inputs_and_judged_calls(
     cpu_backend: CpuBackend, kf_cache: Path, calibration: HostCalibration
 ) -> None:
     build = _compiled(kf_cache, "harness_memoizes_by_pointer")
-    result = benchmark(SOFTMAX, cpu_backend, build, calibration, shape=SMALL, seed=5)
+    result = benchmark(
+        BenchmarkRequest(SOFTMAX, cpu_backend, build, calibration, shape=SMALL, seed=5)
+    )
     assert isinstance(result, Rejection), result
     assert (result.stage, result.reason) == ("recheck", "wrong_value"), result
     assert result.evidence["when"].startswith(("timed call", "re-check after timing"))
@@ -180,7 +182,9 @@ def test_a_verified_kernel_is_timed_with_its_evidence_recorded(
     source = (EXAMPLES / "softmax.c").read_text()
     compiled = cpu_backend.compile(SOFTMAX, source, FLAGS)
     assert compiled.build is not None
-    result = benchmark(SOFTMAX, cpu_backend, compiled.build, calibration, shape=SMALL, seed=9)
+    result = benchmark(
+        BenchmarkRequest(SOFTMAX, cpu_backend, compiled.build, calibration, shape=SMALL, seed=9)
+    )
     assert isinstance(result, BenchmarkResult), result
     assert result.seed == 9
     assert set(result.rechecked) == set(SOFTMAX.distributions)

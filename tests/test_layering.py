@@ -2,12 +2,16 @@
 to the bus through it); no role imports another role, and `actors/`' concerns import
 one way (campaign, then search, then records and roles); no role branches on the
 campaign's writer kind (the search strategies' registry does); no timeout can swallow a
-cancellation."""
+cancellation; nothing outside `gpu_workers/` branches on a target's name (callers ask
+the target map, `gpu_workers.targets`)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+from gpu_workers.targets import TARGETS
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("actors", "eventstore", "gpu_workers", "kernels", "ops", "bench")
@@ -148,3 +152,97 @@ def test_no_role_branches_on_the_writer_kind() -> None:
         if (lines := _writer_kind_branches(path.read_text()))
     }
     assert offenders == {}
+
+
+BRANCH_FREE = ("actors", "eventstore", "kernels", "ops", "bus")
+"""The packages that ask the target map (or, below `gpu_workers/`, a per-target table)."""
+_JINJA_TAG = re.compile(r"\{%.*?%\}|\{\{.*?\}\}", re.DOTALL)
+_QUOTED = re.compile(r"""["']([^"']*)["']""")
+
+
+def _names_a_target(node: ast.AST) -> bool:
+    """A target's name as a string constant, or a literal collection holding one."""
+    if isinstance(node, ast.Constant):
+        return node.value in TARGETS
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_target(element) for element in node.elts)
+    if isinstance(node, ast.Dict):
+        return any(key is not None and _names_a_target(key) for key in node.keys)
+    return False
+
+
+def _jinja_compares_a_target(text: str) -> bool:
+    """A jinja tag that compares with a quoted target name (`{% if target == "cpu" %}`)."""
+    return any(
+        re.search(r"==|!=|\bin\b", tag) and set(_QUOTED.findall(tag)) & set(TARGETS)
+        for tag in _JINJA_TAG.findall(text)
+    )
+
+
+def _branches_on_a_target(node: ast.AST) -> bool:
+    if isinstance(node, ast.Compare):
+        compares = (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot)
+        return any(isinstance(op, compares) for op in node.ops) and any(
+            _names_a_target(side) for side in (node.left, *node.comparators)
+        )
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in {"startswith", "endswith"} and any(
+            _names_a_target(argument) for argument in node.args
+        )
+    if isinstance(node, ast.MatchValue):
+        return _names_a_target(node.value)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return _jinja_compares_a_target(node.value)
+    return False
+
+
+def target_branches(source: str) -> list[int]:
+    """The lines of `source` that branch on a target's name: a comparison (==, !=, in,
+    not in, is) with one, `.startswith`/`.endswith` of one, a `case` of one, or a jinja
+    template in a string that compares with one."""
+    return sorted(
+        node.lineno for node in ast.walk(ast.parse(source)) if _branches_on_a_target(node)
+    )
+
+
+PLANTED_BRANCHES = (
+    'if target == "cuda":\n    pass',
+    'ok = "cpu" != spec.target',
+    'ok = target in ("cuda", "rocm")',
+    'ok = target not in ["cpu"]',
+    'ok = target.startswith("cuda")',
+    'match target:\n    case "cpu":\n        pass',
+    "PROMPT = '''{% if target == \"cpu\" -%}C{%- endif %}'''",
+    "PROMPT = \"{{ 'C' if target == 'cuda' else '' }}\"",
+)
+NOT_BRANCHES = (
+    'SUFFIX = {"cpu": ".c", "cuda": ".cu"}',
+    'backend = backend_for("cuda")',
+    'ok = target == "cpus"',
+    "ok = target == spec.target",
+    'PROMPT = "{% if llm_brief %}{{ llm_brief }}{% endif %} on cpu"',
+)
+
+
+def test_the_target_branch_finder_sees_every_form_of_a_branch() -> None:
+    assert {"cpu", "cuda"} <= set(TARGETS)
+    assert [source for source in PLANTED_BRANCHES if not target_branches(source)] == []
+    assert [source for source in NOT_BRANCHES if target_branches(source)] == []
+
+
+def test_nothing_outside_gpu_workers_branches_on_a_target_name() -> None:
+    paths = [p for package in BRANCH_FREE for p in (ROOT / package).rglob("*.py")]
+    assert ROOT / "ops" / "check_cmd.py" in paths
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in paths
+        for line in target_branches(path.read_text())
+    ]
+    templates = [p for package in BRANCH_FREE for p in (ROOT / package).rglob("*.j2")]
+    assert templates
+    offenders += [
+        str(path.relative_to(ROOT))
+        for path in templates
+        if _jinja_compares_a_target(path.read_text())
+    ]
+    assert offenders == []

@@ -38,13 +38,13 @@ from eventstore.events import (
 from eventstore.store import Recorded
 from gpu_workers.benchmarking import (
     PROMOTION_ALPHA,
-    TimingRun,
     head_to_head,
     in_doubt,
     paired_ratios,
     wins_by_chance,
     within_noise,
 )
+from gpu_workers.protocols import TimingRun
 from gpu_workers.results import HeadToHead
 from ops.progress import Progress
 from ops.run_cmd import _generations as run_generations

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import msgspec
 
 from bus.subjects import check_token
-from kernels.design_space import TARGET_DTYPES
+from gpu_workers.targets import TARGET_MAP, TARGETS, target_of
 
 
 class CampaignError(ValueError):
@@ -162,15 +162,17 @@ def validate(spec: CampaignSpec) -> CampaignSpec:
             "writer: timeout_s must be > 0, attempts >= 1 and backoff_s >= 0 "
             f"(got {spec.writer.timeout_s}, {spec.writer.attempts}, {spec.writer.backoff_s})"
         )
-    if spec.target not in TARGET_DTYPES:
-        raise CampaignError(f"target {spec.target!r} is unknown; use one of {list(TARGET_DTYPES)}")
-    if spec.dtype not in TARGET_DTYPES[spec.target]:
+    if spec.target not in TARGET_MAP:
+        raise CampaignError(f"target {spec.target!r} is unknown; use one of {list(TARGETS)}")
+    target = target_of(spec.target)
+    if spec.dtype not in target.dtypes:
         raise CampaignError(
-            f"dtype {spec.dtype!r}: {spec.target} kernels take {list(TARGET_DTYPES[spec.target])}"
+            f"dtype {spec.dtype!r}: {spec.target} kernels take {list(target.dtypes)}"
         )
-    if spec.writer.kind == "llm" and spec.target != "cpu":
+    if spec.writer.kind == "llm" and target.llm_brief is None:
+        written = ", ".join(t.name for t in TARGET_MAP.values() if t.llm_brief is not None)
         raise CampaignError(
-            f"writer.kind = 'llm' writes cpu kernels only so far; {spec.target} campaigns "
+            f"writer.kind = 'llm' writes {written} kernels only so far; {spec.target} campaigns "
             "search the templates (writer.kind = 'template')"
         )
     if spec.writer.kind == "llm" and not (spec.writer.base_url and spec.writer.model):

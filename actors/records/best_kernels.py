@@ -15,8 +15,7 @@ from typing import Any
 from actors.campaign.history import Candidate, History
 from actors.campaign.ranking import CampaignBaseline, OwnTime, leaderboard, speedup_over
 from gpu_workers.atomic_file import write_atomically
-
-EXTENSIONS = {"cpu": ".c", "cuda": ".cu"}
+from gpu_workers.targets import target_of
 
 
 def ranked(history: History, campaign_id: str) -> list[Candidate]:
@@ -41,7 +40,7 @@ def file_name(candidate: Candidate, rank: int | None = None) -> str:
     assert candidate.written is not None
     stem = candidate.candidate_id.replace(":", "-")
     prefix = f"{rank:02d}-" if rank is not None else ""
-    return prefix + stem + EXTENSIONS.get(candidate.written.target, ".c")
+    return prefix + stem + target_of(candidate.written.target).source_suffix
 
 
 def write_kernel(candidate: Candidate, path: Path) -> Path:

@@ -15,7 +15,7 @@ import msgspec
 
 from actors.runtime import Actor, Reactions
 from eventstore.events import Event, KernelCompiled, KernelRejected, KernelWritten
-from gpu_workers.targets import PRECHECKED_TARGETS, cuda_backend
+from gpu_workers.targets import PRECHECKED_TARGETS, backend_for
 from gpu_workers.verification import precheck
 from kernels.loading import load_problem
 
@@ -35,7 +35,7 @@ class Compiler(Actor):
     async def handle(self, event: Event, out: Reactions) -> None:
         assert isinstance(event, KernelWritten)
         problem = load_problem(event.problem)
-        backend = cuda_backend()  # the only prechecked target
+        backend = backend_for(event.target)
         outcome = await asyncio.to_thread(
             precheck, problem, backend, event.source, tuple(event.flags), event.dtype
         )

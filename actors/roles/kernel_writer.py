@@ -25,7 +25,7 @@ from actors.roles.messages import ask_lessons
 from actors.runtime import Actor, PoisonMessage, Reactions
 from actors.search.llm import prompts
 from actors.search.llm.extract import NoCodeFound, extract_kernel
-from actors.search.llm.prompts import DEFAULT_FLAGS, RejectionEvidence
+from actors.search.llm.prompts import RejectionEvidence
 from actors.search.spaces import template_named
 from actors.search.variation import LLM_TEMPLATE, WRITE
 from bus.connection import Client
@@ -41,6 +41,7 @@ from eventstore.events import (
     LlmExchanged,
 )
 from eventstore.queries import replay
+from gpu_workers.targets import target_of
 from kernels.design_space import InvalidParams, Template
 from kernels.fusion.plan import plan as fusion_plan
 from kernels.identity import source_hash
@@ -192,7 +193,7 @@ def decide_reply(
             **common,
         )
         return
-    flags = list(kernel.flags or DEFAULT_FLAGS.split())
+    flags = list(kernel.flags or target_of(event.target).default_flags)
     decide_written(history, event, out, Kernel(kernel.source, flags, "llm", event.params))
 
 

@@ -13,7 +13,7 @@ from actors.roles.librarian import Librarian
 from actors.roles.planner import Planner
 from actors.roles.verifier import Verifier
 from actors.runtime import Actor
-from gpu_workers.targets import PRECHECKED_TARGETS
+from gpu_workers.targets import PRECHECKED_TARGETS, TARGETS
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,13 @@ ROLES: dict[str, Role] = {
             "verifier",
             "checks kernels against the reference on the device",
             Verifier.for_target,
-            ("cpu", "cuda"),
+            TARGETS,
         ),
         Role(
             "benchmarker",
             "times verified kernels against the baseline on the device",
             Benchmarker,
-            ("cpu", "cuda"),
+            TARGETS,
         ),
         Role(
             "librarian",

@@ -27,7 +27,7 @@ from eventstore.events import (
     KernelWritten,
 )
 from gpu_workers.results import Verdict
-from gpu_workers.targets import PRECHECKED_TARGETS, backend_for, worker_device_index
+from gpu_workers.targets import backend_for, target_of, worker_device_index
 from gpu_workers.verification import verify
 from kernels.loading import load_problem
 
@@ -74,7 +74,7 @@ class Verifier(Actor):
 
     @staticmethod
     def for_target(target: str) -> Verifier:
-        return DeviceVerifier(target) if target in PRECHECKED_TARGETS else Verifier(target)
+        return DeviceVerifier(target) if target_of(target).precheck else Verifier(target)
 
     async def handle(self, event: Event, out: Reactions) -> None:
         assert isinstance(event, KernelWritten)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from actors.campaign.campaign_file import CampaignSpec
 from actors.search.template_search import Proposal, Space
+from gpu_workers.targets import target_of
 from kernels.design_space import Template
 from kernels.fusion.plan import fusion_space
 from kernels.loading import load_problem
@@ -53,11 +54,12 @@ def kernel_templates(
 ) -> list[Template]:
     """The templates (built-in and the user's) and seed spaces of the problem, seeds first."""
     spec = load_problem(problem).load_spec
+    takes_user_spaces = target_of(target).takes_user_spaces
     found: list[Template] = []
-    if campaign is not None and target == "cpu":
+    if campaign is not None and takes_user_spaces:
         found += seed_spaces(spec, campaign.seed.sources)
     found += templates_for(spec, target)
-    if target == "cpu":
+    if takes_user_spaces:
         for declared in declared_in_problem_file(spec):
             base = Path(spec.rpartition(":")[0]).resolve().parent
             found.append(build_space(declared, base, spec))

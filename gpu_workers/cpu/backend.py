@@ -10,7 +10,6 @@ import msgspec
 import numpy as np
 
 from gpu_workers import runner_files as files
-from gpu_workers.benchmarking import TimingRun
 from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.build import CompiledKernel, compile_kernel
@@ -18,12 +17,20 @@ from gpu_workers.cpu.static import source_check, static_check
 from gpu_workers.cpu.timing_run import arena_bytes
 from gpu_workers.cpu.toolchain import nan_safe
 from gpu_workers.cpu.trusted_build import cache_flush_library, fresh_inputs_library, kernel_host
+from gpu_workers.protocols import (
+    CompileOutcome,
+    RunOutcome,
+    RunOutput,
+    TimingRequest,
+    TimingRun,
+    Trial,
+)
 from gpu_workers.recheck_pool import RecheckPool
 from gpu_workers.results import Mechanism, Rejection, SandboxReport
 from gpu_workers.runner_files import expect_reply, write_request
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
 from gpu_workers.sandbox_outcome import contention
-from gpu_workers.verification import CompileOutcome, RunOutcome, RunOutput, Trial, new_seed
+from gpu_workers.verification import new_seed
 from kernels.spec import Problem
 
 RUNNER = "gpu_workers.cpu.runner"
@@ -163,41 +170,28 @@ class CpuBackend:
             ]
             return RunOutcome(runs=runs, sandbox=sandbox)
 
-    def time(
-        self,
-        problem: Problem,
-        build: CompiledKernel,
-        incumbent: CompiledKernel | None,
-        shape: dict[str, int],
-        *,
-        seed: int,
-        seeds: list[int],
-        recheck_seed: int | None,
-        rotate_bytes: int,
-        min_runs: int,
-        min_seconds: float,
-        window_open: Callable[[], None] | None = None,
-        window_closed: Callable[[], None] | None = None,
-    ) -> TimingRun:
+    def time(self, request: TimingRequest[CompiledKernel]) -> TimingRun:
         """The driver sets the run up before `window_open` (kernel processes, arenas,
         inputs), so that this happens while other work still has the host. It flushes
         every call's inputs and outputs from the caches, so `rotate_bytes` (what a back end
         that cannot flush writes between calls) is not used here."""
+        incumbent, window_open = request.incumbent, request.window_open
+        window_closed = request.window_closed
         job = p.BenchJob(
-            library=build.library,
+            library=request.build.library,
             incumbent_library=incumbent.library if incumbent is not None else None,
             kernel_host=self._kernel_host(self.bench_limits),
             fresh_inputs_library=str(fresh_inputs_library(self.cache_dir)),
             cache_flush_library=str(cache_flush_library(self.cache_dir)),
-            problem=problem.load_spec,
+            problem=request.problem.load_spec,
             dtype=self.dtype,
-            shape=shape,
-            seed=seed,
-            seeds=seeds,
-            recheck_seed=recheck_seed,
+            shape=request.shape,
+            seed=request.seed,
+            seeds=list(request.seeds),
+            recheck_seed=request.recheck_seed,
             recheck_pool=str(self.recheck_pool.folder) if self.recheck_pool else None,
-            min_runs=min_runs,
-            min_seconds=min_seconds,
+            min_runs=request.min_runs,
+            min_seconds=request.min_seconds,
             wait_for_window=window_open is not None,
         )
         with sandbox_dir(RUN_DIR_PREFIX) as workdir:
@@ -214,7 +208,11 @@ class CpuBackend:
                     window_closed()
 
             outcome = self._run(
-                job, workdir, self.bench_limits, watch, arena_bytes=arena_bytes(problem, job)
+                job,
+                workdir,
+                self.bench_limits,
+                watch,
+                arena_bytes=arena_bytes(request.problem, job),
             )
             reply = expect_reply(workdir, p.Reply, p.BenchReply)
             return TimingRun(

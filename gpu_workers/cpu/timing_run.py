@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu_workers import runner_files as files
-from gpu_workers.benchmarking import JudgedCall, judge_calls
+from gpu_workers.benchmarking import judge_calls
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.arena import ITEMSIZE, Arena, guard_ranges, layout, poison, slot_bytes
 from gpu_workers.cpu.freed_memory import keep_freed_memory
@@ -52,6 +52,7 @@ from gpu_workers.cpu.kernel_process import (
 )
 from gpu_workers.interleave import Call, interleave
 from gpu_workers.pass_band import Band
+from gpu_workers.protocols import JudgedCall
 from gpu_workers.recheck_pool import entry
 from gpu_workers.results import Rejection
 from gpu_workers.sandbox import host_busy_seconds

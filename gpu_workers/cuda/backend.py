@@ -16,11 +16,10 @@ fit in); the SandboxReport says so with address_space_limit_bytes = -1.
 from __future__ import annotations
 
 import resource
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpu_workers import runner_files as files
-from gpu_workers.benchmarking import TimingRun
 from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda.arch import DEFAULT_ARCH
@@ -42,6 +41,14 @@ from gpu_workers.cuda.nvcc import (
 )
 from gpu_workers.cuda.static import source_check, static_check
 from gpu_workers.cuda.timing import CudaTiming, default_rechecks, read_timing, timing_run
+from gpu_workers.protocols import (
+    CompileOutcome,
+    RunOutcome,
+    RunOutput,
+    TimingRequest,
+    TimingRun,
+    Trial,
+)
 from gpu_workers.results import Rejection
 from gpu_workers.runner_files import (
     NO_PROGRESS,
@@ -52,7 +59,6 @@ from gpu_workers.runner_files import (
 )
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
 from gpu_workers.sandbox_outcome import sandbox_failure
-from gpu_workers.verification import CompileOutcome, RunOutcome, RunOutput, Trial
 from kernels.cuda_launch import LaunchError, LaunchPlan, parse_launch_plan
 from kernels.spec import Problem
 
@@ -178,43 +184,29 @@ class CudaBackend:
             ]
             return RunOutcome(runs=runs, sandbox=outcome.report)
 
-    def time(
-        self,
-        problem: Problem,
-        build: CudaBuild,
-        incumbent: CudaBuild | None,
-        shape: dict[str, int],
-        *,
-        seed: int,
-        seeds: list[int],
-        recheck_seed: int | None,
-        rotate_bytes: int,
-        min_runs: int,
-        min_seconds: float,
-        window_open: Callable[[], None] | None = None,
-        window_closed: Callable[[], None] | None = None,
-    ) -> TimingRun:
+    def time(self, request: TimingRequest[CudaBuild]) -> TimingRun:
         """Time the kernel, its baseline and the incumbent, interleaved, by CUDA events,
         on inputs drawn afresh before every timed call; L2 is flushed before every timed
         call (by writing at least `rotate_bytes`). `seed` is the check's secret: it draws
         the fresh inputs and the judged calls. The result in the benchmarker's terms
         (`timing_run`): the judged calls and the re-checks are judged there. The device
         is held for the whole run: `window_open` is called first, `window_closed` not."""
-        if window_open is not None:
-            window_open()
+        if request.window_open is not None:
+            request.window_open()
+        problem, recheck_seed = request.problem, request.recheck_seed
         timing = self.timing(
             problem,
-            build,
-            incumbent,
-            shape,
-            secret_seed=seed,
-            seeds=seeds,
+            request.build,
+            request.incumbent,
+            request.shape,
+            secret_seed=request.seed,
+            seeds=list(request.seeds),
             rechecks=[] if recheck_seed is None else default_rechecks(problem, recheck_seed),
-            rotate_bytes=rotate_bytes,
-            min_runs=min_runs,
-            min_seconds=min_seconds,
+            rotate_bytes=request.rotate_bytes,
+            min_runs=request.min_runs,
+            min_seconds=request.min_seconds,
         )
-        return timing_run(problem, build.dtype, shape, timing)
+        return timing_run(problem, request.build.dtype, request.shape, timing)
 
     def timing(
         self,

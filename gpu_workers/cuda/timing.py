@@ -15,8 +15,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from gpu_workers.benchmarking import JudgedCall, TimingRun
 from gpu_workers.cuda import protocol as p
+from gpu_workers.protocols import JudgedCall, TimingRun
 from gpu_workers.results import Rejection, SandboxReport
 from gpu_workers.sandbox import SandboxOutcome
 from gpu_workers.sandbox_outcome import contention

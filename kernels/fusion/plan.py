@@ -10,7 +10,7 @@ their key, the source and the compiler flags. Its `event_fields()` are the paylo
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kernels.cuda_launch import Launch, parse_launch_plan
@@ -35,14 +35,41 @@ def _problem(problem: ProblemRef) -> Problem:
         raise ValueError(str(exc)) from None
 
 
+def _called_directly(source: str, problem: Problem) -> tuple[Launch, ...]:
+    return ()
+
+
+def _declared_launches(source: str, problem: Problem) -> tuple[Launch, ...]:
+    return parse_launch_plan(source, problem).launches
+
+
+@dataclass(frozen=True)
+class FusionCodegen:
+    """A target's code generator of fused chains."""
+
+    space: Callable[[Problem], FusionSpace]
+    launches: Callable[[str, Problem], tuple[Launch, ...]]
+    """The launches a generated source declares (none: the source is called directly)."""
+
+
+CODEGENS: dict[str, FusionCodegen] = {
+    "cpu": FusionCodegen(codegen_c.space, _called_directly),
+    "cuda": FusionCodegen(codegen_cuda.space, _declared_launches),
+}
+
+
+def _codegen(target: str) -> FusionCodegen:
+    try:
+        return CODEGENS[target]
+    except KeyError:
+        known = ", ".join(TARGET_DTYPES)
+        raise ValueError(f"unknown fusion target {target!r}; known: {known}") from None
+
+
 def fusion_space(problem: ProblemRef, target: str = "cpu") -> FusionSpace:
     """The fused design space of a graph problem for a target ("cpu" or "cuda")."""
     problem = _problem(problem)
-    if target == "cpu":
-        return codegen_c.space(problem)
-    if target == "cuda":
-        return codegen_cuda.space(problem)
-    raise ValueError(f"unknown fusion target {target!r}; known: {', '.join(TARGET_DTYPES)}")
+    return _codegen(target).space(problem)
 
 
 def param_key(params: Mapping[str, ParamValue]) -> str:
@@ -98,9 +125,7 @@ def plan(
         )
     full: dict[str, ParamValue] = {**space.defaults, **given, "partition": chosen.key}
     rendered = space.render(full, dtype)
-    launches: tuple[Launch, ...] = ()
-    if space.target == "cuda":
-        launches = parse_launch_plan(rendered.source, problem).launches
+    launches = _codegen(space.target).launches(rendered.source, problem)
     normalised = dict(sorted(full.items()))
     return FusionPlan(
         problem=problem.name,

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import jinja2
 
+from gpu_workers.targets import target_of
 from kernels.spec import Problem
 
 MAX_SOURCE_CHARS: Final = 24_000
@@ -26,8 +27,6 @@ MAX_EVIDENCE_VALUE_CHARS: Final = 6_000
 MAX_EVIDENCE_CHARS: Final = 16_000
 MAX_LESSONS: Final = 20
 MAX_LESSON_CHARS: Final = 400
-DEFAULT_FLAGS: Final = "-O3 -march=native -fopenmp"
-"""What the cpu target compiles with when a kernel names no flags (see `kfactory check`)."""
 
 
 @dataclass(frozen=True)
@@ -42,10 +41,8 @@ class RejectionEvidence:
 
 _SYSTEM = """\
 You are an expert performance engineer who writes fast, correct compute kernels in C.
-{% if target == "cpu" -%}
-Kernels are compiled as C11 by the system C compiler on x86-64 and called through ctypes.
-OpenMP, GCC vector extensions and <immintrin.h> intrinsics may be used; write portable \
-fallbacks for intrinsics guarded by the CPU features they need.
+{% if llm_brief -%}
+{{ llm_brief }}
 {%- else -%}
 Kernels target {{ target }}.
 {%- endif %}
@@ -245,12 +242,14 @@ def _messages(
     name: str, problem: Problem, target: str, dtype: str, **context: Any
 ) -> list[dict[str, str]]:
     signature = problem.c_signature(dtype)
+    device = target_of(target)
     common = {
         "problem": problem,
         "signature": signature,
         "target": target,
         "dtype": dtype,
-        "default_flags": DEFAULT_FLAGS,
+        "llm_brief": device.llm_brief,
+        "default_flags": " ".join(device.default_flags),
         "tol": problem.tolerances[dtype],
         "test_shapes": ", ".join(json.dumps(s) for s in problem.test_shapes),
         "default_shape": json.dumps(problem.default_shape),

@@ -13,8 +13,11 @@
 - `steps`: one row per event that has a cause, with the seconds from cause to effect
   and the role that produced it (time spent per actor).
 
-The same SQL serves the store's own file (`create_views`) and any other table holding
-the `events` columns, such as an attached copy (`view_statements`).
+The store keeps each payload as it was recorded, so a view reads a fact that a later
+schema moved (BenchmarkCompleted's timing facts, in `evidence` in schema 1) from where
+either schema holds it. The same SQL serves the store's own file (`create_views`) and
+any other table holding the `events` columns, such as an attached copy
+(`view_statements`).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ SELECT
     CAST({first}('baseline_ns', 'BenchmarkCompleted') AS DOUBLE) AS baseline_ns,
     CAST({first}('speedup', 'BenchmarkCompleted') AS DOUBLE) AS speedup,
     CAST({first}('roofline_fraction', 'BenchmarkCompleted') AS DOUBLE) AS roofline_fraction,
-    CAST(arg_min(e.payload->'evidence'->'shape', e.position)
+    CAST(arg_min({fact}('shape', '->'), e.position)
         FILTER (WHERE e.type = 'BenchmarkCompleted') AS VARCHAR) AS shape,
     {first}('device', 'BenchmarkCompleted') AS device,
     {first}('duplicate_of', 'CandidateDeduplicated') AS duplicate_of,
@@ -82,10 +85,10 @@ WITH timed AS (
 as_incumbent AS (
     SELECT
         e.campaign_id,
-        e.payload->'evidence'->>'incumbent' AS candidate_id,
-        CAST(e.payload->'evidence'->'shape' AS VARCHAR) AS shape,
+        {fact}('incumbent', '->>') AS candidate_id,
+        CAST({fact}('shape', '->') AS VARCHAR) AS shape,
         TRY_CAST(e.payload->>'median_ns' AS DOUBLE)
-            * TRY_CAST(e.payload->'evidence'->>'speedup_vs_incumbent' AS DOUBLE) AS median_ns
+            * TRY_CAST({fact}('speedup_vs_incumbent', '->>') AS DOUBLE) AS median_ns
     FROM {events} AS e
     WHERE e.type = 'BenchmarkCompleted'
 ),
@@ -169,17 +172,29 @@ def _first_of(match: re.Match[str]) -> str:
     return f"arg_min(e.payload->>'{field}', e.position) FILTER (WHERE e.type = '{event_type}')"
 
 
+_FACT = re.compile(r"\{fact\}\('(\w+)', '(->>?)'\)")
+
+
+def _fact_of(match: re.Match[str]) -> str:
+    """A BenchmarkCompleted timing fact (`->` JSON, `->>` text): a field since schema 2, in
+    `evidence` before."""
+    field, arrow = match.groups()
+    return f"coalesce(e.payload{arrow}'{field}', e.payload->'evidence'{arrow}'{field}')"
+
+
+def _expand(body: str, events: str) -> str:
+    return _FACT.sub(_fact_of, _FIRST.sub(_first_of, body)).replace("{events}", events)
+
+
 def view_statements(events: str = "events", temporary: bool = False) -> list[str]:
     """CREATE VIEW statements over a table (or qualified name) with the `events` columns."""
     kind = "TEMP VIEW" if temporary else "VIEW"
     bodies = {
-        "candidates": _FIRST.sub(_first_of, _CANDIDATES).replace("{events}", events),
-        "leaderboard": _LEADERBOARD.replace("{candidates}", "candidates").replace(
-            "{events}", events
-        ),
-        "lessons": _LESSONS.replace("{events}", events),
-        "rejections": _REJECTIONS.replace("{events}", events),
-        "steps": _STEPS.replace("{events}", events),
+        "candidates": _expand(_CANDIDATES, events),
+        "leaderboard": _expand(_LEADERBOARD.replace("{candidates}", "candidates"), events),
+        "lessons": _expand(_LESSONS, events),
+        "rejections": _expand(_REJECTIONS, events),
+        "steps": _expand(_STEPS, events),
     }
     return [f"CREATE OR REPLACE {kind} {name} AS {body}" for name, body in bodies.items()]
 

@@ -121,7 +121,7 @@ def _roofline_figure(
         assert c.benchmark is not None
         timed = c.benchmark
         problem = load_problem(timed.problem)
-        shape = timed.evidence.get("shape") or problem.default_shape
+        shape = timed.shape or problem.default_shape
         cost = problem.cost_for(dict(shape), timed.dtype)
         if cost.bytes_moved <= 0 or cost.flops <= 0 or timed.median_ns <= 0:
             continue

@@ -11,7 +11,7 @@ Here:
   run that timed it as the incumbent (`own_times`). The best is timed again in every such
   run, so one run of it on a busy host does not stand as its figure;
 - the best (the incumbent new kernels are timed against) changes only when a kernel beat
-  it in a head-to-head interleaved run (`evidence["head_to_head"]`, written by
+  it in a head-to-head interleaved run (`BenchmarkCompleted.head_to_head`, written by
   `gpu_workers.benchmarking.head_to_head`, which re-measures both when they are within
   noise). A kernel timed against another incumbent, or none, replaces the best only when
   its own time is faster beyond both kernels' noise.
@@ -64,8 +64,7 @@ class CampaignBaseline:
 
 def _shape_key(candidate: Candidate) -> str:
     assert candidate.benchmark is not None
-    shape = candidate.benchmark.evidence.get("shape") or {}
-    return ",".join(f"{k}={v}" for k, v in sorted(dict(shape).items()))
+    return ",".join(f"{k}={v}" for k, v in sorted(candidate.benchmark.shape.items()))
 
 
 def at_campaign_shape(candidates: list[Candidate]) -> list[Candidate]:
@@ -111,9 +110,8 @@ def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
         medians[c.candidate_id] = [c.benchmark.median_ns]
     for c in timed:
         assert c.benchmark is not None
-        incumbent = c.benchmark.evidence.get("incumbent")
-        ratio = c.benchmark.evidence.get("speedup_vs_incumbent")
-        if isinstance(incumbent, str) and incumbent in medians and isinstance(ratio, int | float):
+        incumbent, ratio = c.benchmark.incumbent, c.benchmark.speedup_vs_incumbent
+        if incumbent is not None and incumbent in medians and ratio is not None:
             medians[incumbent].append(c.benchmark.median_ns * ratio)
     return {
         c.candidate_id: OwnTime(
@@ -137,15 +135,12 @@ def head_to_head_words(challenger: Candidate, incumbent: Candidate) -> tuple[boo
     words: "beat", "not clearly faster than" (a median ratio below 1, but too few round
     wins to tell from chance) or "lost to"; None when it was not timed against that kernel."""
     assert challenger.benchmark is not None
-    evidence = challenger.benchmark.evidence
-    versus = evidence.get("head_to_head")
-    if evidence.get("incumbent") != incumbent.candidate_id or not isinstance(versus, dict):
+    versus = challenger.benchmark.head_to_head
+    if challenger.benchmark.incumbent != incumbent.candidate_id or versus is None:
         return None
-    if versus.get("faster"):
+    if versus.faster:
         return True, "beat"
-    ratio = versus.get("ratio_median")
-    looked_faster = isinstance(ratio, int | float) and ratio < 1.0
-    return False, "not clearly faster than" if looked_faster else "lost to"
+    return False, "not clearly faster than" if versus.ratio_median < 1.0 else "lost to"
 
 
 def clearly_faster(challenger: Candidate, incumbent: Candidate) -> bool:

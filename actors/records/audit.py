@@ -250,8 +250,8 @@ def _check_benchmark(event: BenchmarkCompleted, position: int, board: _Area) -> 
         f"{event.baseline_ns:.6g}/{event.median_ns:.6g} = {ratio:.4g}",
         position,
     )
-    floor = event.evidence.get("roofline_ns")
-    if isinstance(floor, int | float) and event.median_ns > 0:
+    floor = event.roofline_ns
+    if floor is not None and event.median_ns > 0:
         board.check(
             _close(floor / event.median_ns, event.roofline_fraction),
             f"{event.candidate_id}: roofline fraction {event.roofline_fraction:.4g} is not "

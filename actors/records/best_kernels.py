@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from actors.campaign.history import Candidate, History
 from actors.campaign.ranking import CampaignBaseline, OwnTime, leaderboard, speedup_over
 from gpu_workers.atomic_file import write_atomically
@@ -69,9 +71,9 @@ def describe(
         "baseline": timed.baseline,
         "baseline_ns": timed.baseline_ns,
         "roofline_fraction": timed.roofline_fraction,
-        "q1_ns": timed.evidence.get("q1_ns"),
-        "q3_ns": timed.evidence.get("q3_ns"),
-        "head_to_head": timed.evidence.get("head_to_head"),
+        "q1_ns": timed.q1_ns,
+        "q3_ns": timed.q3_ns,
+        "head_to_head": msgspec.to_builtins(timed.head_to_head),
         "campaign_baseline": baseline.as_dict() if baseline else None,
         "speedup_vs_campaign_baseline": speedup_over(own, baseline),
         "path": str(path) if path else None,

@@ -14,9 +14,9 @@ from rich.console import Console
 
 from actors.campaign.campaign_file import Budget, CampaignSpec
 from actors.campaign.history import History
+from actors.campaign.leaderboard import campaign_leaderboard
 from actors.campaign.ranking import best_of, campaign_baseline, own_times, speedup_over, standings
 from actors.records.audit import audit_projections
-from actors.records.best_kernels import ranked
 from actors.records.story import generations as story_generations
 from actors.roles.librarian import decide_librarian
 from actors.runtime import Reactions
@@ -212,12 +212,12 @@ def test_the_fastest_own_time_wins_where_the_speedup_ranking_would_not() -> None
     by_recorded_speedup = max(candidates, key=lambda c: c.speedup or 0.0)
     assert ids([by_recorded_speedup]) == ["c2"]  # what the old ranking picked
     assert ids([log.history.best(CAMPAIGN)]) == ["c1"]
-    assert ids(ranked(log.history, CAMPAIGN)) == ["c1", "c2", "c0"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows) == ["c1", "c2", "c0"]
     baseline = campaign_baseline(candidates)
     assert baseline is not None and baseline.median_ns == 100e6 and baseline.candidates == 3
     assert (baseline.q1_ns, baseline.q3_ns) == (80e6, 110e6)
     times = own_times(candidates)
-    order = ranked(log.history, CAMPAIGN)
+    order = campaign_leaderboard(log.history, CAMPAIGN).rows
     speedups = [speedup_over(times[c.candidate_id], baseline) for c in order]
     assert speedups == [100 / 8, 100 / 9, 100 / 10]  # one baseline: the order of own times
 
@@ -244,7 +244,7 @@ def test_each_row_says_why_it_is_or_is_not_the_best() -> None:
         "c5": "promoted: faster than g0:c1 by own time",
         "c6": "not clearly faster than g0:c5 head to head",
     }
-    assert ids(ranked(log.history, CAMPAIGN))[:4] == ["c5", "c6", "c3", "c1"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows)[:4] == ["c5", "c6", "c3", "c1"]
 
 
 def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best() -> None:
@@ -267,9 +267,7 @@ def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best()
     (row,) = story_generations(history, CAMPAIGN)
     assert row["best_in_generation"]["candidate_id"] == closed.best_candidate
     assert row["best_so_far"]["candidate_id"] == closed.best_candidate
-    baseline = campaign_baseline(history.campaign_candidates(CAMPAIGN))
-    candidates = history.campaign_candidates(CAMPAIGN)
-    (reported,) = run_generations(history, CAMPAIGN, baseline, own_times(candidates))
+    (reported,) = run_generations(history, CAMPAIGN, campaign_leaderboard(history, CAMPAIGN))
     assert reported["best_speedup"] == 100 / 8  # c1 over the campaign baseline
     # A close that names the highest speedup instead is a difference the audit reports.
     forged = msgspec.structs.replace(closed, best_candidate=f"{CAMPAIGN}:g0:c2")
@@ -282,7 +280,7 @@ def test_a_faster_looking_kernel_that_lost_head_to_head_is_not_promoted() -> Non
     log = noisy_baselines()
     log.timed("c3", median_ms=7.9, baseline_ms=100.0, versus="c1", faster=False)
     assert ids([log.history.best(CAMPAIGN)]) == ["c1"]
-    assert ids(ranked(log.history, CAMPAIGN)) == ["c1", "c3", "c2", "c0"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows) == ["c1", "c3", "c2", "c0"]
 
 
 def test_without_a_head_to_head_only_a_clear_margin_promotes() -> None:
@@ -296,7 +294,7 @@ def test_without_a_head_to_head_only_a_clear_margin_promotes() -> None:
 def test_kernels_timed_at_another_shape_do_not_compete() -> None:
     log = noisy_baselines()
     log.timed("small", median_ms=0.5, baseline_ms=4.0, shape={"rows": 64, "cols": 64})
-    assert ids(ranked(log.history, CAMPAIGN)) == ["c1", "c2", "c0"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows) == ["c1", "c2", "c0"]
     assert ids([best_of(log.history.campaign_candidates(CAMPAIGN))]) == ["c1"]
 
 
@@ -386,7 +384,7 @@ def test_the_best_s_own_time_is_the_median_of_every_run_that_timed_it(tmp_path: 
     assert (times["c0"].median_ns, times["c0"].runs, times["c0"].iqr_ns) == (12.75e6, 4, 5e6)
     assert (times["c3"].median_ns, times["c3"].runs) == (13.5e6, 1)
     # the best stays first, and its figure is no longer the busy run's 20 ms
-    assert ids(ranked(log.history, CAMPAIGN)) == ["c0", "c3", "c2", "c1"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows) == ["c0", "c3", "c2", "c1"]
     assert Progress(log.history, CAMPAIGN).counts().best == "12.750 ms (7.84x)"
     result = run_result(log.history, CAMPAIGN, Console(file=io.StringIO()))
     (best, *_) = result["leaderboard"]

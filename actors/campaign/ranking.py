@@ -1,15 +1,16 @@
-"""A campaign's truer best: kernels ranked by their own time at the campaign's shape, the
-baseline as one campaign-level figure, and promotion only by a head-to-head run.
+"""The ranking rules of a campaign: kernels compared by their own time at the campaign's
+shape, the baseline as one campaign-level figure, and promotion only by a head-to-head
+run. `actors.campaign.leaderboard` turns them into the leaderboard's rows.
 
 Each candidate's speedup is a ratio over its own baseline samples, which drift by tens of
 percent over a campaign on a shared host; ranking by it can put a slower kernel first.
 Here:
-- the leaderboard sorts timed kernels by their own time (IQR beside it) at the
-  campaign's shape, and states every speedup against the campaign's baseline: the median
-  of all its candidates' baseline medians, reported with their spread. A kernel's own
-  time is the median over every run that timed it: its own, and each later head-to-head
-  run that timed it as the incumbent (`own_times`). The best is timed again in every such
-  run, so one run of it on a busy host does not stand as its figure;
+- timed kernels compare by their own time (IQR beside it) at the campaign's shape, and
+  every speedup is stated against the campaign's baseline: the median of all its
+  candidates' baseline medians, reported with their spread. A kernel's own time is the
+  median over every run that timed it: its own, and each later head-to-head run that
+  timed it as the incumbent (`own_times`). The best is timed again in every such run, so
+  one run of it on a busy host does not stand as its figure;
 - the best (the incumbent new kernels are timed against) changes only when a kernel beat
   it in a head-to-head interleaved run (`BenchmarkCompleted.head_to_head`, written by
   `gpu_workers.benchmarking.head_to_head`, which re-measures both when they are within
@@ -124,12 +125,6 @@ def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
     }
 
 
-def by_own_time(candidates: list[Candidate]) -> list[Candidate]:
-    """Timed kernels at the campaign's shape, fastest own time first."""
-    times = own_times(candidates)
-    return sorted(at_campaign_shape(candidates), key=lambda c: times[c.candidate_id].median_ns)
-
-
 def head_to_head_words(challenger: Candidate, incumbent: Candidate) -> tuple[bool, str] | None:
     """What the challenger's head-to-head run against `incumbent` decided, and in which
     words: "beat", "not clearly faster than" (a median ratio below 1, but too few round
@@ -208,13 +203,6 @@ def best_of(candidates: list[Candidate]) -> Candidate | None:
     candidates, its incumbent; over one generation's, that generation's best."""
     chain = promotions(candidates)
     return chain[-1] if chain else None
-
-
-def leaderboard(candidates: list[Candidate]) -> list[Candidate]:
-    """The best first, then every other kernel at the campaign's shape by its own time."""
-    best = best_of(candidates)
-    rest = [c for c in by_own_time(candidates) if c is not best]
-    return ([best] if best is not None else []) + rest
 
 
 def speedup_over(time: OwnTime | None, baseline: CampaignBaseline | None) -> float | None:

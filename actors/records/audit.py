@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from actors.campaign.history import History
+from actors.campaign.leaderboard import campaign_leaderboard
 from actors.campaign.ranking import best_of
 from actors.campaign.summary import spent_candidates, summary
 from actors.search.lessons import Lesson, draw_lessons
@@ -130,13 +131,13 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
             position,
         )
     campaign = history.campaigns[campaign_id]
-    best = history.best(campaign_id)
+    best = campaign_leaderboard(history, campaign_id).best
     if not finish:
         state = "running" if campaign.finished is None else "finished"
         finish = [skipped("projection", "finish reason", f"the campaign is {state}, not finished")]
     top = (
-        f"best {best.candidate_id} at {best.speedup:.3f}x"
-        if best is not None and best.speedup
+        f"best {best.candidate_id} at {best.own_baseline_speedup:.3f}x"
+        if best is not None and best.own_baseline_speedup
         else "no timed kernel"
     )
     return [

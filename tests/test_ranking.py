@@ -316,6 +316,49 @@ def test_the_leaderboard_view_ranks_by_own_time_over_one_baseline(tmp_path: Path
     assert rows[1][3] == 120 / 9 and {r[4] for r in rows} == {100e6}
 
 
+def viewed(log: Recorder, path: Path) -> list[tuple[str, float, int, float]]:
+    """The SQL leaderboard of the log's campaign: (name, own median, runs, speedup) by rank."""
+    store = DuckDBEventStore(path)
+    store.append([Recorded(e, encode(e)) for e in log.events])
+    store.close()
+    conn = duckdb.connect(str(path), read_only=True)
+    try:
+        rows = conn.execute(
+            "SELECT candidate_id, median_ns, runs, speedup FROM leaderboard ORDER BY rank"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [(r[0].rsplit(":", 1)[-1], r[1], r[2], r[3]) for r in rows]
+
+
+def by_own_time(log: Recorder) -> list[tuple[str, float, int, float | None]]:
+    rows = campaign_leaderboard(log.history, CAMPAIGN).rows
+    return [
+        (r.candidate_id.rsplit(":", 1)[-1], r.median_ns, r.runs, r.speedup)
+        for r in sorted(rows, key=lambda r: r.median_ns)
+    ]
+
+
+def test_the_view_and_the_leaderboard_take_the_shape_most_kernels_were_timed_at(
+    tmp_path: Path,
+) -> None:
+    """Kernels timed at another shape are left out of both (the view once ranked them in a
+    board of their own); with as many at each shape, the shape of the first listed wins."""
+    small = {"rows": 64, "cols": 64}
+    log = noisy_baselines()
+    log.timed("s0", median_ms=0.5, baseline_ms=4.0, shape=small)
+    log.timed("s1", median_ms=0.4, baseline_ms=4.0, shape=small)
+    assert [name for name, *_ in by_own_time(log)] == ["c1", "c2", "c0"]
+    assert viewed(log, tmp_path / "most.duckdb") == by_own_time(log)
+    tie = Recorder()
+    tie.timed("s0", median_ms=0.5, baseline_ms=4.0, shape=small)
+    tie.timed("c0", median_ms=10.0, baseline_ms=100.0)
+    tie.timed("c1", median_ms=8.0, baseline_ms=100.0)
+    tie.timed("s1", median_ms=0.4, baseline_ms=4.0, shape=small)
+    assert [name for name, *_ in by_own_time(tie)] == ["s1", "s0"]
+    assert viewed(tie, tmp_path / "tie.duckdb") == by_own_time(tie)
+
+
 def test_head_to_head_pairs_rounds_and_calls_a_straddle_noise() -> None:
     clear = TimingRun(kernel_ns=[90, 91, 92, 89, 90, 91], incumbent_ns=[100] * 6)
     versus = head_to_head(paired_ratios(clear), remeasured=False)

@@ -296,7 +296,7 @@ def _candidate(
                 speedup=4e6 / median,
                 roofline_fraction=1e6 / median,
                 device="bench-host",
-                evidence={"roofline_ns": 1e6},
+                roofline_ns=1e6,
                 **work,
             )
         )

@@ -251,8 +251,10 @@ def _settling(store: Path, campaign: str) -> dict[str, Any]:
         ).fetchone() or (None,)
         rows = db.execute(
             "SELECT type, epoch(ts - ?::TIMESTAMPTZ), "
-            "payload->'evidence'->>'timing_attempts', "
-            "payload->'evidence'->>'host_contention_cores' FROM events "
+            # schema 2 holds them as fields, schema 1 in `evidence`
+            "coalesce(payload->>'timing_attempts', payload->'evidence'->>'timing_attempts'), "
+            "coalesce(payload->>'host_contention_cores', "
+            "payload->'evidence'->>'host_contention_cores') FROM events "
             "WHERE campaign_id = ? AND type IN ('BenchmarkCompleted', 'KernelRejected') "
             "ORDER BY ts",
             [first, campaign],

@@ -150,7 +150,7 @@ class Campaign:
                 speedup=ratio,
                 roofline_fraction=0.0,
                 device=self.measured.device,
-                evidence={"shape": dict(zip(("rows", "cols"), self.measured.shape, strict=True))},
+                shape=dict(zip(("rows", "cols"), self.measured.shape, strict=True)),
                 **common,
             )
             candidate = Candidate(proposal=proposed, benchmark=timed)

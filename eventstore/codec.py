@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from eventstore.events import EVENT_TYPES, MAX_EVENT_BYTES, AnyEvent, Event
+from eventstore.events import EVENT_TYPES, MAX_EVENT_BYTES, AnyEvent, BenchmarkCompleted, Event
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -64,6 +64,44 @@ class Upcasters:
 
 
 UPCASTERS = Upcasters()
+
+#: The facts BenchmarkCompleted schema 1 kept in `evidence`, by schema 2's field names.
+SCHEMA_1_TIMING_FACTS = {
+    "shape": "shape",
+    "q1_ns": "q1_ns",
+    "q3_ns": "q3_ns",
+    "runs": "samples",
+    "baseline_iqr_ns": "baseline_iqr_ns",
+    "roofline_ns": "roofline_ns",
+    "incumbent": "incumbent",
+    "speedup_vs_incumbent": "speedup_vs_incumbent",
+    "head_to_head": "head_to_head",
+    "host_contention_cores": "host_contention_cores",
+    "timing_attempts": "timing_attempts",
+}
+
+
+@UPCASTERS.register("BenchmarkCompleted", 1)
+def _timing_facts_out_of_evidence(raw: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: each timing fact moves from `evidence` to its own field. A value the
+    field's type refuses (a forged one: no benchmarker wrote it) stays in `evidence`,
+    where no reader looks, and the field keeps its default, so the event still decodes."""
+    evidence = raw.get("evidence")
+    if not isinstance(evidence, dict):
+        return raw
+    kept = dict(evidence)
+    types = {f.encode_name: f.type for f in msgspec.structs.fields(BenchmarkCompleted)}
+    lifted: dict[str, Any] = {}
+    for old, new in SCHEMA_1_TIMING_FACTS.items():
+        if old not in kept or kept[old] is None:
+            kept.pop(old, None)
+            continue
+        try:
+            msgspec.convert(kept[old], types[new])
+        except msgspec.ValidationError:
+            continue
+        lifted[new] = kept.pop(old)
+    return {**raw, **lifted, "evidence": kept}
 
 
 def encode(event: Event) -> bytes:

@@ -212,7 +212,29 @@ class KernelRejected(_Targeted, tag=True, frozen=True):
     seed: int | None = None  # the check's seed, when inputs were drawn (not for compile)
 
 
+class HeadToHeadRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A kernel against the incumbent in one interleaved run (two when the first left it in
+    doubt), as recorded: the kernel's time over the incumbent's, paired round by round.
+    The benchmarker's `gpu_workers.results.HeadToHead`, under the event's own schema."""
+
+    ratio_median: float
+    ratio_q1: float
+    ratio_q3: float
+    rounds: int
+    remeasured: bool
+    wins: int | None = None  # None in events recorded before the wins were kept
+    faster: bool  # it beat the incumbent: the only way a kernel is promoted
+
+
 class BenchmarkCompleted(_Targeted, tag=True, frozen=True):
+    """A verified kernel timed against the baseline (and the incumbent, when there is one).
+
+    Schema 2 holds as fields what schema 1 kept in `evidence` (the upcaster in `codec.py`
+    lifts them); `evidence` keeps the rest: the judged calls, the re-checked
+    distributions, the handshake cost, the device lease, the containment."""
+
+    SCHEMA: ClassVar[int] = 2
+
     source_hash: str
     median_ns: float
     iqr_ns: float
@@ -223,6 +245,17 @@ class BenchmarkCompleted(_Targeted, tag=True, frozen=True):
     device: str = ""  # the calibrated host or GPU the time belongs to
     evidence: dict[str, Any] = {}
     seed: int | None = None  # the seed of the timed and re-checked inputs
+    shape: dict[str, int] = {}  # the extents it was timed at
+    q1_ns: float | None = None  # the quartiles of its own run's samples
+    q3_ns: float | None = None
+    samples: int | None = None  # timed calls in its own run
+    baseline_iqr_ns: float | None = None
+    roofline_ns: float | None = None  # the least time physics allows at that shape
+    incumbent: str | None = None  # the candidate it was timed against, in the same run
+    speedup_vs_incumbent: float | None = None  # the incumbent's median over its own
+    head_to_head: HeadToHeadRecord | None = None
+    host_contention_cores: float | None = None  # CPU other work used during the run
+    timing_attempts: int | None = None  # timing runs made; the quietest one kept
 
 
 class LessonLearned(Event, tag=True, frozen=True):

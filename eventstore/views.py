@@ -2,19 +2,24 @@
 
 - `candidates`: one row per candidate, through all its stages (proposal, kernel,
   compile, verdict, benchmark or rejection, duplicate);
-- `leaderboard`: timed candidates ranked by their own time within their campaign and
-  shape: `median_ns` is the median over the `runs` that timed the kernel (its own,
-  `run_median_ns`, and each head-to-head run that timed it as the incumbent: the
-  challenger's median times `speedup_vs_incumbent`); `speedup` is over the campaign's
-  baseline (the median of its candidates' baseline medians, `campaign_baseline_ns`),
-  `own_baseline_speedup` the recorded one;
+- `leaderboard`: a campaign's timed candidates at its shape (the one most of them were
+  timed at), ranked by their own time: `median_ns` is the median over the `runs` that
+  timed the kernel (its own, `run_median_ns`, and each head-to-head run that timed it as
+  the incumbent: the challenger's median times `speedup_vs_incumbent`); `speedup` is over
+  the campaign's baseline (the median of its candidates' baseline medians,
+  `campaign_baseline_ns`), `own_baseline_speedup` the recorded one. The figures are those
+  of `actors.campaign.leaderboard` (tests/test_leaderboard.py pins them), whose order
+  puts the best, promoted head to head, first;
 - `lessons`: every lesson with the ids of the events it cites;
 - `rejections`: one row per rejected candidate (stage, reason, first message line);
 - `steps`: one row per event that has a cause, with the seconds from cause to effect
   and the role that produced it (time spent per actor).
 
-The same SQL serves the store's own file (`create_views`) and any other table holding
-the `events` columns, such as an attached copy (`view_statements`).
+The store keeps each payload as it was recorded, so a view reads a fact that a later
+schema moved (BenchmarkCompleted's timing facts, in `evidence` in schema 1) from where
+either schema holds it. The same SQL serves the store's own file (`create_views`) and
+any other table holding the `events` columns, such as an attached copy
+(`view_statements`).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ SELECT
     CAST({first}('baseline_ns', 'BenchmarkCompleted') AS DOUBLE) AS baseline_ns,
     CAST({first}('speedup', 'BenchmarkCompleted') AS DOUBLE) AS speedup,
     CAST({first}('roofline_fraction', 'BenchmarkCompleted') AS DOUBLE) AS roofline_fraction,
-    CAST(arg_min(e.payload->'evidence'->'shape', e.position)
+    CAST(arg_min({fact}('shape', '->'), e.position)
         FILTER (WHERE e.type = 'BenchmarkCompleted') AS VARCHAR) AS shape,
     {first}('device', 'BenchmarkCompleted') AS device,
     {first}('duplicate_of', 'CandidateDeduplicated') AS duplicate_of,
@@ -76,40 +81,66 @@ GROUP BY e.campaign_id, e.payload->>'candidate_id'
 """
 
 _LEADERBOARD = """
-WITH timed AS (
-    SELECT * FROM {candidates} WHERE median_ns IS NOT NULL
-),
-as_incumbent AS (
+WITH first_timing AS (  -- each candidate's first timing, the one a History keeps
     SELECT
         e.campaign_id,
-        e.payload->'evidence'->>'incumbent' AS candidate_id,
-        CAST(e.payload->'evidence'->'shape' AS VARCHAR) AS shape,
-        TRY_CAST(e.payload->>'median_ns' AS DOUBLE)
-            * TRY_CAST(e.payload->'evidence'->>'speedup_vs_incumbent' AS DOUBLE) AS median_ns
+        e.payload->>'candidate_id' AS candidate_id,
+        {fact}('incumbent', '->>') AS incumbent,
+        TRY_CAST({fact}('speedup_vs_incumbent', '->>') AS DOUBLE) AS speedup_vs_incumbent
     FROM {events} AS e
     WHERE e.type = 'BenchmarkCompleted'
+    QUALIFY row_number() OVER (
+        PARTITION BY e.campaign_id, e.payload->>'candidate_id' ORDER BY e.position
+    ) = 1
+),
+proposed AS (
+    SELECT e.campaign_id, e.payload->>'candidate_id' AS candidate_id, min(e.position) AS at
+    FROM {events} AS e
+    WHERE e.type = 'CandidateProposed'
+    GROUP BY e.campaign_id, e.payload->>'candidate_id'
+),
+timed AS (  -- listed as a History lists a campaign's candidates
+    SELECT c.*, f.incumbent, f.speedup_vs_incumbent,
+        row_number() OVER (PARTITION BY c.campaign_id ORDER BY c.generation, p.at) AS listed
+    FROM {candidates} AS c
+    JOIN first_timing AS f USING (campaign_id, candidate_id)
+    JOIN proposed AS p USING (campaign_id, candidate_id)
+    WHERE c.median_ns IS NOT NULL
+),
+campaign_shape AS (  -- the shape most kernels were timed at; a tie goes to the first listed
+    SELECT campaign_id, shape
+    FROM timed
+    GROUP BY campaign_id, shape
+    QUALIFY row_number() OVER (PARTITION BY campaign_id ORDER BY count(*) DESC, min(listed)) = 1
+),
+at_shape AS (
+    SELECT t.*
+    FROM timed AS t
+    JOIN campaign_shape AS s
+        ON t.campaign_id = s.campaign_id AND t.shape IS NOT DISTINCT FROM s.shape
+),
+runs AS (  -- the median of each run that timed a kernel: its own, and each as the incumbent
+    SELECT campaign_id, candidate_id, median_ns FROM at_shape
+    UNION ALL
+    SELECT campaign_id, incumbent, median_ns * speedup_vs_incumbent FROM at_shape
+    WHERE speedup_vs_incumbent IS NOT NULL
 ),
 own AS (
     SELECT t.campaign_id, t.candidate_id, median(r.median_ns) AS median_ns, count(*) AS runs
-    FROM timed AS t
-    JOIN (
-        SELECT campaign_id, candidate_id, shape, median_ns FROM timed
-        UNION ALL
-        SELECT campaign_id, candidate_id, shape, median_ns FROM as_incumbent
-        WHERE median_ns IS NOT NULL
-    ) AS r USING (campaign_id, candidate_id, shape)
+    FROM at_shape AS t
+    JOIN runs AS r USING (campaign_id, candidate_id)
     GROUP BY t.campaign_id, t.candidate_id
 )
 SELECT
-    rank() OVER (PARTITION BY t.campaign_id, t.shape ORDER BY own.median_ns) AS rank,
+    rank() OVER (PARTITION BY t.campaign_id ORDER BY own.median_ns) AS rank,
     t.campaign_id, t.problem, t.target, t.dtype, t.shape, t.candidate_id, t.generation,
     t.template, t.params,
     own.median_ns, t.iqr_ns, own.runs, t.median_ns AS run_median_ns, t.baseline, t.baseline_ns,
-    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id, t.shape) AS campaign_baseline_ns,
-    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id, t.shape) / own.median_ns AS speedup,
+    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id) AS campaign_baseline_ns,
+    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id) / own.median_ns AS speedup,
     t.speedup AS own_baseline_speedup,
     t.roofline_fraction, t.device, t.source_hash, t.flags, t.source
-FROM timed AS t
+FROM at_shape AS t
 JOIN own USING (campaign_id, candidate_id)
 """
 
@@ -169,17 +200,29 @@ def _first_of(match: re.Match[str]) -> str:
     return f"arg_min(e.payload->>'{field}', e.position) FILTER (WHERE e.type = '{event_type}')"
 
 
+_FACT = re.compile(r"\{fact\}\('(\w+)', '(->>?)'\)")
+
+
+def _fact_of(match: re.Match[str]) -> str:
+    """A BenchmarkCompleted timing fact (`->` JSON, `->>` text): a field since schema 2, in
+    `evidence` before."""
+    field, arrow = match.groups()
+    return f"coalesce(e.payload{arrow}'{field}', e.payload->'evidence'{arrow}'{field}')"
+
+
+def _expand(body: str, events: str) -> str:
+    return _FACT.sub(_fact_of, _FIRST.sub(_first_of, body)).replace("{events}", events)
+
+
 def view_statements(events: str = "events", temporary: bool = False) -> list[str]:
     """CREATE VIEW statements over a table (or qualified name) with the `events` columns."""
     kind = "TEMP VIEW" if temporary else "VIEW"
     bodies = {
-        "candidates": _FIRST.sub(_first_of, _CANDIDATES).replace("{events}", events),
-        "leaderboard": _LEADERBOARD.replace("{candidates}", "candidates").replace(
-            "{events}", events
-        ),
-        "lessons": _LESSONS.replace("{events}", events),
-        "rejections": _REJECTIONS.replace("{events}", events),
-        "steps": _STEPS.replace("{events}", events),
+        "candidates": _expand(_CANDIDATES, events),
+        "leaderboard": _expand(_LEADERBOARD.replace("{candidates}", "candidates"), events),
+        "lessons": _expand(_LESSONS, events),
+        "rejections": _expand(_REJECTIONS, events),
+        "steps": _expand(_STEPS, events),
     }
     return [f"CREATE OR REPLACE {kind} {name} AS {body}" for name, body in bodies.items()]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from actors.campaign.ranking import campaign_baseline, own_times
-from actors.records.best_kernels import describe, file_name, kernel_text, ranked, write_kernel
+from actors.campaign.leaderboard import campaign_leaderboard
+from actors.records.best_kernels import describe, file_name, kernel_text, write_kernel
 from ops.errors import UserError
 from ops.options import HOME, JSON
 from ops.output import to_json
@@ -39,36 +39,29 @@ def best(
 ) -> None:
     with open_home(home) as snapshot:
         rebuilt = rebuild_campaign(snapshot, campaign)
-    winners = ranked(rebuilt.history, campaign)[:top]
-    candidates = rebuilt.history.campaign_candidates(campaign)
-    baseline, times = campaign_baseline(candidates), own_times(candidates)
+    board = campaign_leaderboard(rebuilt.history, campaign)
+    winners, baseline = board.rows[:top], board.baseline
     if not winners:
         raise UserError(f"campaign {campaign!r} has no timed kernel yet")
     if top == 1 and output is None:
         if as_json:
-            best = describe(winners[0], None, times[winners[0].candidate_id], baseline)
-            print(to_json({**best, "source": kernel_text(winners[0])}))
+            best = describe(winners[0], None, baseline)
+            print(to_json({**best, "source": kernel_text(winners[0].candidate)}))
         else:
-            sys.stdout.write(kernel_text(winners[0]))
+            sys.stdout.write(kernel_text(winners[0].candidate))
         return
     written = []
     if top == 1:
         assert output is not None
-        written.append(
-            describe(
-                winners[0],
-                write_kernel(winners[0], output),
-                times[winners[0].candidate_id],
-                baseline,
-            )
-        )
+        path = write_kernel(winners[0].candidate, output)
+        written.append(describe(winners[0], path, baseline))
     else:
         folder = output or Path(f"best-{campaign}")
         if folder.exists() and not folder.is_dir():
             raise UserError(f"--top {top} writes several files: -o must be a folder, not {folder}")
-        for rank, candidate in enumerate(winners, 1):
-            path = write_kernel(candidate, folder / file_name(candidate, rank))
-            written.append(describe(candidate, path, times[candidate.candidate_id], baseline))
+        for row in winners:
+            path = write_kernel(row.candidate, folder / file_name(row.candidate, row.rank))
+            written.append(describe(row, path, baseline))
     if as_json:
         print(to_json(written if top > 1 else written[0]))
         return

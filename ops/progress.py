@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from actors.campaign.history import History
-from actors.campaign.ranking import campaign_baseline, own_times, speedup_over
+from actors.campaign.leaderboard import leaderboard
 from bus.follow import Msg
 from bus.heartbeat import LIVE_FOR, Heartbeat
 from eventstore.codec import InvalidEvent, decode
@@ -53,8 +53,7 @@ class Progress:
         candidates = self.history.campaign_candidates(self.campaign_id)
         settled = sum(c.settled for c in candidates)
         budget = campaign.spec.budget.candidates if campaign else 0
-        best = self.history.best(self.campaign_id)
-        own = own_times(candidates).get(best.candidate_id) if best else None
+        best = leaderboard(candidates).best
         elapsed = time.monotonic() - self.started
         left = max(budget - settled, 0)
         return Counts(
@@ -65,8 +64,8 @@ class Progress:
             verified=sum(bool(c.verified) for c in candidates),
             benchmarking=sum(bool(c.verified and not c.settled) for c in candidates),
             waiting_for_device=sum(c.waiting_for_device for c in candidates),
-            best_median_ns=own.median_ns if own else None,
-            best_speedup=speedup_over(own, campaign_baseline(candidates)),
+            best_median_ns=best.median_ns if best else None,
+            best_speedup=best.speedup if best else None,
             elapsed_s=elapsed,
             eta_s=elapsed / settled * left if settled and left else None,
         )

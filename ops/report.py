@@ -17,15 +17,8 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 
 from actors.campaign.history import Candidate, History
-from actors.campaign.ranking import (
-    CampaignBaseline,
-    OwnTime,
-    campaign_baseline,
-    own_times,
-    speedup_over,
-    standings,
-)
-from actors.records.best_kernels import kernel_text, ranked
+from actors.campaign.leaderboard import Leaderboard, Row, campaign_leaderboard
+from actors.records.best_kernels import kernel_text
 from actors.records.overview import evaluation_order
 from actors.records.story import Rebuilt
 from eventstore.events import Event, HostCalibrated
@@ -42,17 +35,11 @@ _TEMPLATES = jinja2.Environment(
 def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
     history, campaign_id = rebuilt.history, rebuilt.campaign_id
     campaign = history.campaigns[campaign_id]
-    board = ranked(history, campaign_id)
-    candidates = history.campaign_candidates(campaign_id)
-    baseline, times, standing = (
-        campaign_baseline(candidates),
-        own_times(candidates),
-        standings(candidates),
-    )
+    board = campaign_leaderboard(history, campaign_id)
     cited = _cited_events(rebuilt, history, campaign_id)
-    curve = _curve_figure(history, campaign_id, baseline, times)
-    roofline, roofline_note = _roofline_figure(board, calibrations)
-    winner = board[0] if board else None
+    curve = _curve_figure(history, campaign_id, board)
+    roofline, roofline_note = _roofline_figure(board.rows, calibrations)
+    winner = board.rows[0].candidate if board.rows else None
     return _TEMPLATES.get_template("report.html.j2").render(
         campaign_id=campaign_id,
         spec=campaign.spec,
@@ -63,14 +50,8 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
         curve_html=curve.to_html(full_html=False, include_plotlyjs=True, div_id="curve"),
         roofline_html=roofline.to_html(full_html=False, include_plotlyjs=False, div_id="roofline"),
         roofline_note=roofline_note,
-        board=[
-            {
-                **_board_row(rank, c, times[c.candidate_id], baseline),
-                "standing": standing.get(c.candidate_id, ""),
-            }
-            for rank, c in enumerate(board, 1)
-        ],
-        baseline=baseline.words() if baseline else "none timed",
+        board=[_board_row(row) for row in board.rows],
+        baseline=board.baseline.words() if board.baseline else "none timed",
         lessons=campaign.lessons,
         cited=cited,
         rejections=_rejection_table(history.campaign_candidates(campaign_id)),
@@ -80,17 +61,12 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
     )
 
 
-def _curve_figure(
-    history: History,
-    campaign_id: str,
-    baseline: CampaignBaseline | None,
-    times: dict[str, OwnTime],
-) -> go.Figure:
+def _curve_figure(history: History, campaign_id: str, board: Leaderboard) -> go.Figure:
     order = evaluation_order(history, campaign_id)
     start = history.campaigns[campaign_id].started.ts
     best, xs, seconds, ys = 0.0, [], [], []
     for count, c in enumerate(order, 1):
-        best = max(best, speedup_over(times.get(c.candidate_id), baseline) or 0.0)
+        best = max(best, board.speedup_of(c.candidate_id) or 0.0)
         verdict = c.benchmark or c.rejected or c.verified
         assert verdict is not None
         xs.append(count)
@@ -111,25 +87,21 @@ def _curve_figure(
     return figure
 
 
-def _roofline_figure(
-    board: list[Candidate], calibrations: list[HostCalibrated]
-) -> tuple[go.Figure, str]:
+def _roofline_figure(rows: list[Row], calibrations: list[HostCalibrated]) -> tuple[go.Figure, str]:
     """Achieved GFLOP/s against operational intensity, under the host's two ceilings."""
     figure = go.Figure()
     points: dict[str, tuple[list[float], list[float], list[str]]] = {}
     devices: set[str] = set()
-    for c in board:
-        assert c.benchmark is not None
-        timed = c.benchmark
+    for row in rows:
+        timed = row.timed
         problem = load_problem(timed.problem)
-        shape = timed.evidence.get("shape") or problem.default_shape
-        cost = problem.cost_for(dict(shape), timed.dtype)
+        cost = problem.cost_for(dict(row.shape or problem.default_shape), timed.dtype)
         if cost.bytes_moved <= 0 or cost.flops <= 0 or timed.median_ns <= 0:
             continue
-        xs, ys, labels = points.setdefault(c.proposal.template, ([], [], []))
+        xs, ys, labels = points.setdefault(row.template, ([], [], []))
         xs.append(cost.flops / cost.bytes_moved)
         ys.append(cost.flops / timed.median_ns)  # flops per ns = GFLOP/s
-        labels.append(f"{c.candidate_id}<br>{timed.speedup:.2f}x, {timed.median_ns / 1e6:.3f} ms")
+        labels.append(f"{row.candidate_id}<br>{timed.speedup:.2f}x, {timed.median_ns / 1e6:.3f} ms")
         devices.add(timed.device)
     for template, (xs, ys, labels) in points.items():
         figure.add_trace(
@@ -170,23 +142,20 @@ def _roofline_figure(
     return figure, note
 
 
-def _board_row(
-    rank: int, c: Candidate, own: OwnTime, baseline: CampaignBaseline | None
-) -> dict[str, Any]:
-    assert c.benchmark is not None and c.written is not None
-    b = c.benchmark
+def _board_row(row: Row) -> dict[str, Any]:
     return {
-        "rank": rank,
-        "candidate": c.candidate_id,
-        "template": c.proposal.template,
-        "params": ", ".join(f"{k}={v}" for k, v in c.proposal.params.items()),
-        "median_ms": own.median_ns / 1e6,
-        "iqr_ms": own.iqr_ns / 1e6,
-        "runs": own.runs,
-        "speedup": speedup_over(own, baseline) or b.speedup,
-        "roofline": b.roofline_fraction,
-        "source": kernel_text(c),
-        "event_id": b.event_id,
+        "rank": row.rank,
+        "candidate": row.candidate_id,
+        "template": row.template,
+        "params": ", ".join(f"{k}={v}" for k, v in row.params.items()),
+        "median_ms": row.median_ns / 1e6,
+        "iqr_ms": row.iqr_ns / 1e6,
+        "runs": row.runs,
+        "speedup": row.speedup or row.own_baseline_speedup,
+        "roofline": row.roofline_fraction,
+        "source": kernel_text(row.candidate),
+        "event_id": row.timed.event_id,
+        "standing": row.standing,
     }
 
 

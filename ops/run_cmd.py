@@ -35,18 +35,10 @@ from actors.campaign.campaign_file import (
     with_overrides,
 )
 from actors.campaign.history import History
-from actors.campaign.ranking import (
-    CampaignBaseline,
-    OwnTime,
-    best_of,
-    campaign_baseline,
-    own_times,
-    short_id,
-    speedup_over,
-    standings,
-)
+from actors.campaign.leaderboard import Leaderboard, campaign_leaderboard
+from actors.campaign.ranking import best_of, short_id
 from actors.campaign.summary import summary
-from actors.records.best_kernels import describe, file_name, ranked, write_kernel
+from actors.records.best_kernels import describe, file_name, write_kernel
 from actors.search.spaces import design_spaces
 from bus.auth import AuthError, ClientAuth
 from bus.connection import INTERACTIVE_WAIT, connect, jetstream
@@ -455,12 +447,7 @@ async def _warn_missing(
         console.print(f"a {role} is live again")
 
 
-def _generations(
-    history: History,
-    campaign_id: str,
-    baseline: CampaignBaseline | None,
-    times: dict[str, OwnTime],
-) -> list[dict[str, Any]]:
+def _generations(history: History, campaign_id: str, board: Leaderboard) -> list[dict[str, Any]]:
     """Each generation's outcome, and the lessons of earlier ones that it searched with."""
     campaign = history.campaigns[campaign_id]
     rows: list[dict[str, Any]] = []
@@ -475,9 +462,7 @@ def _generations(
                 "settled": sum(c.settled for c in candidates),
                 # the generation's best as its GenerationClosed names it, over the
                 # campaign baseline like the leaderboard's
-                "best_speedup": speedup_over(times.get(best.candidate_id), baseline) or 0.0
-                if best
-                else 0.0,
+                "best_speedup": board.speedup_of(best.candidate_id) or 0.0 if best else 0.0,
                 "closed": generation.closed is not None,
                 "lessons_used": len(used),
                 "new_lessons": [x.statement for x in used if x.generation == number - 1],
@@ -492,41 +477,34 @@ def _result(
     """The campaign's summary and its ten fastest kernels (the best also written to a file)."""
     campaign = history.campaigns[campaign_id]
     result = {"campaign_id": campaign_id, **summary(history, campaign)}
-    winner = history.best(campaign_id)
-    candidates = history.campaign_candidates(campaign_id)
-    baseline, times = campaign_baseline(candidates), own_times(candidates)
-    if best_dir is not None and winner is not None and winner.written and result["best"]:
+    board = campaign_leaderboard(history, campaign_id)
+    winner, baseline = board.best, board.baseline
+    if best_dir is not None and winner is not None and result["best"]:
         # The winning kernel as a file `kfactory check` and a compiler take as it is.
-        path = write_kernel(winner, best_dir / file_name(winner))
-        result["best"] = {
-            **result["best"],
-            **describe(winner, path, times[winner.candidate_id], baseline),
-        }
+        path = write_kernel(winner.candidate, best_dir / file_name(winner.candidate))
+        result["best"] = {**result["best"], **describe(winner, path, baseline)}
         console.print(f"best kernel written to {path}")
     if campaign.finished is not None:
         result["finished"] = campaign.finished.reason
-    timed = ranked(history, campaign_id)  # the best, then by own time
-    standing = standings(candidates)
-    result["by_generation"] = _generations(history, campaign_id, baseline, times)
+    result["by_generation"] = _generations(history, campaign_id, board)
     result["campaign_baseline"] = (
         {**baseline.as_dict(), "words": baseline.words()} if baseline else None
     )
     result["leaderboard"] = [
         {
-            "rank": rank,
-            "candidate": c.candidate_id,
-            "template": c.proposal.template,
-            "params": dict(c.proposal.params),
-            "median_ms": times[c.candidate_id].median_ns / 1e6,
-            "iqr_ms": times[c.candidate_id].iqr_ns / 1e6,
-            "runs": times[c.candidate_id].runs,
-            "speedup": speedup_over(times[c.candidate_id], baseline),
-            "own_baseline_speedup": c.benchmark.speedup,
-            "roofline_fraction": c.benchmark.roofline_fraction,
-            "standing": standing.get(c.candidate_id, ""),
+            "rank": row.rank,
+            "candidate": row.candidate_id,
+            "template": row.template,
+            "params": dict(row.params),
+            "median_ms": row.median_ns / 1e6,
+            "iqr_ms": row.iqr_ns / 1e6,
+            "runs": row.runs,
+            "speedup": row.speedup,
+            "own_baseline_speedup": row.own_baseline_speedup,
+            "roofline_fraction": row.roofline_fraction,
+            "standing": row.standing,
         }
-        for rank, c in enumerate(timed[:10], 1)
-        if c.benchmark is not None
+        for row in board.rows[:10]
     ]
     return result
 

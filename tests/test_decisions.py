@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from actors.campaign.history import History
-from actors.campaign.ranking import campaign_baseline, own_times
+from actors.campaign.leaderboard import campaign_leaderboard
 from actors.roles.librarian import decide_librarian
 from actors.roles.planner import WALL_TIME_REASON, decide_deadline, decide_planner
 from actors.runtime import Reactions
@@ -297,8 +297,7 @@ def test_the_run_reports_each_generation_and_the_lessons_it_searched_with(
     log: list[Event],
 ) -> None:
     history = history_of(log)
-    candidates = history.campaign_candidates("recorded")
-    rows = _generations(history, "recorded", campaign_baseline(candidates), own_times(candidates))
+    rows = _generations(history, "recorded", campaign_leaderboard(history, "recorded"))
     drawn = [e for e in log if isinstance(e, LessonLearned) and e.generation == 0]
     assert drawn, "the recorded campaign drew lessons in generation 0"
     assert [(r["generation"], r["proposed"], r["settled"], r["closed"]) for r in rows] == [

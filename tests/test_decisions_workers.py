@@ -405,7 +405,7 @@ def test_the_incumbent_is_the_campaign_s_best_when_the_kernel_is_timed() -> None
         job = timing_job(history_of(LOG, LOG[index - 1].event_id), verified, ("rows", "cols"))
         assert job is not None
         incumbent = job.incumbent.candidate_id if job.incumbent else None
-        assert incumbent == timed.evidence["incumbent"]
+        assert incumbent == timed.incumbent
         if job.incumbent is not None:
             best = answer_to(KernelWritten, job.incumbent.candidate_id)
             assert (job.incumbent.source, job.incumbent.flags) == (best.source, tuple(best.flags))
@@ -428,29 +428,32 @@ def test_a_verified_kernel_the_history_has_no_source_for_is_refused() -> None:
 def replayed_result(timed: BenchmarkCompleted) -> BenchmarkResult:
     """The timing outcome the recorded BenchmarkCompleted was made from."""
     evidence = timed.evidence
+    assert timed.q1_ns is not None and timed.q3_ns is not None and timed.samples is not None
+    assert timed.roofline_ns is not None and timed.baseline_iqr_ns is not None
+    assert timed.timing_attempts is not None
     stats = TimingStats(
         median_ns=timed.median_ns,
-        q1_ns=evidence["q1_ns"],
-        q3_ns=evidence["q3_ns"],
+        q1_ns=timed.q1_ns,
+        q3_ns=timed.q3_ns,
         iqr_ns=timed.iqr_ns,
         min_ns=timed.median_ns,
         max_ns=timed.median_ns,
-        runs=evidence["runs"],
+        runs=timed.samples,
     )
     baseline = msgspec.structs.replace(
-        stats, median_ns=timed.baseline_ns, iqr_ns=evidence["baseline_iqr_ns"]
+        stats, median_ns=timed.baseline_ns, iqr_ns=timed.baseline_iqr_ns
     )
     return BenchmarkResult(
         problem=timed.problem,
         target=timed.target,
-        shape=evidence["shape"],
+        shape=timed.shape,
         kernel=stats,
         baseline=baseline,
         baseline_name=timed.baseline,
         incumbent=None,
         speedup=timed.speedup,
-        speedup_vs_incumbent=evidence["speedup_vs_incumbent"],
-        roofline_ns=evidence["roofline_ns"],
+        speedup_vs_incumbent=timed.speedup_vs_incumbent,
+        roofline_ns=timed.roofline_ns,
         roofline_fraction=timed.roofline_fraction,
         input_sets=2,
         rotated_bytes=0,
@@ -459,9 +462,9 @@ def replayed_result(timed: BenchmarkCompleted) -> BenchmarkResult:
         judged_calls=tuple(evidence["judged_calls"]),
         rechecked=tuple(evidence["rechecked"]),
         handshake_ns=evidence["handshake_ns"],
-        host_contention_cores=evidence["host_contention_cores"],
-        timing_attempts=evidence["timing_attempts"],
-        head_to_head=msgspec.convert(evidence["head_to_head"], HeadToHead | None),
+        host_contention_cores=timed.host_contention_cores,
+        timing_attempts=timed.timing_attempts,
+        head_to_head=msgspec.convert(msgspec.to_builtins(timed.head_to_head), HeadToHead | None),
         sandbox=SandboxReport(
             network_isolated=True,
             network_note="",
@@ -485,7 +488,7 @@ def test_each_recorded_timing_becomes_the_recorded_benchmark_completed() -> None
             out,
             replayed_result(expected),
             device=expected.device,
-            incumbent=expected.evidence["incumbent"],
+            incumbent=expected.incumbent,
             window=msgspec.convert(expected.evidence["lease"], TimedWindow),
         )
         [timed] = out.events

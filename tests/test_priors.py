@@ -107,7 +107,7 @@ class Campaigns:
             speedup=value,
             roofline_fraction=0.1,
             device=device,
-            evidence={"shape": {"rows": shape[0], "cols": shape[1]}},
+            shape={"rows": shape[0], "cols": shape[1]},
             **common,
         )
         self.candidates.append(Candidate(proposal=proposal, benchmark=timed))

@@ -14,13 +14,13 @@ from rich.console import Console
 
 from actors.campaign.campaign_file import Budget, CampaignSpec
 from actors.campaign.history import History
+from actors.campaign.leaderboard import campaign_leaderboard
 from actors.campaign.ranking import best_of, campaign_baseline, own_times, speedup_over, standings
 from actors.records.audit import audit_projections
-from actors.records.best_kernels import ranked
 from actors.records.story import generations as story_generations
 from actors.roles.librarian import decide_librarian
 from actors.runtime import Reactions
-from eventstore.codec import encode
+from eventstore.codec import decode, encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
     ActorRef,
@@ -30,6 +30,7 @@ from eventstore.events import (
     Event,
     GenerationClosed,
     GenerationOpened,
+    HeadToHeadRecord,
     KernelVerified,
     KernelWritten,
     LessonLearned,
@@ -50,6 +51,7 @@ from ops.progress import Progress
 from ops.run_cmd import _generations as run_generations
 from ops.run_cmd import _print_results as print_results
 from ops.run_cmd import _result as run_result
+from tests.old_format import in_schema_one
 
 CAMPAIGN = "ranked"
 ACTOR = ActorRef(role="benchmarker", instance="benchmarker-0", host="test")
@@ -150,15 +152,20 @@ class Recorder:
                 **work,
             )
         )
-        evidence: dict[str, Any] = {"shape": shape, "incumbent": None}
+        versus_fields: dict[str, Any] = {}
         if versus is not None:
-            evidence["incumbent"] = f"{CAMPAIGN}:g0:{versus}"
-            evidence["head_to_head"] = {
-                "ratio_median": ratio if ratio is not None else 0.97 if faster else 1.03,
-                "faster": faster,
-            }
+            median_ratio = ratio if ratio is not None else 0.97 if faster else 1.03
+            versus_fields["incumbent"] = f"{CAMPAIGN}:g0:{versus}"
+            versus_fields["head_to_head"] = HeadToHeadRecord(
+                ratio_median=median_ratio,
+                ratio_q1=median_ratio,
+                ratio_q3=median_ratio,
+                rounds=30,
+                remeasured=False,
+                faster=bool(faster),
+            )
         if incumbent_ms is not None:  # the incumbent's median in this run, as recorded
-            evidence["speedup_vs_incumbent"] = incumbent_ms / median_ms
+            versus_fields["speedup_vs_incumbent"] = incumbent_ms / median_ms
         self.emit(
             new_event(
                 BenchmarkCompleted,
@@ -173,7 +180,8 @@ class Recorder:
                 baseline_ns=baseline_ms * 1e6,
                 speedup=baseline_ms / median_ms,
                 roofline_fraction=0.5,
-                evidence=evidence,
+                shape=shape,
+                **versus_fields,
                 **work,
             )
         )
@@ -204,12 +212,12 @@ def test_the_fastest_own_time_wins_where_the_speedup_ranking_would_not() -> None
     by_recorded_speedup = max(candidates, key=lambda c: c.speedup or 0.0)
     assert ids([by_recorded_speedup]) == ["c2"]  # what the old ranking picked
     assert ids([log.history.best(CAMPAIGN)]) == ["c1"]
-    assert ids(ranked(log.history, CAMPAIGN)) == ["c1", "c2", "c0"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows) == ["c1", "c2", "c0"]
     baseline = campaign_baseline(candidates)
     assert baseline is not None and baseline.median_ns == 100e6 and baseline.candidates == 3
     assert (baseline.q1_ns, baseline.q3_ns) == (80e6, 110e6)
     times = own_times(candidates)
-    order = ranked(log.history, CAMPAIGN)
+    order = campaign_leaderboard(log.history, CAMPAIGN).rows
     speedups = [speedup_over(times[c.candidate_id], baseline) for c in order]
     assert speedups == [100 / 8, 100 / 9, 100 / 10]  # one baseline: the order of own times
 
@@ -236,7 +244,7 @@ def test_each_row_says_why_it_is_or_is_not_the_best() -> None:
         "c5": "promoted: faster than g0:c1 by own time",
         "c6": "not clearly faster than g0:c5 head to head",
     }
-    assert ids(ranked(log.history, CAMPAIGN))[:4] == ["c5", "c6", "c3", "c1"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows)[:4] == ["c5", "c6", "c3", "c1"]
 
 
 def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best() -> None:
@@ -259,9 +267,7 @@ def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best()
     (row,) = story_generations(history, CAMPAIGN)
     assert row["best_in_generation"]["candidate_id"] == closed.best_candidate
     assert row["best_so_far"]["candidate_id"] == closed.best_candidate
-    baseline = campaign_baseline(history.campaign_candidates(CAMPAIGN))
-    candidates = history.campaign_candidates(CAMPAIGN)
-    (reported,) = run_generations(history, CAMPAIGN, baseline, own_times(candidates))
+    (reported,) = run_generations(history, CAMPAIGN, campaign_leaderboard(history, CAMPAIGN))
     assert reported["best_speedup"] == 100 / 8  # c1 over the campaign baseline
     # A close that names the highest speedup instead is a difference the audit reports.
     forged = msgspec.structs.replace(closed, best_candidate=f"{CAMPAIGN}:g0:c2")
@@ -274,7 +280,7 @@ def test_a_faster_looking_kernel_that_lost_head_to_head_is_not_promoted() -> Non
     log = noisy_baselines()
     log.timed("c3", median_ms=7.9, baseline_ms=100.0, versus="c1", faster=False)
     assert ids([log.history.best(CAMPAIGN)]) == ["c1"]
-    assert ids(ranked(log.history, CAMPAIGN)) == ["c1", "c3", "c2", "c0"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows) == ["c1", "c3", "c2", "c0"]
 
 
 def test_without_a_head_to_head_only_a_clear_margin_promotes() -> None:
@@ -288,7 +294,7 @@ def test_without_a_head_to_head_only_a_clear_margin_promotes() -> None:
 def test_kernels_timed_at_another_shape_do_not_compete() -> None:
     log = noisy_baselines()
     log.timed("small", median_ms=0.5, baseline_ms=4.0, shape={"rows": 64, "cols": 64})
-    assert ids(ranked(log.history, CAMPAIGN)) == ["c1", "c2", "c0"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows) == ["c1", "c2", "c0"]
     assert ids([best_of(log.history.campaign_candidates(CAMPAIGN))]) == ["c1"]
 
 
@@ -308,6 +314,49 @@ def test_the_leaderboard_view_ranks_by_own_time_over_one_baseline(tmp_path: Path
     assert [(r[0], r[1].rsplit(":", 1)[-1]) for r in rows] == [(1, "c1"), (2, "c2"), (3, "c0")]
     assert [round(r[2], 6) for r in rows] == [round(100 / 8, 6), round(100 / 9, 6), 10.0]
     assert rows[1][3] == 120 / 9 and {r[4] for r in rows} == {100e6}
+
+
+def viewed(log: Recorder, path: Path) -> list[tuple[str, float, int, float]]:
+    """The SQL leaderboard of the log's campaign: (name, own median, runs, speedup) by rank."""
+    store = DuckDBEventStore(path)
+    store.append([Recorded(e, encode(e)) for e in log.events])
+    store.close()
+    conn = duckdb.connect(str(path), read_only=True)
+    try:
+        rows = conn.execute(
+            "SELECT candidate_id, median_ns, runs, speedup FROM leaderboard ORDER BY rank"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [(r[0].rsplit(":", 1)[-1], r[1], r[2], r[3]) for r in rows]
+
+
+def by_own_time(log: Recorder) -> list[tuple[str, float, int, float | None]]:
+    rows = campaign_leaderboard(log.history, CAMPAIGN).rows
+    return [
+        (r.candidate_id.rsplit(":", 1)[-1], r.median_ns, r.runs, r.speedup)
+        for r in sorted(rows, key=lambda r: r.median_ns)
+    ]
+
+
+def test_the_view_and_the_leaderboard_take_the_shape_most_kernels_were_timed_at(
+    tmp_path: Path,
+) -> None:
+    """Kernels timed at another shape are left out of both (the view once ranked them in a
+    board of their own); with as many at each shape, the shape of the first listed wins."""
+    small = {"rows": 64, "cols": 64}
+    log = noisy_baselines()
+    log.timed("s0", median_ms=0.5, baseline_ms=4.0, shape=small)
+    log.timed("s1", median_ms=0.4, baseline_ms=4.0, shape=small)
+    assert [name for name, *_ in by_own_time(log)] == ["c1", "c2", "c0"]
+    assert viewed(log, tmp_path / "most.duckdb") == by_own_time(log)
+    tie = Recorder()
+    tie.timed("s0", median_ms=0.5, baseline_ms=4.0, shape=small)
+    tie.timed("c0", median_ms=10.0, baseline_ms=100.0)
+    tie.timed("c1", median_ms=8.0, baseline_ms=100.0)
+    tie.timed("s1", median_ms=0.4, baseline_ms=4.0, shape=small)
+    assert [name for name, *_ in by_own_time(tie)] == ["s1", "s0"]
+    assert viewed(tie, tmp_path / "tie.duckdb") == by_own_time(tie)
 
 
 def test_head_to_head_pairs_rounds_and_calls_a_straddle_noise() -> None:
@@ -378,7 +427,7 @@ def test_the_best_s_own_time_is_the_median_of_every_run_that_timed_it(tmp_path: 
     assert (times["c0"].median_ns, times["c0"].runs, times["c0"].iqr_ns) == (12.75e6, 4, 5e6)
     assert (times["c3"].median_ns, times["c3"].runs) == (13.5e6, 1)
     # the best stays first, and its figure is no longer the busy run's 20 ms
-    assert ids(ranked(log.history, CAMPAIGN)) == ["c0", "c3", "c2", "c1"]
+    assert ids(campaign_leaderboard(log.history, CAMPAIGN).rows) == ["c0", "c3", "c2", "c1"]
     assert Progress(log.history, CAMPAIGN).counts().best == "12.750 ms (7.84x)"
     result = run_result(log.history, CAMPAIGN, Console(file=io.StringIO()))
     (best, *_) = result["leaderboard"]
@@ -404,6 +453,8 @@ def test_the_best_s_own_time_is_the_median_of_every_run_that_timed_it(tmp_path: 
 def test_a_head_to_head_at_another_shape_or_with_malformed_evidence_is_not_a_run(
     tmp_path: Path,
 ) -> None:
+    """A forged value can only sit in a schema 1 event's `evidence` (schema 2's fields are
+    checked as they are decoded): the upcaster leaves it there, and it times nothing."""
     log = best_timed_once_on_a_busy_host()
     log.timed("odd", median_ms=1.0, baseline_ms=8.0, versus="c0", incumbent_ms=0.5,
               shape={"rows": 64, "cols": 64})  # fmt: skip
@@ -412,18 +463,20 @@ def test_a_head_to_head_at_another_shape_or_with_malformed_evidence_is_not_a_run
     assert isinstance(forged, BenchmarkCompleted)
     for n, evidence in enumerate(
         (
-            {**forged.evidence, "speedup_vs_incumbent": "fast"},
-            {**forged.evidence, "incumbent": ["c0"], "speedup_vs_incumbent": 0.1},
+            {"speedup_vs_incumbent": "fast"},
+            {"incumbent": ["c0"], "speedup_vs_incumbent": 0.1},
         )
     ):
-        events = [*log.events[:-1], msgspec.structs.replace(forged, evidence=evidence)]
+        recorded = in_schema_one(forged, **evidence)
+        events = [*log.events[:-1], decode(recorded)]
         history = History()
         for position, event in enumerate(events, 1):
             history.apply(position, event)
         times = own_times(history.campaign_candidates(CAMPAIGN))
         assert times[f"{CAMPAIGN}:g0:c0"].runs == 4  # its own, and c1, c2, c3's
         store = DuckDBEventStore(tmp_path / f"events-{n}.duckdb")
-        store.append([Recorded(e, encode(e)) for e in events])
+        store.append([Recorded(e, encode(e)) for e in events[:-1]])
+        store.append([Recorded(events[-1], recorded)])
         store.close()
         conn = duckdb.connect(str(tmp_path / f"events-{n}.duckdb"), read_only=True)
         try:

@@ -1,17 +1,18 @@
-"""A campaign's truer best: kernels ranked by their own time at the campaign's shape, the
-baseline as one campaign-level figure, and promotion only by a head-to-head run.
+"""The ranking rules of a campaign: kernels compared by their own time at the campaign's
+shape, the baseline as one campaign-level figure, and promotion only by a head-to-head
+run. `actors.campaign.leaderboard` turns them into the leaderboard's rows.
 
 Each candidate's speedup is a ratio over its own baseline samples, which drift by tens of
 percent over a campaign on a shared host; ranking by it can put a slower kernel first.
 Here:
-- the leaderboard sorts timed kernels by their own time (IQR beside it) at the
-  campaign's shape, and states every speedup against the campaign's baseline: the median
-  of all its candidates' baseline medians, reported with their spread. A kernel's own
-  time is the median over every run that timed it: its own, and each later head-to-head
-  run that timed it as the incumbent (`own_times`). The best is timed again in every such
-  run, so one run of it on a busy host does not stand as its figure;
+- timed kernels compare by their own time (IQR beside it) at the campaign's shape, and
+  every speedup is stated against the campaign's baseline: the median of all its
+  candidates' baseline medians, reported with their spread. A kernel's own time is the
+  median over every run that timed it: its own, and each later head-to-head run that
+  timed it as the incumbent (`own_times`). The best is timed again in every such run, so
+  one run of it on a busy host does not stand as its figure;
 - the best (the incumbent new kernels are timed against) changes only when a kernel beat
-  it in a head-to-head interleaved run (`evidence["head_to_head"]`, written by
+  it in a head-to-head interleaved run (`BenchmarkCompleted.head_to_head`, written by
   `gpu_workers.benchmarking.head_to_head`, which re-measures both when they are within
   noise). A kernel timed against another incumbent, or none, replaces the best only when
   its own time is faster beyond both kernels' noise.
@@ -64,8 +65,7 @@ class CampaignBaseline:
 
 def _shape_key(candidate: Candidate) -> str:
     assert candidate.benchmark is not None
-    shape = candidate.benchmark.evidence.get("shape") or {}
-    return ",".join(f"{k}={v}" for k, v in sorted(dict(shape).items()))
+    return ",".join(f"{k}={v}" for k, v in sorted(candidate.benchmark.shape.items()))
 
 
 def at_campaign_shape(candidates: list[Candidate]) -> list[Candidate]:
@@ -111,9 +111,8 @@ def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
         medians[c.candidate_id] = [c.benchmark.median_ns]
     for c in timed:
         assert c.benchmark is not None
-        incumbent = c.benchmark.evidence.get("incumbent")
-        ratio = c.benchmark.evidence.get("speedup_vs_incumbent")
-        if isinstance(incumbent, str) and incumbent in medians and isinstance(ratio, int | float):
+        incumbent, ratio = c.benchmark.incumbent, c.benchmark.speedup_vs_incumbent
+        if incumbent is not None and incumbent in medians and ratio is not None:
             medians[incumbent].append(c.benchmark.median_ns * ratio)
     return {
         c.candidate_id: OwnTime(
@@ -126,26 +125,17 @@ def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
     }
 
 
-def by_own_time(candidates: list[Candidate]) -> list[Candidate]:
-    """Timed kernels at the campaign's shape, fastest own time first."""
-    times = own_times(candidates)
-    return sorted(at_campaign_shape(candidates), key=lambda c: times[c.candidate_id].median_ns)
-
-
 def head_to_head_words(challenger: Candidate, incumbent: Candidate) -> tuple[bool, str] | None:
     """What the challenger's head-to-head run against `incumbent` decided, and in which
     words: "beat", "not clearly faster than" (a median ratio below 1, but too few round
     wins to tell from chance) or "lost to"; None when it was not timed against that kernel."""
     assert challenger.benchmark is not None
-    evidence = challenger.benchmark.evidence
-    versus = evidence.get("head_to_head")
-    if evidence.get("incumbent") != incumbent.candidate_id or not isinstance(versus, dict):
+    versus = challenger.benchmark.head_to_head
+    if challenger.benchmark.incumbent != incumbent.candidate_id or versus is None:
         return None
-    if versus.get("faster"):
+    if versus.faster:
         return True, "beat"
-    ratio = versus.get("ratio_median")
-    looked_faster = isinstance(ratio, int | float) and ratio < 1.0
-    return False, "not clearly faster than" if looked_faster else "lost to"
+    return False, "not clearly faster than" if versus.ratio_median < 1.0 else "lost to"
 
 
 def clearly_faster(challenger: Candidate, incumbent: Candidate) -> bool:
@@ -213,13 +203,6 @@ def best_of(candidates: list[Candidate]) -> Candidate | None:
     candidates, its incumbent; over one generation's, that generation's best."""
     chain = promotions(candidates)
     return chain[-1] if chain else None
-
-
-def leaderboard(candidates: list[Candidate]) -> list[Candidate]:
-    """The best first, then every other kernel at the campaign's shape by its own time."""
-    best = best_of(candidates)
-    rest = [c for c in by_own_time(candidates) if c is not best]
-    return ([best] if best is not None else []) + rest
 
 
 def speedup_over(time: OwnTime | None, baseline: CampaignBaseline | None) -> float | None:

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from actors.campaign.history import History
+from actors.campaign.leaderboard import campaign_leaderboard
 from actors.campaign.ranking import best_of
 from actors.campaign.summary import spent_candidates, summary
 from actors.search.lessons import Lesson, draw_lessons
@@ -135,13 +136,13 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
             position,
         )
     campaign = history.campaigns[campaign_id]
-    best = history.best(campaign_id)
+    best = campaign_leaderboard(history, campaign_id).best
     if not finish:
         state = "running" if campaign.finished is None else "finished"
         finish = [skipped("projection", "finish reason", f"the campaign is {state}, not finished")]
     top = (
-        f"best {best.candidate_id} at {best.speedup:.3f}x"
-        if best is not None and best.speedup
+        f"best {best.candidate_id} at {best.own_baseline_speedup:.3f}x"
+        if best is not None and best.own_baseline_speedup
         else "no timed kernel"
     )
     return [
@@ -255,8 +256,8 @@ def _check_benchmark(event: BenchmarkCompleted, position: int, board: _Area) -> 
         f"{event.baseline_ns:.6g}/{event.median_ns:.6g} = {ratio:.4g}",
         position,
     )
-    floor = event.evidence.get("roofline_ns")
-    if isinstance(floor, int | float) and event.median_ns > 0:
+    floor = event.roofline_ns
+    if floor is not None and event.median_ns > 0:
         board.check(
             _close(floor / event.median_ns, event.roofline_fraction),
             f"{event.candidate_id}: roofline fraction {event.roofline_fraction:.4g} is not "

@@ -12,16 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from actors.campaign.history import Candidate, History
-from actors.campaign.ranking import CampaignBaseline, OwnTime, leaderboard, speedup_over
+import msgspec
+
+from actors.campaign.history import Candidate
+from actors.campaign.leaderboard import Row
+from actors.campaign.ranking import CampaignBaseline
 from gpu_workers.atomic_file import write_atomically
 from gpu_workers.targets import target_of
-
-
-def ranked(history: History, campaign_id: str) -> list[Candidate]:
-    """Timed kernels at the campaign's shape: the best (promoted head to head) first, then
-    the others by their own median time (`actors.campaign.ranking.leaderboard`)."""
-    return [c for c in leaderboard(history.campaign_candidates(campaign_id)) if c.written]
 
 
 def kernel_text(candidate: Candidate) -> str:
@@ -49,35 +46,28 @@ def write_kernel(candidate: Candidate, path: Path) -> Path:
     return path
 
 
-def describe(
-    candidate: Candidate,
-    path: Path | None,
-    own: OwnTime,
-    baseline: CampaignBaseline | None = None,
-) -> dict[str, Any]:
-    """A kernel's figures: `median_ns` is its own time over every run that timed it
-    (`actors.campaign.ranking.own_times`), `run_median_ns` its own run's. With the campaign's
-    `baseline`, its speedup over that too."""
-    written, timed = candidate.written, candidate.benchmark
-    assert written is not None and timed is not None
+def describe(row: Row, path: Path | None, baseline: CampaignBaseline | None) -> dict[str, Any]:
+    """A leaderboard row's figures: `median_ns` is the kernel's own time over every run
+    that timed it, `run_median_ns` its own run's; the campaign's `baseline` (the
+    leaderboard's) and the row's speedup over it."""
     return {
-        "candidate_id": candidate.candidate_id,
-        "template": candidate.proposal.template,
-        "params": candidate.proposal.params,
-        "flags": written.flags,
-        "source_hash": written.source_hash,
-        "speedup": timed.speedup,
-        "median_ns": own.median_ns,
-        "iqr_ns": own.iqr_ns,
-        "timing_runs": own.runs,
-        "run_median_ns": timed.median_ns,
-        "baseline": timed.baseline,
-        "baseline_ns": timed.baseline_ns,
-        "roofline_fraction": timed.roofline_fraction,
-        "q1_ns": timed.evidence.get("q1_ns"),
-        "q3_ns": timed.evidence.get("q3_ns"),
-        "head_to_head": timed.evidence.get("head_to_head"),
+        "candidate_id": row.candidate_id,
+        "template": row.template,
+        "params": row.params,
+        "flags": row.written.flags,
+        "source_hash": row.source_hash,
+        "speedup": row.own_baseline_speedup,
+        "median_ns": row.median_ns,
+        "iqr_ns": row.iqr_ns,
+        "timing_runs": row.runs,
+        "run_median_ns": row.run_median_ns,
+        "baseline": row.timed.baseline,
+        "baseline_ns": row.timed.baseline_ns,
+        "roofline_fraction": row.roofline_fraction,
+        "q1_ns": row.q1_ns,
+        "q3_ns": row.q3_ns,
+        "head_to_head": msgspec.to_builtins(row.head_to_head),
         "campaign_baseline": baseline.as_dict() if baseline else None,
-        "speedup_vs_campaign_baseline": speedup_over(own, baseline),
+        "speedup_vs_campaign_baseline": row.speedup,
         "path": str(path) if path else None,
     }

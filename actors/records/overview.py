@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from actors.campaign.history import Candidate, History
+from actors.campaign.leaderboard import campaign_leaderboard
 
 
 def evaluation_order(history: History, campaign_id: str) -> list[Candidate]:
@@ -37,7 +38,7 @@ def evaluations_to_reach(history: History, campaign_id: str, share: float = 0.95
 def row(history: History, campaign_id: str, last_ts: datetime | None) -> dict[str, Any]:
     campaign = history.campaigns[campaign_id]
     candidates = history.campaign_candidates(campaign_id)
-    best = history.best(campaign_id)
+    best = campaign_leaderboard(history, campaign_id).best
     started = campaign.started.ts
     end = campaign.finished.ts if campaign.finished else (last_ts or started)
     return {
@@ -49,8 +50,8 @@ def row(history: History, campaign_id: str, last_ts: datetime | None) -> dict[st
         "state": f"finished: {campaign.finished.reason}" if campaign.finished else "unfinished",
         "evaluated": sum(c.evaluated for c in candidates),
         "best_candidate": best.candidate_id if best else None,
-        "best_ms": best.benchmark.median_ns / 1e6 if best and best.benchmark else None,
-        "best_speedup": best.speedup if best else None,
+        "best_ms": best.run_median_ns / 1e6 if best else None,
+        "best_speedup": best.own_baseline_speedup if best else None,
         "started": started.isoformat(),
         "wall_seconds": (end - started).total_seconds(),
     }
@@ -62,14 +63,14 @@ def diff(history: History, a: str, b: str) -> dict[str, Any]:
     for campaign_id in (a, b):
         campaign = history.campaigns[campaign_id]
         candidates = history.campaign_candidates(campaign_id)
-        best = history.best(campaign_id)
+        best = campaign_leaderboard(history, campaign_id).best
         kinds = Counter(lesson.kind for lesson in campaign.lessons)
         sides[campaign_id] = {
             "best_candidate": best.candidate_id if best else None,
-            "best_speedup": best.speedup if best else None,
-            "best_ms": best.benchmark.median_ns / 1e6 if best and best.benchmark else None,
-            "best_params": best.proposal.params if best else None,
-            "best_template": best.proposal.template if best else None,
+            "best_speedup": best.own_baseline_speedup if best else None,
+            "best_ms": best.run_median_ns / 1e6 if best else None,
+            "best_params": best.params if best else None,
+            "best_template": best.template if best else None,
             "evaluated": sum(c.evaluated for c in candidates),
             "evaluations_to_95pct": evaluations_to_reach(history, campaign_id),
             "rejections": dict(Counter(c.rejected.stage for c in candidates if c.rejected)),

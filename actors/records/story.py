@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Any
 
 from actors.campaign.history import Candidate, History
-from actors.campaign.ranking import OwnTime, best_of, own_times
+from actors.campaign.leaderboard import Leaderboard, leaderboard
+from actors.campaign.ranking import best_of
 from eventstore.events import CandidateProposed, Event, LessonLearned
 
 
@@ -102,8 +103,8 @@ def generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
         members = [history.candidates[cid] for cid in state.candidates]
         top = best_of(members)  # the generation's best, as its GenerationClosed names it
         so_far += members
+        board = leaderboard(so_far)  # the leaderboard as of this generation
         best = best_of(so_far)  # the incumbent as the swarm promotes it (head to head)
-        times = own_times(so_far)  # every run that timed each kernel, up to this generation
         rows.append(
             {
                 "generation": number,
@@ -113,19 +114,19 @@ def generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
                 "verified": sum(1 for c in members if c.verified),
                 "rejected": sum(1 for c in members if c.rejected),
                 "duplicates": sum(1 for c in members if c.duplicate),
-                "best_in_generation": _brief(top, times),
-                "best_so_far": _brief(best, times),
+                "best_in_generation": _brief(top, board),
+                "best_so_far": _brief(best, board),
                 "closed": state.closed is not None,
             }
         )
     return rows
 
 
-def _brief(candidate: Candidate | None, times: dict[str, OwnTime]) -> dict[str, Any] | None:
-    """A kernel in a generation's row: `median_ns` its own time (`ranking.own_times`)."""
+def _brief(candidate: Candidate | None, board: Leaderboard) -> dict[str, Any] | None:
+    """A kernel in a generation's row: `median_ns` its own time on the leaderboard."""
     if candidate is None or candidate.benchmark is None:
         return None
-    own = times.get(candidate.candidate_id)
+    own = board.own_time(candidate.candidate_id)
     return {
         "candidate_id": candidate.candidate_id,
         "speedup": candidate.benchmark.speedup,

@@ -72,10 +72,8 @@ class Context:
 
 def _extents(candidate: Candidate) -> tuple[int, ...] | None:
     assert candidate.benchmark is not None
-    shape = candidate.benchmark.evidence.get("shape")
-    if not isinstance(shape, dict) or not shape:
-        return None
-    return tuple(int(v) for v in shape.values())
+    shape = candidate.benchmark.shape
+    return tuple(shape.values()) if shape else None
 
 
 def shape_similarity(a: Sequence[int] | None, b: Sequence[int] | None) -> float:

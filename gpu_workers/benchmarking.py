@@ -1,15 +1,36 @@
 """Timing rules, the same for every device.
 
-The device back end times the kernel, the float32 numpy baseline and the incumbent
-interleaved in one run, over input sets rotated across more memory than the last-level
-cache, with fresh inputs before every timed call. The kernel is judged against the
-incumbent round by round: it is faster only with more round wins than chance gives; one
-that looks faster but is in doubt is timed against it again first. This module turns samples into
-statistics and refuses what cannot be trusted: a stall in the timed region, samples that
-add up to more than the run took, outputs of randomly chosen timed calls or of the
-re-check after timing that are wrong (`judge_calls`), and a kernel faster than the
-roofline allows. A run that cannot be taken as it is gets timed again by a named retry
-policy (`RETRY_POLICIES`: a busy host, a stall, a head-to-head in doubt).
+The device back end times the kernel, the baseline and the incumbent interleaved in one
+run (`gpu_workers.interleave`), warm-up first, then at least `MIN_RUNS` (30) timed
+rounds and `MIN_SECONDS` (0.5 s) unless it has already lost to the incumbent (`lost`,
+`cannot_win` there), over `DISTINCT_INPUT_SETS` (2) input sets with fresh inputs before every
+timed call. Both back ends evict every timed call's inputs and outputs from the caches
+before it (a CPU's every level; a GPU's L2, by writing the request's `rotate_bytes`,
+twice the last-level cache), and the result says so (`caches_flushed`). This module
+turns samples into statistics (median and IQR) and refuses what cannot be trusted:
+samples that add up to more than the run took (`timing_inconsistent`), outputs of
+randomly chosen timed calls or of the re-check after timing that are wrong
+(`judge_calls`), a stall (`find_stall`: a call, warm-up included, over `STALL_FACTOR`
+(20) times the median and `STALL_MIN_EXCESS_NS` (100 ms) above it), and a median faster
+than the roofline (bytes over the calibrated bandwidth, flops over the peak) by more
+than `ROOFLINE_SLACK` (1.10). Before refusing a kernel beyond the roofline, the host is
+measured again once, alone on the device (`BenchmarkRequest.recalibrate`): a ceiling
+measured on a busy host may simply be too low.
+
+Against the incumbent the kernel is compared round by round (paired ratios): it is
+faster only when its median ratio is below 1 and its round wins pass a one-sided sign
+test at `PROMOTION_ALPHA` (5%), so that of kernels equal to the best, one in twenty at
+most is promoted (`head_to_head`). One that looks faster but is in doubt (`in_doubt`: the
+ratios' IQR straddles 1, or too few wins) is timed against it again and the rounds of
+both runs are pooled before it is decided.
+
+A run that cannot be taken as it is gets timed again by a named retry policy
+(`RETRY_POLICIES`, in this order): a busy host (other work used more than `QUIET_CORES`
+(0.25) cores during the run) is timed again up to `BUSY_RETRIES` (2) times, so up to 3
+runs, the least disturbed one kept; a stall is timed once more in a fresh process and
+refused (`timing_stall`) if it stalls again; a head-to-head in doubt is pooled as above.
+The result records the attempts (`timing_attempts`), whether a stall was retried
+(`stall_retried`) and the kept run's contention (`host_contention_cores`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,16 @@ outputs poisoned before every run and every element checked; NaN and Inf pass on
 the float64 reference gives exactly that (NaN where it gives NaN, the same infinity, or
 the infinity a finite result rounds to); inputs must be unchanged; writes past the end
 are caught; a second run on the same inputs must agree bit for bit (any NaN equals any
-NaN).
+NaN): `RUNS_PER_TRIAL` runs per trial, `STRESS_RUNS` on the largest test shape, where
+races show.
+
+Every verdict names its worst element (`Verdict.worst`, a `WorstElement`): the trial's
+shape, distribution and seed, the output and index, got, expected, the error, the scale
+and the error allowed there, and the share of the tolerance used (`used`; 1.0 is the
+limit). In a verified kernel it is the element closest to failing; in a `wrong_value`
+rejection, the worst wrong one; otherwise None (the evidence names the first fault).
+Each `TrialReport` keeps its own largest share (`worst_used`), from which `kfactory
+check` prints the margin per distribution (`ops/check_cmd.py`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,35 @@
 """The kernel templates of every target, by name: the CPU ones here (jinja files in
 `cpu_templates/`), the CUDA ones in `kernels.cuda_templates`; and the example kernels.
+
+The CPU row templates that can reach the memory limit (`softmax_rows`, `rmsnorm_rows`,
+`layernorm_rows`, `residual_rmsnorm_gelu_fused`) are written once over a vector layer
+(`cpu_templates/_vec.c.j2`): `isa` portable (GCC vector extensions of `simdlen` floats,
+lowered to what the flags enable; its max and min are spelled as MAXPS and MINPS at 8
+floats on AVX, whose `a > b ? a : b` rule the compiler cannot see through the bitwise
+form once NaNs are kept) or avx512 (explicit 512-bit intrinsics, `#error` without
+AVX-512). Only avx512 includes `<immintrin.h>`: the portable path and the streaming
+stores (`_common.c.j2`) call the compiler's x86 builtins, since parsing that header takes
+most of a kernel's compile time. A restriction on the host's ISA (`kernels.host_isa`)
+keeps avx512 out of the space where the CPU lacks avx512f. Every one has `unroll`
+(vectors per step, and independent accumulators), `prefetch` (the row 0, 1 or 2 rows
+ahead is prefetched to L2 while a row is worked from cache) and `streaming`
+(non-temporal stores, for the final write only). The structure of the passes is a
+parameter too:
+- softmax: `fuse` (a max pass then exp, or online max and sum in one sweep), `buffer`
+  (exp values in a per-thread row buffer that stays in L1/L2, or in the output row),
+  `tile` (max and exp sweep tiles of 512 or 2048 floats, or the whole row) and `exp`
+  (the vector layer's Cephes exp, or 2^(d log2 e) by a degree-5 or degree-4 polynomial
+  and a truncating round: fewer operations, within the tolerance; the passes only take
+  exp of d <= 0);
+- layernorm has no one-sweep form (shifted float32 sums of squares cancel on rows with
+  outliers, which the verifier rejects);
+- the fused chain: `intermediate` (h = x + r kept in the output row, a row buffer, or
+  recomputed) and `gelu` (the sigmoid form with the exp and a division, or 2^t by a
+  degree-5/4 polynomial and a reciprocal estimate refined by one Newton step).
+A restriction allows streaming only where nothing re-reads the output (a buffer, the
+online sweep, a recomputed h): a non-temporal store to a line the row has just written
+first evicts it. Each thread fences its non-temporal stores once, after its rows. Which
+points are fast is left to the search.
 """
 
 from __future__ import annotations

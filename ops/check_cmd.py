@@ -1,4 +1,20 @@
-"""`kfactory check`: verify (and with --bench, time) one hand-written kernel."""
+"""`kfactory check`: verify (and with --bench, time) one hand-written kernel.
+
+It makes the stages a campaign makes (`gpu_workers.verification.verify`, then with
+--bench `gpu_workers.benchmarking.benchmark` at the problem's default shape or
+`--shape`, against `--incumbent` if given), under a fresh secret seed that `--seed`
+replays. It prints, in text or one JSON object (`--json`), the verdict and its worst
+element (`Verdict.worst`: where, got, expected, error, scale, allowed and the share of
+the tolerance used), for a verified kernel the margin per distribution (`margins`: 1
+minus the largest share of its tolerance any element of that distribution's trials
+used), the timing against the baseline and the roofline with --bench, and the sandbox's
+mechanisms, each applied or not and why.
+
+Exit status: 0 verified, 1 rejected, 2 bad input, `EXIT_NOT_RUN` (3) when this host lacks
+the target's device (a cuda kernel on a host without a GPU): only the compile and static
+stages run, and a kernel that passes them is reported "not run", with its architecture
+and ptxas resources.
+"""
 
 from __future__ import annotations
 

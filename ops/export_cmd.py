@@ -1,4 +1,12 @@
-"""`kfactory export CAMPAIGN --parquet DIR`: the events and the projections as Parquet."""
+"""`kfactory export CAMPAIGN --parquet DIR`: the events and the projections as Parquet.
+
+The store is never opened for writing: `export_parquet` attaches the run folder's store
+file read-only to an in-memory DuckDB, creates the SQL views (`eventstore.views`) over it
+as temporary views, and `COPY`s the campaign's rows of each to a Parquet file:
+`events.parquet` (in store order) and one file per view in `VIEW_NAMES`. Like every
+command that reads history, it says so and reads nothing while a server holds the file
+(`ops/store_access.py`).
+"""
 
 from __future__ import annotations
 

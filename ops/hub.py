@@ -2,8 +2,20 @@
 file, and the read-only SQL service. `kfactory server` runs it in the foreground;
 `kfactory run` and the tests run it in-process.
 
+Recording has one owner at a time. The hub takes the recording lease (key `KF_EVENTS`
+in the bucket `KF_RECORDER_LEASE`; `RECORDER_LEASE_TTL`, 5 s, renewed every third of it)
+before it opens its store; a second hub on the same NATS waits as a standby until the
+lease expires or is released, saying so every `STANDBY_LOG_EVERY` (60 s). Each hub has its
+own store: a standby's file is on its own host, and a hub that takes over reads the
+stream from its own store's cursor, catching up with everything its file lacks, then
+live, while it already answers queries from what it holds. The recorder writes every
+batch under the lease's fencing token (`eventstore/recorder.py`); what a deposed
+`kfactory server` does is `ops/server_cmd.py`'s.
+
 The embedded server's port is chosen once and kept in `<home>/nats/port`, so a restarted
-hub keeps its URL; if the nats-server child dies, the hub starts it again on that port.
+hub keeps its URL. The hub looks at its nats-server child every `SUPERVISE_EVERY` (0.5 s);
+if it died, the hub starts it again on that port and store, logging the exit and the
+restart, and clients reconnect.
 
 The embedded server always authenticates (unless `auth=False` on loopback): every user
 of `ops/accounts.py` gets its seed in the run folder on first start, and the server's

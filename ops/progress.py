@@ -1,5 +1,16 @@
-"""What `kfactory run` shows while a campaign runs: its progress (a live table on a
-terminal, else a line every 10 s), and which roles it needs have no live instance."""
+"""What `kfactory run` shows while a campaign runs: its progress, and which roles it
+needs have no live instance.
+
+`Progress` applies the campaign's events as they arrive to a `History` of its own. On a
+terminal it is a live table; otherwise a line every `LINE_EVERY` (10 s): the generation,
+candidates settled of those proposed (and the budget), verified, benchmarking, those
+waiting for a device worker to join (a cuda campaign on a host without a GPU), the best
+so far (its own median and its speedup over the campaign's baseline, from the
+leaderboard), the time elapsed and an ETA at the pace so far. `stalled` is the blocking
+CampaignStalled recorded since this run's start or resume, which ends the run.
+`LiveActors` tracks, from heartbeats, when each needed role was last heard from: one
+unheard for `bus.heartbeat.LIVE_FOR` (15 s) is missing.
+"""
 
 from __future__ import annotations
 

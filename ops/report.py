@@ -1,6 +1,16 @@
 """One self-contained HTML report of a campaign: plotly charts with their JavaScript
 inlined (nothing is fetched when the file is opened), tables, and the winning kernel's
-source highlighted by pygments."""
+source highlighted by pygments.
+
+`render_report` takes a campaign rebuilt from the store (`actors.records.story`) and the
+recorded HostCalibrated events, and renders `ops/templates/report.html.j2`: the best
+speedup so far over evaluations and over time, a roofline chart (achieved GFLOP/s
+against operational intensity, under the ceilings of the device the kernels were timed
+on), the leaderboard (`actors.campaign.leaderboard`, each row with its standing), the
+lessons with the events they cite, the rejections by stage and generation, and the
+winner's source. The plotly.js bundle is inlined once, with the first chart; pygments'
+style sheet is inlined too.
+"""
 
 from __future__ import annotations
 

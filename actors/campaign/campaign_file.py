@@ -1,5 +1,15 @@
 """The campaign a user asks for: decoded from TOML (or command-line flags) into typed
-structs, so that a wrong field is named in the error."""
+structs, so that a wrong field is named in the error.
+
+A campaign's id (`CampaignSpec.campaign_id`) is its `name`, or else
+`<problem>-<target>-<digest>`, the digest the first 8 hex digits of the sha256 of the
+whole request: the same request always names the same campaign, so running the same
+command again resumes it (work in flight is redelivered by the bus, the planner goes on
+after the last closed generation, recorded LLM replies are reused). A campaign file's
+seed and space files, and a problem file beside it, are made absolute when it is loaded
+(`with_files_from`), so any actor on any host that shares the path finds them.
+`budget.wall_time` counts active time: a gap before a resume is not counted.
+"""
 
 from __future__ import annotations
 

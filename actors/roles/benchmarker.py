@@ -1,6 +1,6 @@
-"""The benchmarker: times each verified kernel against the numpy baseline and the
-campaign's incumbent, interleaved in one run, then re-checks it on new inputs
-(`gpu_workers.benchmarking`).
+"""The benchmarker: times each verified kernel against the baseline (numpy on a CPU;
+torch, cupy or a naive kernel on a GPU) and the campaign's incumbent, interleaved in one
+run, then re-checks it on new inputs (`gpu_workers.benchmarking`).
 
 It times only while it holds the device's lease in the NATS KV (`bus.device_lease`): one
 benchmarker at a time per device, on any host, and no verification or compilation
@@ -10,12 +10,32 @@ the judging and re-check after them run while verifiers share the device again, 
 repeated run (busy host, stall, a new best in doubt) or a calibration waits for a
 window of its own (`TimingWindows`). Each run is set up (kernels loaded, inputs written)
 before its window opens, and its judging and re-check keep a share of the device, so
-two benchmarkers on one device overlap one's set-up with the other's re-check, never
-with a timed window. A benchmarker that dies frees the device when its lease
-expires, and its message is redelivered to another. One whose lease was lost while it
-timed (it stalled, or was cut off, and is presumed dead) publishes nothing: its message
-goes back for redelivery, and whoever times it next emits the verdict, under the same
-cause-derived event id, so a late copy is dropped by the bus and the store."""
+two benchmarkers on one device (`kfactory run` starts two by default, `--benchmarkers`;
+a swarm file's `count`) overlap one's set-up with the other's re-check, never with a
+timed window. As each window opens it reads the history again: a kernel another
+benchmarker timed meanwhile is not timed twice, and a best promoted since the build
+gives the run up (`JobChanged`), to build against the new one outside the window.
+
+A benchmarker that dies frees the device when its lease expires, and its message is
+redelivered to another after the ack wait. One whose lease was lost while it timed (it
+stalled, or was cut off, and is presumed dead) publishes nothing: its message goes back
+for redelivery, and whoever times it next emits the verdict, under the same
+cause-derived event id, so a late copy is dropped by the bus and the store.
+
+The decisions are `timing_job` (the kernel and the incumbent, the campaign's best, both
+from the history; None when the candidate already has its outcome) and `decide_timed`
+(the verdict); `handle` does the I/O around them, and builds off the event loop before it
+waits for a window, so a kernel that does not build is rejected at once. A refusal is
+KernelRejected with its stage, reason and message. A `BenchmarkCompleted` (schema 2)
+holds as typed fields the kernel's median, IQR and quartiles over its `samples` timed
+calls, the baseline's name, median and IQR, the speedup, the `shape`, `roofline_ns` and
+the roofline fraction, the `device` (the calibrated host or GPU), the `seed`, the
+`incumbent` it was timed against with `speedup_vs_incumbent` and the `head_to_head`, and
+the kept run's `host_contention_cores` and the `timing_attempts`. Its `evidence` keeps
+the rest: the judged calls, the re-checked distributions, the handshake cost, the
+`lease` (device and fencing token of the first window) and the sandbox mechanisms
+applied (`contained_by`).
+"""
 
 from __future__ import annotations
 

@@ -16,6 +16,10 @@ librarian knows. The wall time is active time: a deadline watcher finishes a cam
 it drives as soon as that is spent, even mid-generation. A strategy that cannot fill a
 generation stalls the campaign instead of failing (`CampaignStalled`: the template search,
 kind `no_design_space`, for a problem with no design space).
+
+A candidate's id is `<campaign>:g<generation>:c<index>`, the same on every redelivery and
+replay, like the cause-derived ids of its reactions; a campaign's finish takes its id from
+its CampaignStarted (`eventstore/ids.py`), so it is stored once.
 """
 
 from __future__ import annotations

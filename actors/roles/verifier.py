@@ -7,6 +7,10 @@ refused what does not build or fit, and the source comes from the librarian.
 Verification (the compile, the trials and their float64 references) runs with a share of
 the device (`bus.device_lease`): never while a benchmarker times on it, and a benchmarker
 that asks for the device waits only for the verifications already running.
+
+The decision is `decide_verdict` (KernelVerified with the largest relative error, or
+KernelRejected with the stage, the reason and the evidence; either way with the check's
+secret seed); `handle` does the I/O around it.
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ a rejected kernel, so TPE learns to leave failing regions. Points that break a s
 constraints, were already proposed in the dedupe scope, or fall in a region a lesson
 says to avoid are told as pruned and never proposed.
 
+A generation is asked of one study (multivariate TPE, seeded by the search seed and the
+generation) with the constant liar: each point asked is left running, so TPE treats it
+as a poor outcome and spreads the generation's other points away from it instead of
+proposing near-copies. When TPE keeps suggesting known points, the rest of the
+generation is sampled uniformly from the spaces (`_fill_randomly`).
+
 What earlier campaigns measured (other shapes, other hosts) is a prior (`actors.search.priors`):
 - their outcomes enter the study as speedups over each campaign's own best, least
   similar campaign first, so TPE's weighting of older trials counts them least; this

@@ -5,6 +5,13 @@ point; with neither, the LLM writes generation 0 from the problem alone. Later
 generations first ask for fixes of rejected kernels (with their evidence), then
 alternate improve(parent) and crossover(a, b), parents drawn across niches (template
 family, algorithm, performance band) rather than only the single best.
+
+A kernel that is not a built-in template's point (an LLM's kernel, a seed, a user
+template's) gets its niche from its lineage and its source: its family is its lineage's
+root (the template it descends from, a seed, a user template, or the blank-page write
+that began it), and its algorithm is what its source is built from (`source_traits`:
+threads, simd, intrinsics, vector extensions, unrolling; else scalar), so differently
+built kernels of one lineage compete in different cells.
 """
 
 from __future__ import annotations

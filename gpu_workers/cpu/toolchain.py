@@ -4,9 +4,10 @@ The compiler (`KFACTORY_CC`, else `cc`) and its identity, which keys every build
 flags a kernel may ask for (`bad_flags`) and the one the factory adds (`nan_safe`); the
 compiler's own system include directories, the only place a kernel's includes may
 resolve; the translation unit it compiles (`prelude` + source, as `kernel.c`) and the
-part of its log that is kept (`kernel_lines`: only lines about `kernel.c`, since a log
-may quote any file the compiler read). The compiler and its tools run outside any kernel
-process, under a wall-clock timeout and prlimit caps (`run_tool`).
+part of its log that is kept (`kernel_lines`: only lines about `kernel.c` or its object
+`kernel.o`, since a log may quote any file the compiler read). The compiler and its
+tools run outside any kernel process, under a wall-clock timeout and prlimit caps
+(`run_tool`).
 """
 
 from __future__ import annotations

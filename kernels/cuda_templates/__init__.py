@@ -2,7 +2,8 @@
 
 Every template renders one source for the cuda target: device code only, with the
 `// kf-launch:` lines of `kernels.cuda_launch` saying how to run it, for elements of the
-campaign's dtype (`T` in the templates: float, __nv_bfloat16 or __half) with fp32 math.
+campaign's dtype, fp32, bf16 or fp16 (`T` in the templates: float, __nv_bfloat16 or
+__half, `kernels.design_space.CUDA_TYPES`), with fp32 arithmetic.
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 CAPTURE_LIMIT = 16 * 1024
 STATUS_FILE = "sandbox.json"
+ORPHANED_EXIT = 125
+"""The child's exit status when its worker died before the child could arm
+PR_SET_PDEATHSIG: nothing is left to report to, and nothing may run on unwatched."""
 PASSED_THROUGH_ENV = ("OPENBLAS_CORETYPE", "LANG")
 
 
@@ -111,6 +114,7 @@ def run_sandboxed(
         sys.executable,
         "-m",
         "gpu_workers.sandbox",
+        str(os.getpid()),
         msgspec.json.encode(limits).decode(),
         module,
         *args,
@@ -216,9 +220,14 @@ def _read_status(workdir: Path) -> IsolationStatus:
 # Child side ------------------------------------------------------------------------
 
 
-def _confine(limits: Limits) -> IsolationStatus:
+def _confine(limits: Limits, worker_pid: int) -> IsolationStatus:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != worker_pid:
+        # The worker died while this interpreter started, before the death signal was
+        # armed: no one would ever stop this child (a driver waiting for a timed window
+        # would wait for ever, holding its kernel host).
+        os._exit(ORPHANED_EXIT)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 2))
     resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes, limits.address_space_bytes))
@@ -235,11 +244,12 @@ def _confine(limits: Limits) -> IsolationStatus:
 
 
 def _child_main(argv: list[str]) -> None:
-    limits = msgspec.json.decode(argv[0].encode(), type=Limits)
-    status = _confine(limits)
+    worker_pid, limits_json, module_name, *args = argv
+    limits = msgspec.json.decode(limits_json.encode(), type=Limits)
+    status = _confine(limits, int(worker_pid))
     Path(STATUS_FILE).write_bytes(msgspec.json.encode(status))
-    module = importlib.import_module(argv[1])
-    module.main(argv[2:])
+    module = importlib.import_module(module_name)
+    module.main(args)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
+from gpu_workers.sandbox import (
+    ORPHANED_EXIT,
+    Limits,
+    SandboxOutcome,
+    run_sandboxed,
+    sandbox_dir,
+)
 
 LIMITS = Limits(cpu_seconds=2, address_space_bytes=2 << 30, wall_seconds=3.0)
 
@@ -112,3 +121,20 @@ def test_the_parent_survives_everything_above() -> None:
         probe(what)
     assert probe("ok").stdout.strip() == "fine"
     assert os.getpid() > 0
+
+
+def test_a_child_whose_worker_died_before_it_was_watched_exits_at_once(tmp_path: Path) -> None:
+    """The death signal is armed only once the child's interpreter is up; a worker that
+    died before then leaves a child no one would stop (a driver waiting for its timed
+    window waited for ever). A child whose parent is not the worker that started it
+    exits instead of running its module."""
+    limits = msgspec.json.encode(LIMITS).decode()
+    dead_worker = "1"  # the child's parent is this process, never init
+    orphan = subprocess.run(
+        [sys.executable, "-m", "gpu_workers.sandbox", dead_worker, limits, "no.such.module"],
+        cwd=tmp_path,
+        capture_output=True,
+    )
+    assert orphan.returncode == ORPHANED_EXIT, orphan.stderr
+    assert orphan.stdout == b"" and orphan.stderr == b""  # its module was never imported
+    assert not (tmp_path / "sandbox.json").exists()

@@ -56,30 +56,8 @@ PRELUDE = "\n".join(
 """Includes and math helpers; kf_exp and kf_gelu are those of the cpu templates."""
 
 
-STREAM_ROW = r"""#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
-/* Rewrite a finished row with non-temporal stores, then fence; unaligned ends stay as they are. */
-static inline void kf_stream_row(float *p, int64_t n) {
-    int64_t j = 0;
-#if defined(__AVX512F__)
-    while (j < n && ((uintptr_t)(p + j) & 63) != 0) ++j;
-    for (; j + 16 <= n; j += 16) _mm512_stream_ps(p + j, _mm512_load_ps(p + j));
-#elif defined(__AVX__)
-    while (j < n && ((uintptr_t)(p + j) & 31) != 0) ++j;
-    for (; j + 8 <= n; j += 8) _mm256_stream_ps(p + j, _mm256_load_ps(p + j));
-#elif defined(__SSE__)
-    while (j < n && ((uintptr_t)(p + j) & 15) != 0) ++j;
-    for (; j + 4 <= n; j += 4) _mm_stream_ps(p + j, _mm_load_ps(p + j));
-#endif
-    (void)p;
-    (void)j;
-#if defined(__x86_64__)
-    _mm_sfence();
-#endif
-}
-"""
+STREAM_ROW = render_file("cpu", "_stream_row.c.j2")
+"""Rewrites a finished row with non-temporal stores, then fences."""
 
 
 def _spell(program: GroupProgram) -> dict[str, str]:

@@ -27,6 +27,7 @@ from actors.search.operators.protocol import (
     variation,
 )
 from gpu_workers.cpu.build import bad_flags
+from gpu_workers.targets import target_of
 from kernels.design_space import ParamValue
 
 OPENMP = "-fopenmp"
@@ -103,9 +104,9 @@ class SourceOperator:
     def _point(
         self, parents: Sequence[ParentKernel], params: Params, context: Context
     ) -> dict[str, ParamValue]:
-        if context.target != "cpu":
+        if target_of(context.target).source_language != "c":
             raise Refuse(
-                "wrong_target", f"C source operators serve the cpu target, not {context.target}"
+                "wrong_target", f"C source operators serve C targets, not {context.target}"
             )
         if len(parents) != self.arity:
             raise Refuse("arity", f"{self.name} takes {self.arity} parent(s), not {len(parents)}")

@@ -20,6 +20,7 @@ Here:
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
@@ -63,7 +64,8 @@ class CampaignBaseline:
         }
 
 
-def _shape_key(candidate: Candidate) -> str:
+def shape_key(candidate: Candidate) -> str:
+    """The shape a timed kernel was timed at, as text."""
     assert candidate.benchmark is not None
     return ",".join(f"{k}={v}" for k, v in sorted(candidate.benchmark.shape.items()))
 
@@ -71,11 +73,11 @@ def _shape_key(candidate: Candidate) -> str:
 def at_campaign_shape(candidates: list[Candidate]) -> list[Candidate]:
     """Timed candidates at the shape most of them were timed at (a campaign times at one
     shape; times at two shapes never compete)."""
-    timed = [c for c in candidates if c.benchmark is not None]
+    timed = [(shape_key(c), c) for c in candidates if c.benchmark is not None]
     if not timed:
         return []
-    shape, _ = Counter(_shape_key(c) for c in timed).most_common(1)[0]
-    return [c for c in timed if _shape_key(c) == shape]
+    shape, _ = Counter(key for key, _ in timed).most_common(1)[0]
+    return [c for key, c in timed if key == shape]
 
 
 def campaign_baseline(candidates: list[Candidate]) -> CampaignBaseline | None:
@@ -116,7 +118,7 @@ def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
             medians[incumbent].append(c.benchmark.median_ns * ratio)
     return {
         c.candidate_id: OwnTime(
-            median_ns=float(np.median(medians[c.candidate_id])),
+            median_ns=float(statistics.median(medians[c.candidate_id])),
             iqr_ns=c.benchmark.iqr_ns,
             runs=len(medians[c.candidate_id]),
         )
@@ -155,17 +157,21 @@ def short_id(candidate_id: str) -> str:
     return ":".join(candidate_id.rsplit(":", 2)[-2:])
 
 
-def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]:
-    """The promotion walk (see `promotions`), with each timed kernel's standing in words."""
-    timed = sorted(at_campaign_shape(candidates), key=_timed_at)
-    chain: list[Candidate] = []
-    standing: dict[str, str] = {}
-    for challenger in timed:
-        if not chain:
-            chain.append(challenger)
-            standing[challenger.candidate_id] = "promoted: timed first"
-            continue
-        best = chain[-1]
+class PromotionWalk:
+    """The promotion walk (see `promotions`), one kernel at a time in the order they were
+    timed, with each timed kernel's standing in words: a reader that sees kernels timed
+    one after another extends it instead of walking them all again."""
+
+    def __init__(self) -> None:
+        self.chain: list[Candidate] = []
+        self.standing: dict[str, str] = {}
+
+    def add(self, challenger: Candidate) -> None:
+        if not self.chain:
+            self.chain.append(challenger)
+            self.standing[challenger.candidate_id] = "promoted: timed first"
+            return
+        best = self.chain[-1]
         decided = head_to_head_words(challenger, best)
         if decided is not None:
             verdict, words = decided
@@ -175,10 +181,21 @@ def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]
             how = ("faster than " if verdict else "not clearly faster than ") + (
                 f"{short_id(best.candidate_id)} by own time"
             )
-        standing[challenger.candidate_id] = ("promoted: " if verdict else "") + how
+        self.standing[challenger.candidate_id] = ("promoted: " if verdict else "") + how
         if verdict:
-            chain.append(challenger)
-    return chain, standing
+            self.chain.append(challenger)
+
+
+def timing_order(candidates: list[Candidate]) -> list[Candidate]:
+    """Timed kernels in the order they were timed (ties in the order given)."""
+    return sorted(candidates, key=_timed_at)
+
+
+def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]:
+    walk = PromotionWalk()
+    for challenger in timing_order(at_campaign_shape(candidates)):
+        walk.add(challenger)
+    return walk.chain, walk.standing
 
 
 def promotions(candidates: list[Candidate]) -> list[Candidate]:

@@ -258,7 +258,9 @@ def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best()
     assert closed.best_candidate == f"{CAMPAIGN}:g0:c1"  # not c2, the highest speedup
     (chain,) = [x for x in lessons if x.kind == "lineage"]
     assert chain.data == {
+        "rule": 2,
         "chain": [f"{CAMPAIGN}:g0:c0", f"{CAMPAIGN}:g0:c1"],
+        "promotions": 2,
         "best": closed.best_candidate,
     }
     positioned = list(enumerate([*log.events, *out.events], 1))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -116,15 +117,17 @@ def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
         incumbent, ratio = c.benchmark.incumbent, c.benchmark.speedup_vs_incumbent
         if incumbent is not None and incumbent in medians and ratio is not None:
             medians[incumbent].append(c.benchmark.median_ns * ratio)
-    return {
-        c.candidate_id: OwnTime(
-            median_ns=float(statistics.median(medians[c.candidate_id])),
-            iqr_ns=c.benchmark.iqr_ns,
-            runs=len(medians[c.candidate_id]),
-        )
-        for c in timed
-        if c.benchmark is not None
-    }
+    return {c.candidate_id: _own_time(c, medians[c.candidate_id]) for c in timed}
+
+
+def _own_time(candidate: Candidate, medians: list[float]) -> OwnTime:
+    """A kernel's own time over the medians of the runs that timed it (its own first)."""
+    assert candidate.benchmark is not None
+    return OwnTime(
+        median_ns=float(statistics.median(medians)),
+        iqr_ns=candidate.benchmark.iqr_ns,
+        runs=len(medians),
+    )
 
 
 def head_to_head_words(challenger: Candidate, incumbent: Candidate) -> tuple[bool, str] | None:
@@ -191,6 +194,52 @@ def timing_order(candidates: list[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=_timed_at)
 
 
+class RunningBest:
+    """`promotions` of a list of kernels that grows (a campaign's as its kernels are
+    timed, a campaign's up to each generation): the walk at each shape is extended as
+    kernels are added, walked again only when one was timed out of order, and the whole
+    list is walked when two shapes have as many kernels (then its order decides)."""
+
+    def __init__(self) -> None:
+        self.shapes: Counter[str] = Counter()
+        self.walks: dict[str, PromotionWalk] = {}
+        self.latest: dict[str, datetime] = {}
+        self.stale: set[str] = set()
+
+    def add(self, candidate: Candidate) -> None:
+        """A kernel just timed (in the list's order)."""
+        assert candidate.benchmark is not None
+        shape, ts = shape_key(candidate), candidate.benchmark.ts
+        self.shapes[shape] += 1
+        if shape in self.stale or (shape in self.latest and ts <= self.latest[shape]):
+            self.stale.add(shape)
+            return
+        self.walks.setdefault(shape, PromotionWalk()).add(candidate)
+        self.latest[shape] = ts
+
+    def shape(self) -> str | None:
+        """The shape most kernels were timed at; None when none, or two tie."""
+        if not self.shapes:
+            return None
+        (shape, count), *runner_up = self.shapes.most_common(2)
+        return None if runner_up and runner_up[0][1] == count else shape
+
+    def chain(self, candidates: Callable[[], list[Candidate]]) -> list[Candidate]:
+        """`promotions` of the list added so far, which `candidates` gives when it must be
+        walked again."""
+        shape = self.shape()
+        if shape is None:
+            return promotions(candidates())
+        if shape in self.stale:
+            timed = [c for c in candidates() if c.benchmark is not None and shape_key(c) == shape]
+            walk = self.walks[shape] = PromotionWalk()
+            for challenger in timing_order(timed):
+                walk.add(challenger)
+            self.latest[shape] = max(_timed_at(c) for c in timed)
+            self.stale.discard(shape)
+        return self.walks[shape].chain
+
+
 def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]:
     walk = PromotionWalk()
     for challenger in timing_order(at_campaign_shape(candidates)):
@@ -227,3 +276,38 @@ def speedup_over(time: OwnTime | None, baseline: CampaignBaseline | None) -> flo
     if time is None or baseline is None or time.median_ns <= 0:
         return None
     return baseline.median_ns / time.median_ns
+
+
+class RunningBoard:
+    """The best and the own times of a list of kernels that grows (a campaign's up to each
+    generation), as `best_of` and `own_times` give them, without ranking the whole list
+    again at each step (which made replaying a long campaign quadratic)."""
+
+    def __init__(self) -> None:
+        self.candidates: list[Candidate] = []
+        self.best = RunningBest()
+        self._runs: dict[tuple[str, str], list[float]] = {}
+        """(shape, incumbent) -> the incumbent's medians in the runs that timed it."""
+
+    def add(self, candidates: list[Candidate]) -> None:
+        self.candidates += candidates
+        for c in candidates:
+            timed = c.benchmark
+            if timed is None:
+                continue
+            self.best.add(c)
+            if timed.incumbent is not None and timed.speedup_vs_incumbent is not None:
+                incumbent = self._runs.setdefault((shape_key(c), timed.incumbent), [])
+                incumbent.append(timed.median_ns * timed.speedup_vs_incumbent)
+
+    def chain(self) -> list[Candidate]:
+        return self.best.chain(lambda: self.candidates)
+
+    def own_time(self, candidate: Candidate) -> OwnTime | None:
+        shape = self.best.shape()
+        if shape is None:  # two shapes tie: the list's order decides, as own_times says
+            return own_times(self.candidates).get(candidate.candidate_id)
+        if candidate.benchmark is None or shape_key(candidate) != shape:
+            return None
+        runs = self._runs.get((shape, candidate.candidate_id), [])
+        return _own_time(candidate, [candidate.benchmark.median_ns, *runs])

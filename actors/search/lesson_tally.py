@@ -12,8 +12,8 @@ made replaying a large campaign quadratic). Per scope (problem, target, dtype) a
   compile, static, run or compare), by stage, reason and first message line, the
   features every failure of a reason shared, and `Ends` (the first and latest rejections);
 - per rejection signature (stage, reason, first message line): the count and its `Ends`.
-Per campaign a `LineageTally` extends the promotion walk (`actors.campaign.ranking`) as
-kernels are timed, walking again only when one was timed out of order.
+Per campaign a `RunningBest` (`actors.campaign.ranking`) extends the promotion walk as
+its kernels are timed.
 
 An event is counted where it stands in the log, whenever the book catches up, so the
 librarian and the audit, replaying the same events, compute the same floats.
@@ -26,13 +26,12 @@ import re
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from itertools import islice
 from typing import Any, ClassVar
 from weakref import WeakKeyDictionary
 
 from actors.campaign.history import Candidate, History
-from actors.campaign.ranking import PromotionWalk, promotions, shape_key, timing_order
+from actors.campaign.ranking import RunningBest
 from actors.search.lesson_stats import Moments
 from actors.search.priors import WRONG_KERNEL_STAGES
 from eventstore.events import BenchmarkCompleted, Event, KernelRejected, KernelVerified
@@ -217,48 +216,6 @@ class ScopeTally:
             group.spread.add(item)
 
 
-@dataclass
-class LineageTally:
-    """A campaign's promotion walk per shape, extended as its kernels are timed."""
-
-    shapes: Counter[str] = field(default_factory=Counter)
-    walks: dict[str, PromotionWalk] = field(default_factory=dict)
-    latest: dict[str, datetime] = field(default_factory=dict)
-    stale: set[str] = field(default_factory=set)
-
-    def add(self, candidate: Candidate) -> None:
-        assert candidate.benchmark is not None
-        shape, ts = shape_key(candidate), candidate.benchmark.ts
-        self.shapes[shape] += 1
-        if shape in self.stale or (shape in self.latest and ts <= self.latest[shape]):
-            self.stale.add(shape)  # timed out of order: walk again when asked
-            return
-        self.walks.setdefault(shape, PromotionWalk()).add(candidate)
-        self.latest[shape] = ts
-
-    def chain(self, history: History, campaign_id: str) -> list[Candidate]:
-        """`promotions` of the campaign's candidates, walked again only when a kernel was
-        timed out of order or two shapes have as many kernels (then the campaign's order
-        decides)."""
-        if not self.shapes:
-            return []
-        (shape, count), *runner_up = self.shapes.most_common(2)
-        if runner_up and runner_up[0][1] == count:
-            return promotions(history.campaign_candidates(campaign_id))
-        if shape in self.stale:
-            timed = [
-                c
-                for c in history.campaign_candidates(campaign_id)
-                if c.benchmark is not None and shape_key(c) == shape
-            ]
-            walk = self.walks[shape] = PromotionWalk()
-            for challenger in timing_order(timed):
-                walk.add(challenger)
-            self.latest[shape] = max(c.benchmark.ts for c in timed if c.benchmark)
-            self.stale.discard(shape)
-        return self.walks[shape].chain
-
-
 class LessonBook:
     """Every scope's and campaign's tallies of one history, caught up on demand."""
 
@@ -267,7 +224,7 @@ class LessonBook:
     def __init__(self) -> None:
         self.read = 0
         self.scopes: dict[tuple[str, str, str], ScopeTally] = {}
-        self.lineages: dict[str, LineageTally] = {}
+        self.lineages: dict[str, RunningBest] = {}
         self._evaluated: set[str] = set()
 
     @classmethod
@@ -287,10 +244,11 @@ class LessonBook:
             found = self.scopes[(problem, target, dtype)] = ScopeTally()
         return found
 
-    def lineage(self, campaign_id: str) -> LineageTally:
+    def lineage(self, campaign_id: str) -> RunningBest:
+        """The campaign's promotion walk, as its kernels were timed."""
         found = self.lineages.get(campaign_id)
         if found is None:
-            found = self.lineages[campaign_id] = LineageTally()
+            found = self.lineages[campaign_id] = RunningBest()
         return found
 
     def _take(self, candidate: Candidate, event: Event) -> None:

@@ -81,7 +81,7 @@ def draw_lessons(history: History, campaign_id: str) -> list[Lesson]:
         *_effects(tally),
         *_signatures(tally),
         *_regions(tally),
-        *lineage(book.lineage(campaign_id).chain(history, campaign_id)),
+        *lineage(book.lineage(campaign_id).chain(lambda: history.campaign_candidates(campaign_id))),
     ]
 
 

@@ -16,7 +16,13 @@ from actors.campaign.leaderboard import campaign_leaderboard
 from actors.roles.librarian import decide_librarian
 from actors.roles.planner import WALL_TIME_REASON, decide_deadline, decide_planner
 from actors.runtime import Reactions
-from actors.search.lessons import MAX_EVIDENCE, draw_lessons, lesson_rule, parameter_effects
+from actors.search.lessons import (
+    MAX_EVIDENCE,
+    draw_lessons,
+    lesson_rule,
+    parameter_effects,
+    regions_to_avoid,
+)
 from actors.search.spaces import design_spaces
 from eventstore.events import (
     ActorRef,
@@ -85,6 +91,8 @@ def planner_decision(history: History, event: Event, now: datetime | None = None
         now=now or event.ts,
         spaces=design_spaces(spec.problem, spec.target, spec.dtype),
         known={c.proposal.param_key for c in scope},
+        # as the planner asks the librarian: the regions its recorded lessons avoid
+        avoid=regions_to_avoid(x.data for x in campaign.lessons),
     )
     return out.events
 

@@ -26,6 +26,7 @@ from actors.search.lessons import (
     lesson_rule,
     parameter_effects,
     prunes,
+    regions_to_avoid,
 )
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
@@ -274,6 +275,17 @@ def test_lessons_recorded_under_the_first_rule_prune_nothing() -> None:
     old = {"template": TEMPLATE, "param": "block", "value": 256, "avoid": True}
     assert lesson_rule(old) == 1 and not prunes(old)
     assert prunes({**old, "rule": 2}) and not prunes({**old, "rule": 2, "avoid": False})
+    assert regions_to_avoid([old]) == []
+
+
+def test_the_planner_avoids_a_region_by_its_latest_lesson() -> None:
+    avoid = {"rule": 2, "template": TEMPLATE, "param": "block", "value": 256, "avoid": True}
+    carried = {**avoid, "avoid": False, "carried_by": {"kind": "flag", "name": "-ffast-math"}}
+    tile = {**avoid, "param": "tile", "value": 128}
+    effect = {"rule": 2, "template": TEMPLATE, "param": "block", "value": 256, "n": 3}
+    assert regions_to_avoid([avoid, tile, effect]) == [avoid, tile]
+    assert regions_to_avoid([avoid, tile, carried, effect]) == [tile]
+    assert regions_to_avoid([carried, avoid]) == [avoid]
 
 
 # --- effects with their sample sizes and interval -----------------------------------------

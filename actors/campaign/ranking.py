@@ -65,10 +65,13 @@ class CampaignBaseline:
         }
 
 
-def shape_key(candidate: Candidate) -> str:
-    """The shape a timed kernel was timed at, as text."""
+Shape = tuple[tuple[str, int], ...]
+
+
+def shape_key(candidate: Candidate) -> Shape:
+    """The shape a timed kernel was timed at, its extents in the order of their names."""
     assert candidate.benchmark is not None
-    return ",".join(f"{k}={v}" for k, v in sorted(candidate.benchmark.shape.items()))
+    return tuple(sorted(candidate.benchmark.shape.items()))
 
 
 def at_campaign_shape(candidates: list[Candidate]) -> list[Candidate]:
@@ -201,10 +204,10 @@ class RunningBest:
     list is walked when two shapes have as many kernels (then its order decides)."""
 
     def __init__(self) -> None:
-        self.shapes: Counter[str] = Counter()
-        self.walks: dict[str, PromotionWalk] = {}
-        self.latest: dict[str, datetime] = {}
-        self.stale: set[str] = set()
+        self.shapes: Counter[Shape] = Counter()
+        self.walks: dict[Shape, PromotionWalk] = {}
+        self.latest: dict[Shape, datetime] = {}
+        self.stale: set[Shape] = set()
 
     def add(self, candidate: Candidate) -> None:
         """A kernel just timed (in the list's order)."""
@@ -217,7 +220,7 @@ class RunningBest:
         self.walks.setdefault(shape, PromotionWalk()).add(candidate)
         self.latest[shape] = ts
 
-    def shape(self) -> str | None:
+    def shape(self) -> Shape | None:
         """The shape most kernels were timed at; None when none, or two tie."""
         if not self.shapes:
             return None
@@ -240,11 +243,12 @@ class RunningBest:
         return self.walks[shape].chain
 
 
-def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]:
+def promotion_walk(candidates: list[Candidate]) -> PromotionWalk:
+    """The promotion walk over these kernels' timed ones at the campaign's shape."""
     walk = PromotionWalk()
     for challenger in timing_order(at_campaign_shape(candidates)):
         walk.add(challenger)
-    return walk.chain, walk.standing
+    return walk
 
 
 def promotions(candidates: list[Candidate]) -> list[Candidate]:
@@ -252,7 +256,7 @@ def promotions(candidates: list[Candidate]) -> list[Candidate]:
     kernels in the order they were timed, the first timed kernel, then each kernel that
     beat the best of its time head to head (or, timed against another kernel, is clearly
     faster by its own time)."""
-    return _walk(candidates)[0]
+    return promotion_walk(candidates).chain
 
 
 def standings(candidates: list[Candidate]) -> dict[str, str]:
@@ -261,7 +265,7 @@ def standings(candidates: list[Candidate]) -> dict[str, str]:
     head", "not clearly faster than g1:c0 by own time". A leaderboard shows it, since its
     other rows are sorted by own median, which can put a kernel faster than the best that
     never beat it."""
-    return _walk(candidates)[1]
+    return promotion_walk(candidates).standing
 
 
 def best_of(candidates: list[Candidate]) -> Candidate | None:
@@ -286,7 +290,7 @@ class RunningBoard:
     def __init__(self) -> None:
         self.candidates: list[Candidate] = []
         self.best = RunningBest()
-        self._runs: dict[tuple[str, str], list[float]] = {}
+        self._runs: dict[tuple[Shape, str], list[float]] = {}
         """(shape, incumbent) -> the incumbent's medians in the runs that timed it."""
 
     def add(self, candidates: list[Candidate]) -> None:

@@ -205,7 +205,10 @@ class ScopeTally:
         template, x = candidate.proposal.template, math.log(event.speedup)
         self.order += 1
         item = (self.order, x, event.event_id)
-        self.timed.setdefault(template, Moments()).add(x)
+        moments = self.timed.get(template)
+        if moments is None:
+            moments = self.timed[template] = Moments()
+        moments.add(x)
         for name, value in candidate.proposal.params.items():
             key = (template, name, value)
             group = self.values.get(key)

@@ -38,6 +38,7 @@ them.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,18 @@ def prunes(data: dict[str, Any]) -> bool:
     """Whether a recorded lesson marks a region the search must avoid: only lessons drawn
     under the significance rule (`RULE`) do."""
     return bool(data.get("avoid")) and lesson_rule(data) >= RULE
+
+
+def regions_to_avoid(lessons: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The regions to avoid, from recorded lessons' `data` in the order they were
+    recorded: those whose latest lesson under the significance rule says so (a value
+    avoided once, whose failures another feature was later found to carry, is not)."""
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for data in lessons:
+        if lesson_rule(data) >= RULE and "avoid" in data:
+            region = (str(data.get("template")), str(data.get("param")), repr(data.get("value")))
+            latest[region] = data
+    return [data for data in latest.values() if prunes(data)]
 
 
 def draw_lessons(history: History, campaign_id: str) -> list[Lesson]:

@@ -178,7 +178,7 @@ class _Uses:
         after_total, after_hits = len(total) - before_total, len(hits) - before_hits
         if not after_total:
             return f"no later proposal of {template} yet"
-        said = "avoid" if data.get("avoid") else "effect"
+        said = "avoid" if data.get("avoid") else "not avoided" if "avoid" in data else "effect"
         return (
             f"{said}: later proposals of {template} with {name}={value!r}: "
             f"{after_hits} of {after_total} (up to then: {before_hits} of {before_total})"

@@ -262,7 +262,7 @@ class LessonLearned(Event, tag=True, frozen=True):
     """Something the history shows, with the ids of the events it was drawn from."""
 
     generation: int
-    kind: str  # parameter_effect | failure_signature | lineage
+    kind: str  # parameter_effect | failure_signature | lineage; data["rule"]: rules version
     statement: str
     evidence_ids: list[str]
     data: dict[str, Any] = {}

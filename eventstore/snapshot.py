@@ -36,6 +36,7 @@ _COLUMNS = (
 )
 """`encode` gives the stored text's UTF-8 bytes; a JSON-to-BLOB cast would re-serialise the
 JSON (1e-6 becomes 0.000001) and no longer be what was hashed."""
+_PAYLOADS = "position, encode(payload::VARCHAR)"
 
 
 class Snapshot:
@@ -60,6 +61,20 @@ class Snapshot:
         self, campaign_id: str | None = None, types: list[str] | None = None
     ) -> Iterator[StoredRow]:
         """Stored rows in position order, optionally one campaign's, of some types."""
+        for columns in self._batches(_COLUMNS, campaign_id, types):
+            yield from map(StoredRow._make, zip(*columns, strict=True))
+
+    def events(
+        self, campaign_id: str | None = None, types: list[str] | None = None
+    ) -> Iterator[tuple[int, Event]]:
+        """(position, decoded event) in position order (only those two columns read)."""
+        for positions, payloads in self._batches(_PAYLOADS, campaign_id, types):
+            for position, payload in zip(positions, payloads, strict=True):
+                yield position, decode(payload)
+
+    def _batches(
+        self, columns: str, campaign_id: str | None, types: list[str] | None
+    ) -> Iterator[list[list[Any]]]:
         where = ["true"]
         params: dict[str, Any] = {}
         if campaign_id is not None:
@@ -68,22 +83,13 @@ class Snapshot:
         if types:
             where.append("list_contains($types, type)")
             params["types"] = types
-        sql = f"SELECT {_COLUMNS} FROM events WHERE {' AND '.join(where)} ORDER BY position"
+        sql = f"SELECT {columns} FROM events WHERE {' AND '.join(where)} ORDER BY position"
         cursor = self.conn.cursor()
         try:
-            reader = cursor.sql(sql, params=params).to_arrow_reader(100_000)
-            for batch in reader:
-                columns = [column.to_pylist() for column in batch.columns]
-                yield from map(StoredRow._make, zip(*columns, strict=True))
+            for batch in cursor.sql(sql, params=params).to_arrow_reader(100_000):
+                yield [column.to_pylist() for column in batch.columns]
         finally:
             cursor.close()
-
-    def events(
-        self, campaign_id: str | None = None, types: list[str] | None = None
-    ) -> Iterator[tuple[int, Event]]:
-        """(position, decoded event) in position order."""
-        for row in self.rows(campaign_id, types):
-            yield row.position, decode(row.payload)
 
     def positions(self) -> list[int]:
         """Every stored position, in order (a gap-free store has 1..n)."""

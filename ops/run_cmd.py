@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import sys
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -463,10 +464,13 @@ def _generations(history: History, campaign_id: str, board: Leaderboard) -> list
     """Each generation's outcome, and the lessons of earlier ones that it searched with."""
     campaign = history.campaigns[campaign_id]
     rows: list[dict[str, Any]] = []
+    drawn_in: dict[int, list[str]] = {}  # the statements of each generation's lessons
+    for lesson in campaign.lessons:
+        drawn_in.setdefault(lesson.generation, []).append(lesson.statement)
+    drawn_at = sorted(lesson.generation for lesson in campaign.lessons)
     for number, generation in sorted(campaign.generations.items()):
         candidates = [history.candidates[c] for c in generation.candidates]
         best = best_of(candidates)
-        used = [x for x in campaign.lessons if x.generation < number]
         rows.append(
             {
                 "generation": number,
@@ -476,8 +480,8 @@ def _generations(history: History, campaign_id: str, board: Leaderboard) -> list
                 # campaign baseline like the leaderboard's
                 "best_speedup": board.speedup_of(best.candidate_id) or 0.0 if best else 0.0,
                 "closed": generation.closed is not None,
-                "lessons_used": len(used),
-                "new_lessons": [x.statement for x in used if x.generation == number - 1],
+                "lessons_used": bisect_left(drawn_at, number),
+                "new_lessons": drawn_in.get(number - 1, []),
             }
         )
     return rows

@@ -15,7 +15,15 @@ from rich.console import Console
 from actors.campaign.campaign_file import Budget, CampaignSpec
 from actors.campaign.history import History
 from actors.campaign.leaderboard import campaign_leaderboard
-from actors.campaign.ranking import best_of, campaign_baseline, own_times, speedup_over, standings
+from actors.campaign.ranking import (
+    RunningBoard,
+    best_of,
+    campaign_baseline,
+    own_times,
+    promotions,
+    speedup_over,
+    standings,
+)
 from actors.records.audit import audit_projections
 from actors.records.story import generations as story_generations
 from actors.roles.librarian import decide_librarian
@@ -258,7 +266,9 @@ def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best()
     assert closed.best_candidate == f"{CAMPAIGN}:g0:c1"  # not c2, the highest speedup
     (chain,) = [x for x in lessons if x.kind == "lineage"]
     assert chain.data == {
+        "rule": 2,
         "chain": [f"{CAMPAIGN}:g0:c0", f"{CAMPAIGN}:g0:c1"],
+        "promotions": 2,
         "best": closed.best_candidate,
     }
     positioned = list(enumerate([*log.events, *out.events], 1))
@@ -486,3 +496,25 @@ def test_a_head_to_head_at_another_shape_or_with_malformed_evidence_is_not_a_run
         finally:
             conn.close()
         assert runs == (4,)
+
+
+def test_a_running_board_ranks_a_growing_list_as_ranking_all_of_it_does() -> None:
+    """What `replay` shows per generation, kept as kernels are added instead of ranking
+    the list again at each one: the same best and own times, whether the kernels come in
+    the order they were timed or not (walked again), at one shape or two (tied: the
+    list's order decides)."""
+    log = noisy_baselines()
+    log.timed("c3", median_ms=7.9, baseline_ms=100.0, versus="c1", faster=False, incumbent_ms=8.1)
+    log.timed("small", median_ms=0.5, baseline_ms=4.0, shape={"rows": 64, "cols": 64})
+    log.timed("c4", median_ms=6.0, baseline_ms=100.0, versus="c1", faster=True, incumbent_ms=7.9)
+    everything = log.history.campaign_candidates(CAMPAIGN)
+    for order in (everything, everything[::-1], [everything[4], *everything[:4], everything[5]]):
+        board = RunningBoard()
+        for count, candidate in enumerate(order, 1):
+            board.add([candidate])
+            so_far = order[:count]
+            assert board.chain() == promotions(so_far)
+            times = own_times(so_far)
+            assert [board.own_time(c) for c in so_far] == [
+                times.get(c.candidate_id) for c in so_far
+            ]

@@ -19,6 +19,9 @@ campaign's events to a fresh one, up to any position or time.
   the time since its start or latest resume plus the time it ran before, up to its last
   event before that resume.
 - `best` is the incumbent, promoted only head to head (`actors.campaign.ranking.best_of`).
+- `outcome_log` lists every candidate's outcome events in the order they were applied,
+  so a reader that keeps tallies (the lessons' `actors.search.lesson_tally`) catches up
+  from where it stopped instead of going over every candidate again.
 """
 
 from __future__ import annotations
@@ -138,6 +141,8 @@ class Campaign:
     generations: dict[int, Generation] = field(default_factory=dict)
     finished: CampaignFinished | None = None
     lessons: list[LessonLearned] = field(default_factory=list)
+    said: set[str] = field(default_factory=set)
+    """The statements of `lessons` (a lesson is not drawn twice)."""
     stalled: CampaignStalled | None = None
     """Why the campaign cannot go on, until it is resumed or opens a generation."""
     active_before: float = 0.0
@@ -175,6 +180,8 @@ class History:
         self._by_hash: dict[tuple[tuple[str, str, str, str], str], str] = {}
         self._candidate_of: dict[str, str] = {}  # a candidate's work event id -> candidate id
         self.event_ids: set[str] = set()
+        self.outcome_log: list[tuple[Candidate, Event]] = []
+        """Each event applied to a proposed candidate (kernel, verdict, timing), in order."""
 
     def apply(self, position: int, event: Event) -> None:
         """Apply one event; replaying an event already applied changes nothing."""
@@ -204,6 +211,7 @@ class History:
                 generation.closed = event
         elif isinstance(event, LessonLearned):
             campaign.lessons.append(event)
+            campaign.said.add(event.statement)
         elif isinstance(event, CandidateProposed):
             if event.candidate_id not in self.candidates:
                 self.candidates[event.candidate_id] = Candidate(event)
@@ -225,6 +233,7 @@ class History:
         if candidate is None:
             return
         self._candidate_of[event.event_id] = candidate.candidate_id
+        self.outcome_log.append((candidate, event))
         if isinstance(event, KernelWritten):
             candidate.written = event
             self._by_hash.setdefault((campaign.scope, event.source_hash), candidate.candidate_id)

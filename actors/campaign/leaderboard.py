@@ -20,11 +20,10 @@ from actors.campaign.ranking import (
     CampaignBaseline,
     OwnTime,
     at_campaign_shape,
-    best_of,
     campaign_baseline,
     own_times,
+    promotion_walk,
     speedup_over,
-    standings,
 )
 from eventstore.events import BenchmarkCompleted, HeadToHeadRecord, KernelWritten
 
@@ -111,13 +110,13 @@ class Leaderboard:
 
 def leaderboard(candidates: list[Candidate]) -> Leaderboard:
     """The leaderboard of these kernels (a campaign's, or a campaign's up to a generation)."""
-    times = own_times(candidates)
-    baseline = campaign_baseline(candidates)
-    standing = standings(candidates)
-    promoted = best_of(candidates)
-    by_own_time = sorted(
-        at_campaign_shape(candidates), key=lambda c: times[c.candidate_id].median_ns
-    )
+    timed = at_campaign_shape(candidates)  # what each rule below takes of the list
+    times = own_times(timed)
+    baseline = campaign_baseline(timed)
+    walk = promotion_walk(timed)
+    standing = walk.standing
+    promoted = walk.chain[-1] if walk.chain else None
+    by_own_time = sorted(timed, key=lambda c: times[c.candidate_id].median_ns)
     order = ([promoted] if promoted else []) + [c for c in by_own_time if c is not promoted]
     rows = [
         _row(rank, c, times[c.candidate_id], baseline, standing.get(c.candidate_id, ""))

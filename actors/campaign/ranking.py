@@ -20,7 +20,9 @@ Here:
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -63,19 +65,23 @@ class CampaignBaseline:
         }
 
 
-def _shape_key(candidate: Candidate) -> str:
+Shape = tuple[tuple[str, int], ...]
+
+
+def shape_key(candidate: Candidate) -> Shape:
+    """The shape a timed kernel was timed at, its extents in the order of their names."""
     assert candidate.benchmark is not None
-    return ",".join(f"{k}={v}" for k, v in sorted(candidate.benchmark.shape.items()))
+    return tuple(sorted(candidate.benchmark.shape.items()))
 
 
 def at_campaign_shape(candidates: list[Candidate]) -> list[Candidate]:
     """Timed candidates at the shape most of them were timed at (a campaign times at one
     shape; times at two shapes never compete)."""
-    timed = [c for c in candidates if c.benchmark is not None]
+    timed = [(shape_key(c), c) for c in candidates if c.benchmark is not None]
     if not timed:
         return []
-    shape, _ = Counter(_shape_key(c) for c in timed).most_common(1)[0]
-    return [c for c in timed if _shape_key(c) == shape]
+    shape, _ = Counter(key for key, _ in timed).most_common(1)[0]
+    return [c for key, c in timed if key == shape]
 
 
 def campaign_baseline(candidates: list[Candidate]) -> CampaignBaseline | None:
@@ -114,15 +120,17 @@ def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
         incumbent, ratio = c.benchmark.incumbent, c.benchmark.speedup_vs_incumbent
         if incumbent is not None and incumbent in medians and ratio is not None:
             medians[incumbent].append(c.benchmark.median_ns * ratio)
-    return {
-        c.candidate_id: OwnTime(
-            median_ns=float(np.median(medians[c.candidate_id])),
-            iqr_ns=c.benchmark.iqr_ns,
-            runs=len(medians[c.candidate_id]),
-        )
-        for c in timed
-        if c.benchmark is not None
-    }
+    return {c.candidate_id: _own_time(c, medians[c.candidate_id]) for c in timed}
+
+
+def _own_time(candidate: Candidate, medians: list[float]) -> OwnTime:
+    """A kernel's own time over the medians of the runs that timed it (its own first)."""
+    assert candidate.benchmark is not None
+    return OwnTime(
+        median_ns=float(statistics.median(medians)),
+        iqr_ns=candidate.benchmark.iqr_ns,
+        runs=len(medians),
+    )
 
 
 def head_to_head_words(challenger: Candidate, incumbent: Candidate) -> tuple[bool, str] | None:
@@ -155,17 +163,21 @@ def short_id(candidate_id: str) -> str:
     return ":".join(candidate_id.rsplit(":", 2)[-2:])
 
 
-def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]:
-    """The promotion walk (see `promotions`), with each timed kernel's standing in words."""
-    timed = sorted(at_campaign_shape(candidates), key=_timed_at)
-    chain: list[Candidate] = []
-    standing: dict[str, str] = {}
-    for challenger in timed:
-        if not chain:
-            chain.append(challenger)
-            standing[challenger.candidate_id] = "promoted: timed first"
-            continue
-        best = chain[-1]
+class PromotionWalk:
+    """The promotion walk (see `promotions`), one kernel at a time in the order they were
+    timed, with each timed kernel's standing in words: a reader that sees kernels timed
+    one after another extends it instead of walking them all again."""
+
+    def __init__(self) -> None:
+        self.chain: list[Candidate] = []
+        self.standing: dict[str, str] = {}
+
+    def add(self, challenger: Candidate) -> None:
+        if not self.chain:
+            self.chain.append(challenger)
+            self.standing[challenger.candidate_id] = "promoted: timed first"
+            return
+        best = self.chain[-1]
         decided = head_to_head_words(challenger, best)
         if decided is not None:
             verdict, words = decided
@@ -175,10 +187,68 @@ def _walk(candidates: list[Candidate]) -> tuple[list[Candidate], dict[str, str]]
             how = ("faster than " if verdict else "not clearly faster than ") + (
                 f"{short_id(best.candidate_id)} by own time"
             )
-        standing[challenger.candidate_id] = ("promoted: " if verdict else "") + how
+        self.standing[challenger.candidate_id] = ("promoted: " if verdict else "") + how
         if verdict:
-            chain.append(challenger)
-    return chain, standing
+            self.chain.append(challenger)
+
+
+def timing_order(candidates: list[Candidate]) -> list[Candidate]:
+    """Timed kernels in the order they were timed (ties in the order given)."""
+    return sorted(candidates, key=_timed_at)
+
+
+class RunningBest:
+    """`promotions` of a list of kernels that grows (a campaign's as its kernels are
+    timed, a campaign's up to each generation): the walk at each shape is extended as
+    kernels are added, walked again only when one was timed out of order, and the whole
+    list is walked when two shapes have as many kernels (then its order decides)."""
+
+    def __init__(self) -> None:
+        self.shapes: Counter[Shape] = Counter()
+        self.walks: dict[Shape, PromotionWalk] = {}
+        self.latest: dict[Shape, datetime] = {}
+        self.stale: set[Shape] = set()
+
+    def add(self, candidate: Candidate) -> None:
+        """A kernel just timed (in the list's order)."""
+        assert candidate.benchmark is not None
+        shape, ts = shape_key(candidate), candidate.benchmark.ts
+        self.shapes[shape] += 1
+        if shape in self.stale or (shape in self.latest and ts <= self.latest[shape]):
+            self.stale.add(shape)
+            return
+        self.walks.setdefault(shape, PromotionWalk()).add(candidate)
+        self.latest[shape] = ts
+
+    def shape(self) -> Shape | None:
+        """The shape most kernels were timed at; None when none, or two tie."""
+        if not self.shapes:
+            return None
+        (shape, count), *runner_up = self.shapes.most_common(2)
+        return None if runner_up and runner_up[0][1] == count else shape
+
+    def chain(self, candidates: Callable[[], list[Candidate]]) -> list[Candidate]:
+        """`promotions` of the list added so far, which `candidates` gives when it must be
+        walked again."""
+        shape = self.shape()
+        if shape is None:
+            return promotions(candidates())
+        if shape in self.stale:
+            timed = [c for c in candidates() if c.benchmark is not None and shape_key(c) == shape]
+            walk = self.walks[shape] = PromotionWalk()
+            for challenger in timing_order(timed):
+                walk.add(challenger)
+            self.latest[shape] = max(_timed_at(c) for c in timed)
+            self.stale.discard(shape)
+        return self.walks[shape].chain
+
+
+def promotion_walk(candidates: list[Candidate]) -> PromotionWalk:
+    """The promotion walk over these kernels' timed ones at the campaign's shape."""
+    walk = PromotionWalk()
+    for challenger in timing_order(at_campaign_shape(candidates)):
+        walk.add(challenger)
+    return walk
 
 
 def promotions(candidates: list[Candidate]) -> list[Candidate]:
@@ -186,7 +256,7 @@ def promotions(candidates: list[Candidate]) -> list[Candidate]:
     kernels in the order they were timed, the first timed kernel, then each kernel that
     beat the best of its time head to head (or, timed against another kernel, is clearly
     faster by its own time)."""
-    return _walk(candidates)[0]
+    return promotion_walk(candidates).chain
 
 
 def standings(candidates: list[Candidate]) -> dict[str, str]:
@@ -195,7 +265,7 @@ def standings(candidates: list[Candidate]) -> dict[str, str]:
     head", "not clearly faster than g1:c0 by own time". A leaderboard shows it, since its
     other rows are sorted by own median, which can put a kernel faster than the best that
     never beat it."""
-    return _walk(candidates)[1]
+    return promotion_walk(candidates).standing
 
 
 def best_of(candidates: list[Candidate]) -> Candidate | None:
@@ -210,3 +280,38 @@ def speedup_over(time: OwnTime | None, baseline: CampaignBaseline | None) -> flo
     if time is None or baseline is None or time.median_ns <= 0:
         return None
     return baseline.median_ns / time.median_ns
+
+
+class RunningBoard:
+    """The best and the own times of a list of kernels that grows (a campaign's up to each
+    generation), as `best_of` and `own_times` give them, without ranking the whole list
+    again at each step (which made replaying a long campaign quadratic)."""
+
+    def __init__(self) -> None:
+        self.candidates: list[Candidate] = []
+        self.best = RunningBest()
+        self._runs: dict[tuple[Shape, str], list[float]] = {}
+        """(shape, incumbent) -> the incumbent's medians in the runs that timed it."""
+
+    def add(self, candidates: list[Candidate]) -> None:
+        self.candidates += candidates
+        for c in candidates:
+            timed = c.benchmark
+            if timed is None:
+                continue
+            self.best.add(c)
+            if timed.incumbent is not None and timed.speedup_vs_incumbent is not None:
+                incumbent = self._runs.setdefault((shape_key(c), timed.incumbent), [])
+                incumbent.append(timed.median_ns * timed.speedup_vs_incumbent)
+
+    def chain(self) -> list[Candidate]:
+        return self.best.chain(lambda: self.candidates)
+
+    def own_time(self, candidate: Candidate) -> OwnTime | None:
+        shape = self.best.shape()
+        if shape is None:  # two shapes tie: the list's order decides, as own_times says
+            return own_times(self.candidates).get(candidate.candidate_id)
+        if candidate.benchmark is None or shape_key(candidate) != shape:
+            return None
+        runs = self._runs.get((shape, candidate.candidate_id), [])
+        return _own_time(candidate, [candidate.benchmark.median_ns, *runs])

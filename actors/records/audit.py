@@ -10,6 +10,13 @@ It rebuilds them with the code the actors run: lessons with `draw_lessons`, each
 close's best with `actors.campaign.ranking.best_of`, dedupe answers from the same
 `History` index. Its claims are of the areas `projection` and `kernel`
 (`eventstore/claims.py`).
+
+Lessons are re-derived only for the generations recorded under the rule this code
+draws with (`actors.search.lessons.RULE`, in each lesson's `data`): an older store's
+lessons (rule 1 had no version) are reported as recorded under that rule and not
+re-derived, which agrees; lessons of two rules in one generation, or of an older rule
+after the current one in a campaign, differ. Their statistics are compared within
+`REL_TOLERANCE` (libm's last bits may differ between hosts), everything else exactly.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from actors.campaign.history import History
 from actors.campaign.leaderboard import campaign_leaderboard
 from actors.campaign.ranking import best_of
 from actors.campaign.summary import spent_candidates, summary
-from actors.search.lessons import Lesson, draw_lessons
+from actors.search.lessons import RULE, Lesson, draw_lessons, lesson_rule
 from eventstore.claims import Claim, agrees, differs, skipped
 from eventstore.events import (
     BenchmarkCompleted,
@@ -51,8 +58,26 @@ def _plain(value: Any) -> Any:
     return msgspec.json.decode(msgspec.json.encode(value))
 
 
-def _lesson_key(kind: str, statement: str, evidence: list[str], data: Any) -> str:
-    return msgspec.json.encode([kind, statement, evidence, _plain(data)]).decode()
+def _lesson_of(lesson: Lesson | LessonLearned) -> list[Any]:
+    return [lesson.kind, lesson.statement, list(lesson.evidence_ids), _plain(lesson.data)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Plain data alike, floats within REL_TOLERANCE: a lesson's statistics come from
+    `math.lgamma`, `exp` and `log`, whose last bits may differ between hosts' libm."""
+    if isinstance(a, float) or isinstance(b, float):
+        return (
+            isinstance(a, int | float)
+            and isinstance(b, int | float)
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
+            and _close(float(a), float(b))
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return bool(a == b and type(a) is type(b))
 
 
 class _Area:
@@ -113,21 +138,34 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
         history.apply(position, event)
     if campaign_id not in history.campaigns:
         raise KeyError(f"no campaign {campaign_id!r} in the store")
+    rules = _rules(sorted(drawn), told)
+    not_rederived: dict[int, list[int]] = defaultdict(list)  # rule -> its generations
+    current: int | None = None  # the first generation recorded under this rule
     for generation, (position, expected) in sorted(drawn.items()):
-        want = [_lesson_key(x.kind, x.statement, x.evidence_ids, x.data) for x in expected]
-        got = [_lesson_key(x.kind, x.statement, x.evidence_ids, x.data) for x in told[generation]]
-        missing = [
-            x.statement
-            for x in expected
-            if _lesson_key(x.kind, x.statement, x.evidence_ids, x.data) not in got
-        ]
-        extra = [
-            x.statement
-            for x in told[generation]
-            if _lesson_key(x.kind, x.statement, x.evidence_ids, x.data) not in want
-        ]
+        rule = rules[generation]
+        if rule is None:
+            found = sorted({lesson_rule(x.data) for x in told[generation]})
+            lessons.check(False, f"generation {generation}: lessons under rules {found}", position)
+            continue
+        if rule != RULE:
+            if rule < RULE and current is not None:
+                lessons.check(
+                    False,
+                    f"generation {generation}: lessons under rule v{rule} after generation "
+                    f"{current}'s under rule v{RULE}",
+                    position,
+                )
+            else:
+                not_rederived[rule].append(generation)
+            continue
+        current = generation if current is None else current
+        want = [_lesson_of(x) for x in expected]
+        got = [_lesson_of(x) for x in told[generation]]
+        alike = len(want) == len(got) and all(map(_same, want, got))
+        missing = [] if alike else [w[1] for w in want if not any(_same(w, g) for g in got)]
+        extra = [] if alike else [g[1] for g in got if not any(_same(g, w) for w in want)]
         lessons.check(
-            want == got,
+            alike,
             f"generation {generation}: "
             + (f"not re-derived: {extra[:2]}" if extra else "")
             + ("; " if extra and missing else "")
@@ -148,16 +186,43 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
     return [
         *board.claims("generation bests and benchmark figures", top),
         *dedupe.claims("duplicate answers and kernel identities"),
-        *lessons.claims("generations' lessons"),
+        *_lesson_claims(lessons, not_rederived),
         *sources.claims("kernel identities"),
         *finish,
     ]
 
 
+def _rules(generations: list[int], told: dict[int, list[LessonLearned]]) -> dict[int, int | None]:
+    """The rule each generation's lessons were drawn under (`lesson_rule`; None when they
+    mix rules). A generation that recorded none was closed by the librarian of the
+    nearest generation before it that recorded some (or else after it; or else today's)."""
+    said = {g: {lesson_rule(x.data) for x in told[g]} for g in generations if told.get(g)}
+    single = {g: next(iter(found)) for g, found in said.items() if len(found) == 1}
+    last = next(iter(single.values()), RULE)
+    rules: dict[int, int | None] = {}
+    for g in generations:
+        last = single.get(g, last)
+        rules[g] = None if g in said and g not in single else last
+    return rules
+
+
+def _lesson_claims(lessons: _Area, not_rederived: dict[int, list[int]]) -> list[Claim]:
+    """The lessons' claim, saying which generations were recorded under another rule and
+    not re-derived (agreeing: their rule is not this code's to check)."""
+    note = "; ".join(
+        f"{len(gs)} generation(s) recorded under rule v{rule} (generations "
+        f"{gs[0]}-{gs[-1]}), not re-derived: this audit draws lessons under rule v{RULE}"
+        for rule, gs in sorted(not_rederived.items())
+    )
+    if note and not lessons.checked:
+        return [agrees(lessons.area, lessons.name, note)]
+    return lessons.claims("generations' lessons", note)
+
+
 def lessons_due(history: History, campaign_id: str) -> list[Lesson]:
     """What the librarian draws at this point (minus what the campaign already said)."""
-    known = {lesson.statement for lesson in history.campaigns[campaign_id].lessons}
-    return [x for x in draw_lessons(history, campaign_id) if x.statement not in known]
+    said = history.campaigns[campaign_id].said
+    return [x for x in draw_lessons(history, campaign_id) if x.statement not in said]
 
 
 def _check_close(

@@ -17,8 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from actors.campaign.history import Candidate, History
-from actors.campaign.leaderboard import Leaderboard, leaderboard
-from actors.campaign.ranking import best_of
+from actors.campaign.ranking import RunningBoard, best_of
 from eventstore.events import CandidateProposed, Event, LessonLearned
 
 
@@ -97,14 +96,13 @@ def story(rebuilt: Rebuilt) -> dict[str, Any]:
 def generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
     campaign = history.campaigns[campaign_id]
     rows: list[dict[str, Any]] = []
-    so_far: list[Candidate] = []
+    board = RunningBoard()  # the leaderboard as of each generation
     for number in sorted(campaign.generations):
         state = campaign.generations[number]
         members = [history.candidates[cid] for cid in state.candidates]
         top = best_of(members)  # the generation's best, as its GenerationClosed names it
-        so_far += members
-        board = leaderboard(so_far)  # the leaderboard as of this generation
-        best = best_of(so_far)  # the incumbent as the swarm promotes it (head to head)
+        board.add(members)
+        chain = board.chain()  # the incumbent as the swarm promotes it (head to head)
         rows.append(
             {
                 "generation": number,
@@ -115,18 +113,18 @@ def generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
                 "rejected": sum(1 for c in members if c.rejected),
                 "duplicates": sum(1 for c in members if c.duplicate),
                 "best_in_generation": _brief(top, board),
-                "best_so_far": _brief(best, board),
+                "best_so_far": _brief(chain[-1] if chain else None, board),
                 "closed": state.closed is not None,
             }
         )
     return rows
 
 
-def _brief(candidate: Candidate | None, board: Leaderboard) -> dict[str, Any] | None:
+def _brief(candidate: Candidate | None, board: RunningBoard) -> dict[str, Any] | None:
     """A kernel in a generation's row: `median_ns` its own time on the leaderboard."""
     if candidate is None or candidate.benchmark is None:
         return None
-    own = board.own_time(candidate.candidate_id)
+    own = board.own_time(candidate)
     return {
         "candidate_id": candidate.candidate_id,
         "speedup": candidate.benchmark.speedup,
@@ -180,7 +178,7 @@ class _Uses:
         after_total, after_hits = len(total) - before_total, len(hits) - before_hits
         if not after_total:
             return f"no later proposal of {template} yet"
-        said = "avoid" if data.get("avoid") else "effect"
+        said = "avoid" if data.get("avoid") else "not avoided" if "avoid" in data else "effect"
         return (
             f"{said}: later proposals of {template} with {name}={value!r}: "
             f"{after_hits} of {after_total} (up to then: {before_hits} of {before_total})"

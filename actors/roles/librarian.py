@@ -161,8 +161,8 @@ def decide_librarian(history: History, event: Event, out: Reactions) -> None:
     if not history.generation_settled(event.campaign_id, generation):
         return
     opened = state.opened.event_id
-    known = {lesson.statement for lesson in campaign.lessons}
-    fresh = [x for x in draw_lessons(history, event.campaign_id) if x.statement not in known]
+    drawn = draw_lessons(history, event.campaign_id)
+    fresh = [x for x in drawn if x.statement not in campaign.said]
     for index, lesson in enumerate(fresh):
         out.emit(
             LessonLearned,

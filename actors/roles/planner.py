@@ -7,7 +7,8 @@ closed (work in flight resumes by itself: the bus redelivers it). A generation i
 filled by the campaign's search strategy, looked up by its `writer.kind` in
 `actors.search.registry` (the template search, or LLM variations); for strategies that
 propose points of the design spaces the librarian is asked which points were already
-evaluated, and lessons marking regions to avoid are honoured.
+evaluated, and lessons marking regions to avoid are honoured (those drawn under the
+significance rule and not since said otherwise: `lessons.regions_to_avoid`).
 
 Every decision is a pure function of the history, the incoming event and plain inputs
 (`decide_planner`, `decide_deadline`); `Planner.handle` only gathers those inputs (the
@@ -39,6 +40,7 @@ from actors.campaign.replayer import HistoryReader
 from actors.campaign.summary import spent_candidates, summary
 from actors.roles.messages import SeenRequest, ask_lessons, ask_seen
 from actors.runtime import Actor, Reactions
+from actors.search.lessons import regions_to_avoid
 from actors.search.registry import strategy_for
 from actors.search.spaces import design_spaces
 from actors.search.strategy import GenerationInputs, Planned, Stalled, Strategy
@@ -109,7 +111,7 @@ class Planner(Actor):
             decide_planner(history, event, out, now=now, spaces=spaces)
             return
         lessons = await ask_lessons(self._nc, campaign_id)
-        avoid = [lesson.data for lesson in lessons if lesson.data.get("avoid")]
+        avoid = regions_to_avoid(lesson.data for lesson in lessons)
         spec = campaign.spec
         scope = history.scope_candidates(spec.problem, spec.target, spec.dtype)
         known = await self._seen(campaign_id, [c.proposal.param_key for c in scope])

@@ -1,35 +1,57 @@
-"""Lessons drawn from the history of one problem and target, each citing its evidence.
+"""Lessons drawn from the history of one problem and target, each saying how sure it is
+and citing a bounded sample of its evidence.
 
-- parameter effects: how each template parameter value moves the speedup, with the
-  effect size (difference of mean log-speedups in pooled standard deviations);
-- failure signatures: rejections grouped by stage, reason and first message line, and
-  parameter values under which candidates always failed (the planner avoids those);
+- parameter effects: how a template parameter's value moves the speedup: the ratio of
+  the geometric mean speedups with and without it, its 95% Welch interval (on the
+  difference of mean log speedups) and both sample sizes. A value needs `MIN_SAMPLES`
+  timed kernels on each side and an effect size (in the template's standard deviations)
+  of at least `MIN_EFFECT` to be stated; it is `significant` when its interval excludes
+  no effect;
+- failure signatures: rejections grouped by stage, reason and first message line, with
+  their share of the evaluated kernels and its Wilson interval;
+- regions: a parameter value whose kernels fail as wrong kernels (compile, static, run,
+  compare) more often than the template's others, significantly: at least
+  `MIN_FAILURES` failures and a one-sided Fisher exact p below `ALPHA` after Holm's
+  correction over the values the template tried (a template of 20 values would otherwise
+  show one "significant" value by chance in every draw). The lesson names
+  the recorded reason most of them failed for and its first message line. The planner
+  avoids the value (`prunes`) only when nothing else carries those failures better: of
+  the features every such failure shared (other parameter values, compiler flags), the
+  one whose own rate of failures for that reason is the most significant; when that is
+  another (`-ffast-math` for lost NaNs), the lesson names it and avoids nothing;
 - lineage: the candidates that became the campaign's best (own time, head to head), in
   order.
 
-Effects and failures are drawn over every candidate of the problem, target and dtype (all
-campaigns); the lineage over this campaign's. An effect needs `MIN_SAMPLES` candidates on
-each side and an effect size of at least `MIN_EFFECT`; a value is to be avoided when
-every one of at least `MIN_SAMPLES` evaluated candidates with it was rejected at
-compile, static, run or compare. Each lesson cites the ids of the events it was drawn
-from. The librarian emits them when it closes a generation; the audit re-derives them
-with this same `draw_lessons`.
+Effects, failures and regions are drawn over every candidate of the problem, target and
+dtype (all campaigns); the lineage over this campaign's. Each lesson's `data` is a
+fixed-size summary and its `evidence_ids` at most `MAX_EVIDENCE` events (the extremes
+and the first and latest), whatever the history's size; the tallies they come from are
+kept as the history grows (`actors.search.lesson_tally`). The librarian emits them when
+it closes a generation; the audit re-derives them with this same `draw_lessons`.
+
+`data["rule"]` is `RULE`, the version of these rules. Lessons recorded before it
+(rule 1: every timed kernel cited, every value whose few kernels all failed avoided)
+have no such key: the audit does not re-derive them, and the planner prunes nothing by
+them.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import statistics
-from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors.campaign.history import Candidate, History
-from actors.campaign.ranking import promotions
+from actors.search.lesson_stats import CONFIDENCE, fisher_greater, welch_interval, wilson_interval
+from actors.search.lesson_tally import Feature, LessonBook, ScopeTally, Spread, feature_words
 
+RULE = 2
 MIN_SAMPLES = 2
 MIN_EFFECT = 0.5
+MIN_FAILURES = 3
+ALPHA = 0.05
+MAX_EVIDENCE = 8
 
 
 @dataclass(frozen=True)
@@ -40,149 +62,292 @@ class Lesson:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+def lesson_rule(data: dict[str, Any]) -> int:
+    """The rule a recorded lesson was drawn under (1 before rules had a version)."""
+    rule = data.get("rule")
+    return rule if isinstance(rule, int) and not isinstance(rule, bool) else 1
+
+
+def prunes(data: dict[str, Any]) -> bool:
+    """Whether a recorded lesson marks a region the search must avoid: only lessons drawn
+    under the significance rule (`RULE`) do."""
+    return bool(data.get("avoid")) and lesson_rule(data) >= RULE
+
+
+def regions_to_avoid(lessons: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The regions to avoid, from recorded lessons' `data` in the order they were
+    recorded: those whose latest lesson under the significance rule says so (a value
+    avoided once, whose failures another feature was later found to carry, is not)."""
+    latest: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for data in lessons:
+        if lesson_rule(data) >= RULE and "avoid" in data:
+            region = (str(data.get("template")), str(data.get("param")), repr(data.get("value")))
+            latest[region] = data
+    return [data for data in latest.values() if prunes(data)]
+
+
 def draw_lessons(history: History, campaign_id: str) -> list[Lesson]:
     campaign = history.campaigns[campaign_id]
-    scope = history.scope_candidates(
-        campaign.spec.problem, campaign.spec.target, campaign.spec.dtype
-    )
+    book = LessonBook.of(history)
+    tally = book.scope(campaign.spec.problem, campaign.spec.target, campaign.spec.dtype)
     return [
-        *parameter_effects(scope),
-        *failure_signatures(scope),
-        *avoided_regions(scope),
-        *lineage(history.campaign_candidates(campaign_id)),
+        *_effects(tally),
+        *_signatures(tally),
+        *_regions(tally),
+        *lineage(book.lineage(campaign_id).chain(lambda: history.campaign_candidates(campaign_id))),
     ]
 
 
-def _by_value(candidates: list[Candidate]) -> dict[tuple[str, str, Any], list[Candidate]]:
-    groups: dict[tuple[str, str, Any], list[Candidate]] = defaultdict(list)
-    for c in candidates:
-        for name, value in c.proposal.params.items():
-            groups[(c.proposal.template, name, value)].append(c)
-    return groups
-
-
-def _group_order(item: tuple[tuple[str, str, Any], list[Candidate]]) -> str:
-    """Groups in the order of their keys' text: the order `key=str` gave, without
-    printing every candidate of every group."""
-    return str(item[0])
-
-
 def parameter_effects(scope: list[Candidate]) -> list[Lesson]:
-    timed = [c for c in scope if c.benchmark and c.benchmark.speedup > 0]
-    logs = {id(c): math.log(c.speedup or 1.0) for c in timed}
-    by_template: dict[str, list[Candidate]] = defaultdict(list)
-    for c in timed:
-        by_template[c.proposal.template].append(c)
-    columns: dict[tuple[str, str], list[Any]] = {}
-    # A group and its others are all of the template's timed candidates, and pstdev is
-    # exact (order-free), so each template's spread is computed once.
-    spreads: dict[str, float] = {}
+    return _effects(ScopeTally.of(scope))
+
+
+def failure_signatures(scope: list[Candidate]) -> list[Lesson]:
+    return _signatures(ScopeTally.of(scope))
+
+
+def avoided_regions(scope: list[Candidate]) -> list[Lesson]:
+    return _regions(ScopeTally.of(scope))
+
+
+def _bounded(ids: list[str]) -> list[str]:
+    return list(dict.fromkeys(ids))[:MAX_EVIDENCE]
+
+
+def _effects(tally: ScopeTally) -> list[Lesson]:
     lessons = []
-    for (template, name, value), group in sorted(_by_value(timed).items(), key=_group_order):
-        if len(group) < MIN_SAMPLES:
+    for key in sorted(tally.values, key=str):  # the order of the keys' text
+        template, name, value = key
+        group = tally.values[key].moments
+        everything = tally.timed[template]
+        others = everything.without(group)
+        if group.n < MIN_SAMPLES or others.n < MIN_SAMPLES:
             continue
-        members = by_template[template]
-        column = columns.get((template, name))
-        if column is None:
-            column = columns[(template, name)] = [c.proposal.params.get(name) for c in members]
-        others = [c for c, v in zip(members, column, strict=True) if v != value]
-        if len(others) < MIN_SAMPLES:
-            continue
-        with_value = [logs[id(c)] for c in group]
-        without = [logs[id(c)] for c in others]
-        if template not in spreads:
-            spreads[template] = statistics.pstdev([logs[id(c)] for c in members])
-        spread = spreads[template] or 1e-9
-        effect = (statistics.fmean(with_value) - statistics.fmean(without)) / spread
+        spread = everything.pstdev or 1e-9
+        effect = (group.mean - others.mean) / spread
         if abs(effect) < MIN_EFFECT:
             continue
-        ratio = math.exp(statistics.fmean(with_value) - statistics.fmean(without))
+        interval = welch_interval(group, others)
+        ratio, low, high = (math.exp(x) for x in (interval.difference, interval.low, interval.high))
+        significant = interval.excludes_zero
+        siblings = Spread.merged(
+            tally.values[(template, name, v)].spread
+            for v in tally.values_of[(template, name)]
+            if v != value
+        )
         lessons.append(
             Lesson(
                 kind="parameter_effect",
                 statement=(
                     f"{template}: {name}={value!r} gives {ratio:.2f}x the speedup of other "
-                    f"values (effect size {effect:+.2f}, n={len(group)} vs {len(others)})"
+                    f"values ({CONFIDENCE:.0%} CI {low:.2f}x-{high:.2f}x, n={group.n} vs "
+                    f"{others.n}{'' if significant else ', not significant'})"
                 ),
-                evidence_ids=[c.benchmark.event_id for c in group + others if c.benchmark],
+                evidence_ids=_bounded(tally.values[key].spread.ids() + siblings.ids()),
                 data={
+                    "rule": RULE,
                     "template": template,
                     "param": name,
                     "value": value,
+                    "n": group.n,
+                    "n_other": others.n,
+                    "mean_log_speedup": group.mean,
+                    "mean_log_speedup_other": others.mean,
                     "effect_size": effect,
                     "speedup_ratio": ratio,
-                    "n": len(group),
+                    "ci": [low, high],
+                    "confidence": CONFIDENCE,
+                    "df": interval.df if math.isfinite(interval.df) else None,
+                    "significant": significant,
                 },
             )
         )
     return lessons
 
 
-def _signature(message: str) -> str:
-    first = (message.strip().splitlines() or [""])[0]
-    return re.sub(r"\d+", "N", first)[:160]
-
-
-def failure_signatures(scope: list[Candidate]) -> list[Lesson]:
-    groups: dict[tuple[str, str, str], list[Candidate]] = defaultdict(list)
-    for c in scope:
-        if c.rejected:
-            message = str(c.rejected.evidence.get("message", ""))
-            groups[(c.rejected.stage, c.rejected.reason, _signature(message))].append(c)
-    return [
-        Lesson(
-            kind="failure_signature",
-            statement=(
-                f"{len(group)} candidate(s) rejected at {stage} ({reason})"
-                + (f": {signature}" if signature else "")
-            ),
-            evidence_ids=[c.rejected.event_id for c in group if c.rejected],
-            data={"stage": stage, "reason": reason, "signature": signature, "count": len(group)},
-        )
-        for (stage, reason, signature), group in sorted(groups.items())
-    ]
-
-
-def avoided_regions(scope: list[Candidate]) -> list[Lesson]:
-    """Parameter values whose every evaluated candidate failed to compile or verify."""
-    evaluated = [c for c in scope if c.evaluated]
+def _signatures(tally: ScopeTally) -> list[Lesson]:
     lessons = []
-    for (template, name, value), group in sorted(_by_value(evaluated).items(), key=_group_order):
-        failed = [
-            c
-            for c in group
-            if c.rejected and c.rejected.stage in ("compile", "static", "run", "compare")
-        ]
-        if len(group) >= MIN_SAMPLES and len(failed) == len(group):
-            stages = sorted({c.rejected.stage for c in failed if c.rejected})
-            lessons.append(
-                Lesson(
-                    kind="failure_signature",
-                    statement=(
-                        f"{template}: every candidate with {name}={value!r} failed "
-                        f"({', '.join(stages)}; n={len(group)}): avoid it"
-                    ),
-                    evidence_ids=[c.rejected.event_id for c in failed if c.rejected],
-                    data={"template": template, "param": name, "value": value, "avoid": True},
-                )
+    for (stage, reason, signature), group in sorted(tally.signatures.items()):
+        low, high = wilson_interval(group.count, tally.judged)
+        lessons.append(
+            Lesson(
+                kind="failure_signature",
+                statement=(
+                    f"{group.count} of {tally.judged} evaluated candidate(s) rejected at "
+                    f"{stage} ({reason}), {CONFIDENCE:.0%} CI {low:.0%}-{high:.0%} of them"
+                    + (f": {signature}" if signature else "")
+                ),
+                evidence_ids=_bounded(group.rejections.ids()),
+                data={
+                    "rule": RULE,
+                    "stage": stage,
+                    "reason": reason,
+                    "signature": signature,
+                    "count": group.count,
+                    "evaluated": tally.judged,
+                    "rate_ci": [low, high],
+                    "confidence": CONFIDENCE,
+                },
             )
+        )
     return lessons
 
 
-def lineage(candidates: list[Candidate]) -> list[Lesson]:
+@dataclass(frozen=True)
+class _Carrier:
+    """A feature and how its rate of failures for one reason stands against the rest."""
+
+    feature: Feature
+    failed: int
+    evaluated: int
+    p_value: float
+
+
+def _carrier(tally: ScopeTally, template: str, value: Feature, reason: tuple[str, str]) -> _Carrier:
+    """Of the features every failure of `value` for `reason` shared (itself included),
+    the one whose rate of such failures is the most significant; ties go to the one
+    with more of them, then to `value`, then to a parameter over a flag."""
+    evaluated, failed = tally.evaluated[template], tally.failed_for[(template, reason)]
+    found = []
+    for feature in tally.features[(template, value)].shared[reason]:
+        hits = tally.features[(template, feature)].reasons[reason]
+        tried = tally.evaluated_with[(template, feature)]
+        p = fisher_greater(hits, tried, failed - hits, evaluated - tried)
+        rank = 0 if feature == value else 1 if feature[0] == "param" else 2
+        found.append((p, -hits, rank, str(feature), _Carrier(feature, hits, tried, p)))
+    return min(found, key=lambda f: f[:4])[4]
+
+
+@dataclass(frozen=True)
+class _Test:
+    """A parameter value's failures against its template's others."""
+
+    template: str
+    value: Feature
+    failed: int
+    evaluated: int
+    other_failed: int
+    other_evaluated: int
+    p_value: float
+
+
+def _significant(tally: ScopeTally) -> list[tuple[_Test, float, int]]:
+    """The parameter values that fail significantly more than their template's others:
+    `MIN_FAILURES` or more, and a one-sided Fisher p under `ALPHA` after Holm's step-down
+    over the values the template tried (each with its threshold and that count)."""
+    tests: dict[str, list[_Test]] = {}
+    tried: dict[str, int] = {}
+    for template, feature in tally.evaluated_with:
+        if feature[0] == "param":
+            tried[template] = tried.get(template, 0) + 1
+    for template, value in tally.features:
+        counts = tally.features[(template, value)]
+        failed, evaluated = counts.failed, tally.evaluated_with[(template, value)]
+        other_failed = tally.failed[template] - failed
+        other_evaluated = tally.evaluated[template] - evaluated
+        if value[0] != "param" or failed < MIN_FAILURES:
+            continue
+        if failed * other_evaluated <= other_failed * evaluated:
+            continue  # not a rate above the others'
+        p = fisher_greater(failed, evaluated, other_failed, other_evaluated)
+        test = _Test(template, value, failed, evaluated, other_failed, other_evaluated, p)
+        tests.setdefault(template, []).append(test)
+    found = []
+    for template, among in tests.items():
+        for rank, test in enumerate(sorted(among, key=lambda t: (t.p_value, str(t.value)))):
+            threshold = ALPHA / (tried[template] - rank)
+            if test.p_value >= threshold:
+                break
+            found.append((test, threshold, tried[template]))
+    return sorted(found, key=lambda f: str((f[0].template, f[0].value)))
+
+
+def _regions(tally: ScopeTally) -> list[Lesson]:
+    lessons = []
+    for test, threshold, family in _significant(tally):
+        template, value = test.template, test.value
+        counts = tally.features[(template, value)]
+        reason, count = min(counts.reasons.items(), key=lambda r: (-r[1], r[0]))
+        stage, why = reason
+        signature = min(
+            (s for s in counts.signatures.items() if s[0][:2] == reason),
+            key=lambda s: (-s[1], s[0]),
+        )[0][2]
+        carrier = _carrier(tally, template, value, reason)
+        avoid = carrier.feature == value
+        said = (
+            f"{template}: {feature_words(value)} fails more than other values: {test.failed} "
+            f"of {test.evaluated} evaluated vs {test.other_failed} of {test.other_evaluated} "
+            f"(one-sided Fisher p={test.p_value:.2g} < {threshold:.2g}, Holm over {family} "
+            f"values); {count} of them at {stage} ({why})" + (f": {signature}" if signature else "")
+        )
+        if avoid:
+            said += ": avoid it"
+        else:
+            said += (
+                f"; carried by {feature_words(carrier.feature)} ({carrier.failed} of "
+                f"{carrier.evaluated} with it failed so, p={carrier.p_value:.2g}): not avoided"
+            )
+        lessons.append(
+            Lesson(
+                kind="failure_signature",
+                statement=said,
+                evidence_ids=_bounded(counts.rejections.ids()),
+                data={
+                    "rule": RULE,
+                    "template": template,
+                    "param": value[1],
+                    "value": value[2],
+                    "avoid": avoid,
+                    "failed": test.failed,
+                    "evaluated": test.evaluated,
+                    "failed_other": test.other_failed,
+                    "evaluated_other": test.other_evaluated,
+                    "p_value": test.p_value,
+                    "threshold": threshold,
+                    "values_tested": family,
+                    "alpha": ALPHA,
+                    "reason": {"stage": stage, "reason": why, "signature": signature},
+                    "reason_count": count,
+                    "carried_by": None
+                    if avoid
+                    else {
+                        "kind": carrier.feature[0],
+                        "name": carrier.feature[1],
+                        "value": carrier.feature[2],
+                        "failed": carrier.failed,
+                        "evaluated": carrier.evaluated,
+                        "p_value": carrier.p_value,
+                    },
+                },
+            )
+        )
+    return lessons
+
+
+def lineage(chain: list[Candidate]) -> list[Lesson]:
     """The kernels that became the campaign's best, in order: promoted by own time and
-    head to head (`actors.campaign.ranking`), the rule `run`, `replay` and the audit follow. Each
-    shows its recorded speedup (over its own baseline), so a promotion may show a lower
-    one than the kernel it replaced."""
-    chain = promotions(candidates)
+    head to head (`actors.campaign.ranking`), the rule `run`, `replay` and the audit follow.
+    Each shows its recorded speedup (over its own baseline), so a promotion may show a
+    lower one than the kernel it replaced. A long chain shows its first two and its
+    latest ones, `MAX_EVIDENCE` in all."""
     if not chain:
         return []
-    steps = " -> ".join(f"{c.candidate_id} ({c.speedup:.2f}x)" for c in chain)
+    head = MAX_EVIDENCE // 4
+    shown = chain if len(chain) <= MAX_EVIDENCE else chain[:head] + chain[head - MAX_EVIDENCE :]
+    steps = [f"{c.candidate_id} ({c.speedup:.2f}x)" for c in shown]
+    if len(shown) < len(chain):
+        steps.insert(head, f"... ({len(chain) - len(shown)} more)")
     return [
         Lesson(
             kind="lineage",
-            statement=f"best-so-far lineage: {steps}",
-            evidence_ids=[c.benchmark.event_id for c in chain if c.benchmark],
-            data={"chain": [c.candidate_id for c in chain], "best": chain[-1].candidate_id},
+            statement=f"best-so-far lineage: {' -> '.join(steps)}",
+            evidence_ids=[c.benchmark.event_id for c in shown if c.benchmark],
+            data={
+                "rule": RULE,
+                "chain": [c.candidate_id for c in shown],
+                "promotions": len(chain),
+                "best": chain[-1].candidate_id,
+            },
         )
     ]

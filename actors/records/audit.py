@@ -207,16 +207,20 @@ def _rules(generations: list[int], told: dict[int, list[LessonLearned]]) -> dict
 
 
 def _lesson_claims(lessons: _Area, not_rederived: dict[int, list[int]]) -> list[Claim]:
-    """The lessons' claim, saying which generations were recorded under another rule and
-    not re-derived (agreeing: their rule is not this code's to check)."""
-    note = "; ".join(
-        f"{len(gs)} generation(s) recorded under rule v{rule} (generations "
-        f"{gs[0]}-{gs[-1]}), not re-derived: this audit draws lessons under rule v{RULE}"
+    """The lessons' claims. Generations recorded under another rule are skipped, named:
+    this code draws lessons under its own rule only, so it has not checked them."""
+    older = [
+        skipped(
+            lessons.area,
+            lessons.name,
+            f"{len(gs)} generation(s) recorded under rule v{rule} (generations "
+            f"{gs[0]}-{gs[-1]}), not re-derived: this audit draws lessons under rule v{RULE}",
+        )
         for rule, gs in sorted(not_rederived.items())
-    )
-    if note and not lessons.checked:
-        return [agrees(lessons.area, lessons.name, note)]
-    return lessons.claims("generations' lessons", note)
+    ]
+    if older and not lessons.checked:
+        return older
+    return lessons.claims("generations' lessons") + older
 
 
 def lessons_due(history: History, campaign_id: str) -> list[Lesson]:

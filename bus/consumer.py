@@ -4,10 +4,11 @@ A failure is transient or permanent. Transient causes (the bus or a service away
 role restarting, the store not yet holding the event being handled: timeouts,
 connection errors, 5xx answers) are retried with backoff for `transient_window`
 seconds (minutes); any other error is retried `max_deliver` times in a few seconds, and
-a `PoisonMessage` not at all. A message given up on goes to the dead-letter callback
-with the reason and is then terminated; one whose handler died with its process on
-the last delivery is reported by the server's max-deliveries advisory instead
-(`watch_exhausted`). Either way nothing is dropped silently.
+a `PoisonMessage` not at all; a `Discard` is terminated with no dead letter. A message
+given up on goes to the dead-letter callback with the reason and is then terminated;
+one whose handler died with its process on the last delivery is reported by the
+server's max-deliveries advisory instead (`watch_exhausted`). Either way nothing is
+dropped silently.
 
 A message is acked only after its handler returned (the actor runtime's handler returns
 once JetStream acked the events it emitted). While it runs, `in_progress()` is sent every
@@ -62,6 +63,11 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 
 class PoisonMessage(Exception):
     """Raised by a handler for a message no retry can fix: it is dead-lettered at once."""
+
+
+class Discard(Exception):
+    """Raised by a handler for a message that is not its business (someone else already
+    records it as refused): it is acked and dropped, with a log line, no dead letter."""
 
 
 def is_transient(error: BaseException) -> bool:
@@ -168,6 +174,10 @@ class WorkConsumer:
         error = handling.exception()
         if error is None:
             await message.ack()
+            return
+        if isinstance(error, Discard):
+            log.warning("dropped a message", consumer=self.durable, reason=str(error))
+            await message.term()
             return
         await self._failed(message, error)
 

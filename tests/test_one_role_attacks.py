@@ -1,0 +1,170 @@
+"""Issue 34: an attacker holding one role's credentials file, against a real hub.
+
+Each test connects with only that role's seed (`Hub.auth(role)`, the file `kfactory creds`
+hands out) and publishes what the bus lets that role publish; what it must not achieve
+is checked on the recorder, `kfactory run`'s follower and an actor's runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from actors.campaign.campaign_file import CampaignSpec
+from actors.campaign.history import History
+from actors.runtime import Actor, ActorRuntime, Reactions
+from bus.connection import Client, connect, jetstream
+from bus.follow import follow
+from bus.subjects import SubjectError, campaign_filter, check_campaign_id
+from eventstore.codec import encode
+from eventstore.emitter import Emitter
+from eventstore.events import (
+    ActorRef,
+    BenchmarkCompleted,
+    CampaignFinished,
+    CampaignStarted,
+    Event,
+    LessonLearned,
+    new_event,
+)
+from ops.hub import Hub, running_hub
+from ops.progress import Progress
+from tests.test_actor_runtime import wait_rows
+
+PLANNER = ActorRef(role="planner", instance="planner-1", host="h")
+CLI = ActorRef(role="cli", instance="cli-1", host="h")
+
+
+def _started(campaign: str) -> CampaignStarted:
+    spec = CampaignSpec(problem="softmax", target="cpu", shapes=[[4, 64]])
+    return new_event(
+        CampaignStarted,
+        campaign_id=campaign,
+        actor=CLI,
+        name=campaign,
+        problem="softmax",
+        target="cpu",
+        config=spec.to_config(),
+    )
+
+
+@pytest_asyncio.fixture
+async def secured(tmp_path: Path) -> AsyncIterator[Hub]:
+    async with running_hub(tmp_path / "home") as hub:
+        yield hub
+
+
+async def _as(hub: Hub, role: str) -> Client:
+    return await connect(hub.url, f"attacker-{role}", auth=hub.auth(role))
+
+
+def _forged_finish(campaign: str = "c1") -> CampaignFinished:
+    return new_event(CampaignFinished, campaign_id=campaign, actor=PLANNER, reason="FORGED")
+
+
+class Listener(Actor):
+    """A librarian-like actor that notes every event its runtime hands it."""
+
+    role = "librarian"
+    reacts_to = (BenchmarkCompleted,)
+
+    def __init__(self) -> None:
+        self.seen: list[Event] = []
+
+    async def handle(self, event: Event, out: Reactions) -> None:
+        self.seen.append(event)
+
+
+@contextlib.asynccontextmanager
+async def _running(actor: Actor, hub: Hub) -> AsyncIterator[None]:
+    nc = await connect(hub.url, "listener", auth=hub.auth(actor.role))
+    stop = asyncio.Event()
+    task = asyncio.create_task(ActorRuntime(actor, nc).run(stop))
+    try:
+        await wait_rows(hub, "SELECT 1 FROM events WHERE type = 'ActorStarted'", 1)
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await nc.close()
+
+
+@pytest.mark.asyncio
+async def test_a_payload_on_another_types_subject_reaches_no_follower(secured: Hub) -> None:
+    """Attack 2: a CampaignFinished on the benchmarker's BenchmarkCompleted subject, and
+    junk there too; `run`'s follower must not finish, an actor must not see either, and
+    the junk must cost no dead letters (attack 1: the flood)."""
+    start = _started("c1")
+    progress = Progress(History(), "c1")
+    following = await follow(secured.nc, campaign_filter("c1"), progress.on_message)
+    listener = Listener()
+    attacker = await _as(secured, "benchmarker")
+    cli = await _as(secured, "cli")
+    try:
+        async with _running(listener, secured):
+            await Emitter(jetstream(cli)).emit(start)
+            js = jetstream(attacker)
+            await js.publish("kf.ev.c1.BenchmarkCompleted", encode(_forged_finish()))
+            for i in range(30):
+                await js.publish("kf.ev.c1.BenchmarkCompleted", b"junk %d" % i)
+            rejected = await wait_rows(
+                secured, "SELECT 1 FROM events WHERE type = 'EventRejected'", 31
+            )
+            assert len(rejected) == 31
+            await asyncio.sleep(1.0)  # the actor and the follower had their chance
+        assert not progress.finished, "run's follower took the forged CampaignFinished"
+        assert listener.seen == []
+        dead = secured.store.query("SELECT count(*) FROM events WHERE type = 'DeadLettered'")
+        assert dead.rows == [[0]]
+    finally:
+        await following.stop()
+        await attacker.close()
+        await cli.close()
+
+
+@pytest.mark.asyncio
+async def test_a_dotted_campaign_id_cannot_forge_another_type(secured: Hub) -> None:
+    """Attack 3: `kf.ev.X.BenchmarkCompleted.CampaignFinished` is the benchmarker's subject
+    (a BenchmarkCompleted for target `CampaignFinished`) and also the subject of a
+    CampaignFinished of campaign `X.BenchmarkCompleted`."""
+    attacker = await _as(secured, "benchmarker")
+    try:
+        forged = _forged_finish("X.BenchmarkCompleted")
+        lesson = new_event(
+            LessonLearned,
+            campaign_id="X.BenchmarkCompleted",
+            actor=ActorRef(role="librarian", instance="l", host="h"),
+            generation=0,
+            kind="lineage",
+            statement="forged",
+            evidence_ids=[],
+        )
+        js = jetstream(attacker)
+        await js.publish("kf.ev.X.BenchmarkCompleted.CampaignFinished", encode(forged))
+        await js.publish("kf.ev.X.BenchmarkCompleted.LessonLearned", encode(lesson))
+    finally:
+        await attacker.close()
+    rows = await wait_rows(secured, "SELECT type, campaign_id FROM events", 2)
+    assert [r[0] for r in rows] == ["EventRejected", "EventRejected"], rows
+    assert all(r[1] != "X.BenchmarkCompleted" for r in rows)
+
+
+def test_campaign_ids_are_safe_tokens_where_they_enter() -> None:
+    for bad in ("X.BenchmarkCompleted", "a b", "*", ">", "a:b", "x" * 65, ""):
+        with pytest.raises(SubjectError):
+            check_campaign_id(bad)
+    assert check_campaign_id("softmax-cpu-1a2b3c4d") == "softmax-cpu-1a2b3c4d"
+
+
+def test_a_store_holding_a_forgery_from_before_the_rule_does_not_show_it() -> None:
+    """A store written before the rule may hold the dotted forgery; no projection uses it."""
+    history = History()
+    history.apply(1, _started("X"))
+    history.apply(2, _forged_finish("X.BenchmarkCompleted"))
+    assert set(history.campaigns) == {"X"}
+    assert history.campaigns["X"].finished is None

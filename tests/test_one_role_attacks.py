@@ -32,6 +32,7 @@ from eventstore.events import (
     LessonLearned,
     new_event,
 )
+from eventstore.queries import MAX_ROWS, query, replay
 from ops.hub import Hub, running_hub
 from ops.progress import Progress
 from tests.test_actor_runtime import wait_rows
@@ -168,3 +169,37 @@ def test_a_store_holding_a_forgery_from_before_the_rule_does_not_show_it() -> No
     history.apply(2, _forged_finish("X.BenchmarkCompleted"))
     assert set(history.campaigns) == {"X"}
     assert history.campaigns["X"].finished is None
+
+
+@pytest.mark.asyncio
+async def test_a_flood_of_big_junk_cannot_wedge_replay(secured: Hub) -> None:
+    """Attack 1: the rejections of a junk flood from the verifier's credentials are each
+    a few KiB; a replay page of them by count alone passed NATS's 1 MiB, and every role
+    that replays (the planner, the benchmarkers) saw StoreUnavailable for ever."""
+    attacker = await _as(secured, "verifier")
+    try:
+        js = jetstream(attacker)
+        for i in range(600):
+            await js.publish("kf.ev.c1.KernelVerified.cpu", b"%05d" % i + b"j" * 4000)
+    finally:
+        await attacker.close()
+    await secured.wait_for_position(600)
+    planner = await _as(secured, "planner")
+    try:
+        events = await replay(planner, campaign_id="c1", timeout=10)
+    finally:
+        await planner.close()
+    assert len(events) == 600 and {e.type for _, e in events} == {"EventRejected"}
+
+
+@pytest.mark.asyncio
+async def test_a_caller_cannot_raise_the_servers_sql_caps(secured: Hub) -> None:
+    """Attack 6: `timeout=1e308` and `max_rows=1e12` were taken as asked."""
+    cli = await _as(secured, "cli")
+    try:
+        result = await query(cli, "SELECT * FROM range(150000)", max_rows=10**12, timeout=1e308)
+        lowered = await query(cli, "SELECT * FROM range(100)", max_rows=10)
+    finally:
+        await cli.close()
+    assert result.truncated and len(result.rows) == MAX_ROWS
+    assert lowered.truncated and len(lowered.rows) == 10

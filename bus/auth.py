@@ -40,6 +40,7 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     deny_subscribe: tuple[str, ...] = ()
+    deny_publish: tuple[str, ...] = ()
     allow_responses: bool = False
     """May reply to requests it received (services), whatever their reply subject."""
 
@@ -111,7 +112,7 @@ def authorization(users: dict[str, Permissions]) -> dict[str, object]:
     entries = []
     for key, perms in users.items():
         permissions: dict[str, object] = {
-            "publish": {"allow": list(perms.publish)},
+            "publish": {"allow": list(perms.publish), "deny": list(perms.deny_publish)},
             "subscribe": {"allow": list(perms.subscribe), "deny": list(perms.deny_subscribe)},
         }
         if perms.allow_responses:

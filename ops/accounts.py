@@ -20,7 +20,9 @@ on the hub's first start; `kfactory creds USER -o FILE` copies one to another ho
   exists); subscribe to `kf.svc.kf-store.>` (no other user does) and the
   max-deliveries advisories; reply to requests (`allow_responses`);
 - `cli`: publish CampaignStarted, CampaignResumed and CampaignStalled, ordered consumers,
-  store requests and `kf.hb.ping`; hear every heartbeat (`kf.hb.*.*`);
+  store requests and `kf.hb.ping`; hear every heartbeat (`kf.hb.*.*`). The ordered
+  consumers of `cli` and `hub` may be deleted by them, but never a role's durable work
+  consumer (`deny_publish`): those are the admin's and their actors' alone;
 - `admin`: everything except answering `kf.svc.>`; the hub uses it once, to create or
   update KF_EVENTS and the lease buckets. Actors and the recorder only wait for them.
 No other user (but `admin`) may touch a lease bucket. The recorder checks the rest: an
@@ -137,6 +139,15 @@ def _actor(role: str, key: str) -> Permissions:
     return Permissions(tuple(publish), tuple(subscribe), allow_responses=service is not None)
 
 
+def _work_consumers() -> tuple[str, ...]:
+    """Deleting any role's durable work consumer: no follower may (attack 5 of issue 34)."""
+    return tuple(
+        f"{_API}.CONSUMER.DELETE.{STREAM}.{consumer}"
+        for role in ACTOR_ROLES
+        for consumer in _consumers(role)
+    )
+
+
 def _follower(key: str, emits: tuple[str, ...], heartbeats: bool = False) -> Permissions:
     """Reads the whole stream with ephemeral ordered consumers (the recorder, the CLI);
     with `heartbeats`, also sees who is alive (`kfactory ps`, `kfactory run`)."""
@@ -154,7 +165,7 @@ def _follower(key: str, emits: tuple[str, ...], heartbeats: bool = False) -> Per
     if heartbeats:
         publish.append(PING)
         subscribe.append(f"{HEARTBEAT_PREFIX}.*.*")
-    return Permissions(tuple(publish), tuple(subscribe))
+    return Permissions(tuple(publish), tuple(subscribe), deny_publish=_work_consumers())
 
 
 def permissions(home: Path) -> dict[str, Permissions]:
@@ -185,6 +196,7 @@ def permissions(home: Path) -> dict[str, Permissions]:
                     "$SRV.>",
                     f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{STREAM}.*",
                 ),
+                deny_publish=base.deny_publish,
                 allow_responses=True,
             )
         else:  # admin: everything, but it answers no service requests

@@ -19,8 +19,9 @@ from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import History
 from actors.runtime import Actor, ActorRuntime, Reactions
 from bus.connection import Client, connect, jetstream
+from bus.consumer import CHECK_EVERY
 from bus.follow import follow
-from bus.subjects import SubjectError, campaign_filter, check_campaign_id
+from bus.subjects import STREAM, SubjectError, campaign_filter, check_campaign_id
 from eventstore.codec import encode
 from eventstore.emitter import Emitter
 from eventstore.events import (
@@ -203,3 +204,28 @@ async def test_a_caller_cannot_raise_the_servers_sql_caps(secured: Hub) -> None:
         await cli.close()
     assert result.truncated and len(result.rows) == MAX_ROWS
     assert lowered.truncated and len(lowered.rows) == 10
+
+
+@pytest.mark.asyncio
+async def test_the_cli_cannot_delete_a_work_consumer_and_a_lost_one_comes_back(
+    secured: Hub,
+) -> None:
+    """Attack 5: the cli user deleted `kf-benchmarker-cpu`; nothing created it again."""
+    listener = Listener()
+    cli = await _as(secured, "cli")
+    try:
+        async with _running(listener, secured):
+            with pytest.raises(TimeoutError):  # refused by the server: no answer comes
+                await jetstream(cli, timeout=1).delete_consumer(STREAM, "kf-librarian")
+            assert (await jetstream(secured.nc).consumer_info(STREAM, "kf-librarian")).name
+            # the admin may; the actor then creates its consumer again and goes on
+            admin = await _as(secured, "admin")
+            try:
+                await jetstream(admin).delete_consumer(STREAM, "kf-librarian")
+            finally:
+                await admin.close()
+            await asyncio.sleep(CHECK_EVERY + 2)
+            info = await jetstream(secured.nc).consumer_info(STREAM, "kf-librarian")
+            assert info.name == "kf-librarian"
+    finally:
+        await cli.close()

@@ -21,6 +21,13 @@ from actors.runtime import Actor, ActorRuntime, Reactions
 from bus.connection import Client, connect, jetstream
 from bus.consumer import CHECK_EVERY
 from bus.follow import follow
+from bus.lease import (
+    DEVICE_LEASES,
+    MAX_LEASE_AGE,
+    LeaseBucket,
+    ensure_lease_bucket,
+    kv_stream,
+)
 from bus.subjects import STREAM, SubjectError, campaign_filter, check_campaign_id
 from eventstore.codec import encode
 from eventstore.emitter import Emitter
@@ -229,3 +236,24 @@ async def test_the_cli_cannot_delete_a_work_consumer_and_a_lost_one_comes_back(
             assert info.name == "kf-librarian"
     finally:
         await cli.close()
+
+
+@pytest.mark.asyncio
+async def test_a_lease_written_without_a_ttl_does_not_last(secured: Hub) -> None:
+    """Attack 5: the verifier's credentials wrote a device lease with no TTL; it held the
+    device for 6 minutes and a restart. The bucket now bounds every write's age."""
+    info = await jetstream(secured.nc).stream_info(kv_stream(DEVICE_LEASES))
+    assert 0 < info.config.max_age <= MAX_LEASE_AGE
+    admin = await _as(secured, "admin")
+    attacker = await _as(secured, "verifier")
+    try:  # the same rule, bounded at 2 s here to see it act within a test's time
+        await ensure_lease_bucket(jetstream(admin), DEVICE_LEASES, max_age=2)
+        subject = f"$KV.{DEVICE_LEASES}.cpu-h"
+        await jetstream(attacker).publish(subject, b'{"holder":"squatter"}')
+        leases = await LeaseBucket.open(jetstream(admin), DEVICE_LEASES, 1)
+        assert (await leases.current("cpu-h")) is not None
+        await asyncio.sleep(3)
+        assert (await leases.current("cpu-h")) is None
+    finally:
+        await attacker.close()
+        await admin.close()

@@ -76,9 +76,10 @@ def inbox_prefix(public: str) -> str:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write a file only its owner can read (created with mode 0600, never wider)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, PRIVATE_DIR)
+    """Write a file only its owner can read (created with mode 0600, never wider). A
+    folder it has to create is made 0700; an existing one is left as it is."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=PRIVATE_DIR)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
     try:

@@ -31,10 +31,12 @@ event's `actor.role` must be an emitter of its type.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from actors.runtime import durable_name
 from bus.auth import (
+    PRIVATE_DIR,
     AuthError,
     ClientAuth,
     Permissions,
@@ -74,6 +76,8 @@ def seed_path(home: Path, user: str) -> Path:
 def ensure_credentials(home: Path) -> dict[str, Path]:
     """Every user's seed file, created (mode 0600) where missing."""
     found: dict[str, Path] = {}
+    creds_dir(home).mkdir(parents=True, exist_ok=True)
+    os.chmod(creds_dir(home), PRIVATE_DIR)
     for user in USERS:
         path = seed_path(home, user)
         if not path.exists():
@@ -88,8 +92,9 @@ def client_auth(home: Path, user: str, ca_file: Path | None = None) -> ClientAut
     return ClientAuth(path if path.exists() else None, ca_file)
 
 
-def export_seed(home: Path, user: str, out: Path) -> None:
-    """Copy `user`'s seed to `out` (mode 0600), for a process on another host."""
+def export_seed(home: Path, user: str, out: Path | None) -> bytes:
+    """Copy `user`'s seed to `out` (mode 0600), for a process on another host; with no
+    `out`, only return it (`-o -`: the caller writes it to stdout)."""
     if user not in USERS:
         raise AuthError(f"unknown user {user!r}; one of {', '.join(USERS)}")
     source = seed_path(home, user)
@@ -97,7 +102,10 @@ def export_seed(home: Path, user: str, out: Path) -> None:
         raise AuthError(
             f"no credentials in {creds_dir(home)}: start `kfactory server` there once first"
         )
-    write_private(out, source.read_bytes())
+    seed = source.read_bytes()
+    if out is not None:
+        write_private(out, seed)
+    return seed
 
 
 def _events(types: tuple[str, ...]) -> list[str]:

@@ -237,6 +237,18 @@ def test_a_truncated_tail_is_caught_against_an_exported_head(home: Path) -> None
     ), report
 
 
+def test_the_exported_head_line_is_accepted_verbatim(home: Path) -> None:
+    """Issue 34: the line `--export-head` prints, passed as it is, reported a false
+    "tail truncated"."""
+    heads = kfactory("audit", CAMPAIGN_ID, "--export-head", "--home", str(home))
+    assert heads.returncode == 0, heads.stderr
+    line = heads.stdout.strip()
+    code, report, _ = audit(home, "--expect-head", line)
+    assert code == 0, differing(report)
+    code, report, _ = audit(home, "--expect-head", line.replace(CAMPAIGN_ID, "other", 1))
+    assert code == 1 and "not " + CAMPAIGN_ID in str(differing(report))
+
+
 def test_a_kernel_source_altered_after_the_fact_is_caught(home: Path) -> None:
     rows = read_rows(home)
     written = of_type(rows, "KernelWritten")[0]

@@ -16,9 +16,12 @@ The `kf-store` micro service has four endpoints:
   bytes (`REPLAY_PAGE_BYTES`, 768 KiB of payloads, but at least one event, each at most
   512 KiB) as well as in count, and says whether `more` follows: however big the stored
   events (a flood of junk's rejections), no reply passes NATS's 1 MiB.
-Each request is answered in a task of its own and runs the store in a thread, so queries
-run beside each other, the recorder and replay. A refused query answers code 400, a
-timeout 408, a failed query 422; `StoreUnavailable` when no owner answers.
+Each request is answered in a task of its own and runs the store in a thread of the
+service's own bounded pools (`QUERY_WORKERS` for SQL, `REPLAY_WORKERS` for replay), never
+in the default executor the recorder's appends run in: however many slow queries are
+asked at once, they queue in their pool and the recorder's writes never wait on one. A
+refused query answers code 400, a timeout 408, a failed query 422; `StoreUnavailable`
+when no owner answers.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import duckdb
@@ -54,6 +58,9 @@ PAGES_KEPT_FOR = 120.0
 REPLAY_PAGE_BYTES = 768 * 1024
 #: Rows read from the store at a time while a replay page fills.
 _REPLAY_BATCH = 200
+#: Threads answering SQL, and replay, at once; more requests queue for them.
+QUERY_WORKERS = 4
+REPLAY_WORKERS = 2
 #: The server's caps on a query: a caller may ask for less, never more.
 MAX_QUERY_TIMEOUT = DEFAULT_QUERY_TIMEOUT
 MAX_ROWS = 100_000
@@ -179,6 +186,9 @@ def _replay_page(store: DuckDBEventStore, ask: ReplayRequest) -> ReplayPage:
 
 async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
     pages = _Pages()
+    loop = asyncio.get_running_loop()
+    queries = ThreadPoolExecutor(QUERY_WORKERS, thread_name_prefix="kf-sql")
+    replays = ThreadPoolExecutor(REPLAY_WORKERS, thread_name_prefix="kf-replay")
 
     async def sql(data: bytes) -> bytes:
         try:
@@ -187,7 +197,7 @@ async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
             raise RequestRefused(f"bad request: {exc}") from exc
         max_rows, timeout = capped(ask)
         try:
-            result = await asyncio.to_thread(store.query, ask.sql, max_rows, timeout)
+            result = await loop.run_in_executor(queries, store.query, ask.sql, max_rows, timeout)
         except SqlRefused as exc:
             raise RequestRefused(str(exc)) from exc
         except QueryTimeout as exc:
@@ -208,7 +218,7 @@ async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
             ask = msgspec.json.decode(data, type=ReplayRequest)
         except msgspec.DecodeError as exc:
             raise RequestRefused(f"bad request: {exc}") from exc
-        return _encoder.encode(await asyncio.to_thread(_replay_page, store, ask))
+        return _encoder.encode(await loop.run_in_executor(replays, _replay_page, store, ask))
 
     async def status(_: bytes) -> bytes:
         return _encoder.encode(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from eventstore.events import (
 from eventstore.queries import MAX_ROWS, query, replay
 from ops.hub import Hub, running_hub
 from ops.progress import Progress
+from tests.conftest import calibrated
 from tests.test_actor_runtime import wait_rows
 
 PLANNER = ActorRef(role="planner", instance="planner-1", host="h")
@@ -257,3 +259,23 @@ async def test_a_lease_written_without_a_ttl_does_not_last(secured: Hub) -> None
     finally:
         await attacker.close()
         await admin.close()
+
+
+@pytest.mark.asyncio
+async def test_slow_queries_never_hold_the_recorders_writes(secured: Hub) -> None:
+    """Attack 6: 8 parallel 40-second queries delayed the recording of an event by 37 s
+    (the queries filled the thread pool the recorder's appends run in)."""
+    slow = "SELECT count(*) FROM range(100000) a, range(100000) b WHERE (a.range * b.range) % 7 = 3"
+    cli = await _as(secured, "cli")
+    benchmarker = await _as(secured, "benchmarker")
+    flood = min(32, (os.cpu_count() or 1) + 4) + 2  # more than the default executor holds
+    try:
+        asks = [asyncio.create_task(query(cli, slow, timeout=6)) for _ in range(flood)]
+        await asyncio.sleep(0.5)  # they are running (or queued)
+        await Emitter(jetstream(benchmarker)).emit(calibrated())
+        await secured.wait_for_position(1)
+        assert not any(ask.done() for ask in asks), "the event waited for a query"
+        await asyncio.gather(*asks, return_exceptions=True)
+    finally:
+        await cli.close()
+        await benchmarker.close()

@@ -9,7 +9,8 @@ The `kf-store` micro service has four endpoints:
   `DEFAULT_QUERY_TIMEOUT` unless the caller says; the server caps both at
   `MAX_ROWS` and `MAX_QUERY_TIMEOUT`, which a caller can lower, never raise); the first
   `SqlPage` of the result;
-- `sql-page`: the next pages, `PAGE_BYTES` (640 KiB) each, kept `PAGES_KEPT_FOR` (120 s);
+- `sql-page`: the next pages, `PAGE_BYTES` (640 KiB) each, kept `PAGES_KEPT_FOR` (120 s)
+  and at most `PAGES_KEPT_BYTES` (64 MiB) in all (the oldest results dropped first);
 - `status`: the store's path, last position, campaign count and stream cursor;
 - `replay`: stored payloads in position order, filtered by campaign, event types,
   problem, target and position (what `History` is rebuilt from). A page is bounded in
@@ -54,6 +55,8 @@ SERVICE = "kf-store"
 PAGE_BYTES = 640 * 1024
 #: Seconds a paged result waits for its caller to fetch the rest.
 PAGES_KEPT_FOR = 120.0
+#: Bytes of unfetched pages kept in all; past it the oldest results are dropped.
+PAGES_KEPT_BYTES = 64 * 1024 * 1024
 #: Payload bytes per replay reply (the reply's framing adds little: under 1 MiB).
 REPLAY_PAGE_BYTES = 768 * 1024
 #: Rows read from the store at a time while a replay page fills.
@@ -145,7 +148,16 @@ class _Pages:
         result_id = uuid.uuid4().hex
         if len(chunks) > 1:
             self._kept[result_id] = (now + PAGES_KEPT_FOR, chunks)
+            self._bound()
         return SqlPage(result_id, 0, len(chunks), chunks[0] if chunks else b"")
+
+    def kept_bytes(self) -> int:
+        return sum(len(chunk) for _, chunks in self._kept.values() for chunk in chunks[1:])
+
+    def _bound(self) -> None:
+        """Drop the oldest unfetched results until the rest fit `PAGES_KEPT_BYTES`."""
+        while len(self._kept) > 1 and self.kept_bytes() > PAGES_KEPT_BYTES:
+            del self._kept[next(iter(self._kept))]
 
     def page(self, ask: PageRequest) -> SqlPage:
         kept = self._kept.get(ask.result_id)

@@ -41,7 +41,14 @@ from eventstore.events import (
     LessonLearned,
     new_event,
 )
-from eventstore.queries import MAX_ROWS, query, replay
+from eventstore.queries import (
+    MAX_ROWS,
+    PAGES_KEPT_BYTES,
+    PageRequest,
+    _Pages,
+    query,
+    replay,
+)
 from ops.hub import Hub, running_hub
 from ops.progress import Progress
 from tests.conftest import calibrated
@@ -279,3 +286,12 @@ async def test_slow_queries_never_hold_the_recorders_writes(secured: Hub) -> Non
     finally:
         await cli.close()
         await benchmarker.close()
+
+
+def test_results_never_fetched_are_bounded_in_memory() -> None:
+    """Attack 6: results asked for and never fetched grew the hub from 226 to 594 MB."""
+    pages = _Pages()
+    firsts = [pages.first(b"x" * (2 * 1024 * 1024)) for _ in range(60)]  # 120 MB unfetched
+    assert pages.kept_bytes() <= PAGES_KEPT_BYTES
+    newest = firsts[-1]
+    assert pages.page(PageRequest(newest.result_id, 1)).chunk  # the newest is still there

@@ -4,8 +4,10 @@ An actor declares its `role`, the event types it `reacts_to`, optionally a `targ
 (then its consumer is the role's for that target), `max_deliver` (5), `ack_wait` (10 s:
 a worker that died is noticed this late; a live one reports progress every third of it)
 and `shutdown_grace`, and implements `handle(event, out)`. The runtime binds the role's
-durable consumer (instances of a role compete for the work), decodes each message (one
-that is not an event is a `PoisonMessage`, dead-lettered at once), calls `handle` inside
+durable consumer (instances of a role compete for the work), admits each message by the
+recorder's rule (`eventstore/admission.py`; one the recorder refuses is acked and
+dropped, since the recorder stores its `EventRejected`: a flood of junk costs no dead
+letters), calls `handle` inside
 a structlog context (campaign, role, instance), publishes what it emitted with causation
 and correlation ids, and only then acks. `out.emit(EventType, **payload)` builds a
 reaction whose id derives from its cause (`eventstore/ids.py`), so a redelivered message
@@ -40,11 +42,13 @@ import structlog
 
 from bus.auth import ClientAuth
 from bus.connection import Client, ConnectStopped, Msg, connect, jetstream
-from bus.consumer import PoisonMessage, WorkConsumer
+from bus.consumer import Discard, PoisonMessage, WorkConsumer
 from bus.heartbeat import Heartbeat, beat_until
+from bus.publisher import msg_id
 from bus.streams import wait_for_stream
 from bus.subjects import check_token, type_filters
-from eventstore.codec import InvalidEvent, decode
+from eventstore.admission import admit
+from eventstore.codec import InvalidEvent
 from eventstore.emitter import Emitter
 from eventstore.events import (
     SYSTEM_CAMPAIGN,
@@ -227,9 +231,9 @@ class ActorRuntime:
 
     async def _on_message(self, message: Msg) -> None:
         try:
-            event = decode(message.data)
-        except InvalidEvent as exc:
-            raise PoisonMessage(f"not a valid event: {exc}") from exc
+            event = admit(message.subject, message.data, msg_id(message)).event
+        except InvalidEvent as exc:  # the recorder refuses it too, with an EventRejected
+            raise Discard(f"not an event the recorder accepts: {exc}") from exc
         out = Reactions(event, self.ref)
         self._set_state("working", _job(event))
         try:

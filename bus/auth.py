@@ -40,6 +40,7 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     deny_subscribe: tuple[str, ...] = ()
+    deny_publish: tuple[str, ...] = ()
     allow_responses: bool = False
     """May reply to requests it received (services), whatever their reply subject."""
 
@@ -75,9 +76,10 @@ def inbox_prefix(public: str) -> str:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write a file only its owner can read (created with mode 0600, never wider)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, PRIVATE_DIR)
+    """Write a file only its owner can read (created with mode 0600, never wider). A
+    folder it has to create is made 0700; an existing one is left as it is."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=PRIVATE_DIR)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
     try:
@@ -111,7 +113,7 @@ def authorization(users: dict[str, Permissions]) -> dict[str, object]:
     entries = []
     for key, perms in users.items():
         permissions: dict[str, object] = {
-            "publish": {"allow": list(perms.publish)},
+            "publish": {"allow": list(perms.publish), "deny": list(perms.deny_publish)},
             "subscribe": {"allow": list(perms.subscribe), "deny": list(perms.deny_subscribe)},
         }
         if perms.allow_responses:

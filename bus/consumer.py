@@ -4,10 +4,11 @@ A failure is transient or permanent. Transient causes (the bus or a service away
 role restarting, the store not yet holding the event being handled: timeouts,
 connection errors, 5xx answers) are retried with backoff for `transient_window`
 seconds (minutes); any other error is retried `max_deliver` times in a few seconds, and
-a `PoisonMessage` not at all. A message given up on goes to the dead-letter callback
-with the reason and is then terminated; one whose handler died with its process on
-the last delivery is reported by the server's max-deliveries advisory instead
-(`watch_exhausted`). Either way nothing is dropped silently.
+a `PoisonMessage` not at all; a `Discard` is terminated with no dead letter. A message
+given up on goes to the dead-letter callback with the reason and is then terminated;
+one whose handler died with its process on the last delivery is reported by the
+server's max-deliveries advisory instead (`watch_exhausted`). Either way nothing is
+dropped silently.
 
 A message is acked only after its handler returned (the actor runtime's handler returns
 once JetStream acked the events it emitted). While it runs, `in_progress()` is sent every
@@ -17,10 +18,13 @@ with a delay from `retry_backoff` (0.5 s) doubling to `max_backoff` (15 s). Tran
 answer of code 500 or more, a lost lease; retried for `transient_window` (600 s), so a
 role restarting costs no work. Any other error is given up on after `max_deliver` (5)
 deliveries. The server's own `max_deliver` is the transient count (`deliveries_for`).
-On a stop, the handler gets `grace` s, then it is cancelled and its message `nak`ed for
-another instance. The dead-letter event's id derives from the consumer and the stream
-sequence (`eventstore/failures.py`), so a failure is reported once, whoever reports it:
-the consumer, or the recorder that watches the advisory.
+A role's work consumer is the admin's and its actors' alone (no other user may delete it,
+`ops/accounts.py`); should it vanish anyway, an idle instance notices within
+`CHECK_EVERY` (5 s) and creates it again. On a stop, the handler gets `grace` s, then
+it is cancelled and its message `nak`ed for another instance. The dead-letter event's
+id derives from the consumer and the stream sequence (`eventstore/failures.py`), so a
+failure is reported once, whoever reports it: the consumer, or the recorder that watches
+the advisory.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -44,6 +49,9 @@ from bus.streams import ensure_consumer, work_consumer_config
 from bus.subjects import STREAM
 
 log = structlog.get_logger("bus.consumer")
+
+#: Seconds between checks, while idle, that the work consumer still exists.
+CHECK_EVERY = 5.0
 
 Handler = Callable[[Msg], Awaitable[None]]
 DeadLetter = Callable[[Msg, str], Awaitable[None]]
@@ -62,6 +70,11 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
 
 class PoisonMessage(Exception):
     """Raised by a handler for a message no retry can fix: it is dead-lettered at once."""
+
+
+class Discard(Exception):
+    """Raised by a handler for a message that is not its business (someone else already
+    records it as refused): it is acked and dropped, with a log line, no dead letter."""
 
 
 def is_transient(error: BaseException) -> bool:
@@ -131,20 +144,53 @@ class WorkConsumer:
         self._max_backoff = max_backoff
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Handle messages one at a time until `stop` is set."""
-        await ensure_consumer(self._js, self.config)
-        subscription = await self._js.pull_subscribe_bind(durable=self.durable, stream=STREAM)
+        """Handle messages one at a time until `stop` is set. A consumer that disappears
+        (deleted behind the role's back) is created again within `CHECK_EVERY` s."""
+        subscription = await self._bind()
+        checked = time.monotonic()
         try:
             while not stop.is_set():
                 try:
                     messages = await subscription.fetch(1, timeout=1.0)
                 except _TRANSIENT:
-                    continue  # idle, or the server is away: nats-py reconnects on its own
+                    # idle, or the server is away: nats-py reconnects on its own
+                    if time.monotonic() - checked < CHECK_EVERY:
+                        continue
+                    checked = time.monotonic()
+                    if await self._exists():
+                        continue
+                    messages = []
+                except nats.js.errors.Error as exc:  # e.g. 409 consumer deleted
+                    log.warning("fetch failed", consumer=self.durable, error=str(exc))
+                    await asyncio.sleep(0.5)
+                    messages = []
+                    if await self._exists():
+                        continue
+                if not messages and not stop.is_set():
+                    log.warning("work consumer gone; creating it again", consumer=self.durable)
+                    with contextlib.suppress(Exception):
+                        await subscription.unsubscribe()
+                    subscription = await self._bind()
+                    continue
                 for message in messages:
                     await self._process(message, stop)
         finally:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
+
+    async def _bind(self) -> JetStreamContext.PullSubscription:
+        await ensure_consumer(self._js, self.config)
+        return await self._js.pull_subscribe_bind(durable=self.durable, stream=STREAM)
+
+    async def _exists(self) -> bool:
+        """False only when the server says the consumer is not there."""
+        try:
+            await self._js.consumer_info(STREAM, self.durable)
+        except nats.js.errors.NotFoundError:
+            return False
+        except Exception:  # the server away: not the consumer's absence
+            return True
+        return True
 
     async def _process(self, message: Msg, stop: asyncio.Event) -> None:
         handling: asyncio.Task[None] = asyncio.ensure_future(self._handler(message))
@@ -168,6 +214,10 @@ class WorkConsumer:
         error = handling.exception()
         if error is None:
             await message.ack()
+            return
+        if isinstance(error, Discard):
+            log.warning("dropped a message", consumer=self.durable, reason=str(error))
+            await message.term()
             return
         await self._failed(message, error)
 

@@ -39,6 +39,11 @@ API (stable; other modules build on it):
 - `scope` (`<bucket>@<creation time>`): a bucket made again starts its revisions over,
   under a new scope; tokens of different scopes are never compared.
 - The hub's admin creates both buckets, as replicated as KF_EVENTS; others only open them.
+- The bucket bounds every write's life too (`max_age`, `MAX_LEASE_AGE`: 60 s): a key
+  written without a `Nats-TTL` (by a user with a lease bucket's permissions, but not this
+  code) is gone within that, so no write can squat a key for ever. A lease's own TTL
+  must be shorter (renewals rewrite the key every ttl/3). A bucket made before this
+  rule gets the bound when the admin next ensures it.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ log = structlog.get_logger("bus.lease")
 RECORDER_LEASES = "KF_RECORDER_LEASE"
 #: The bucket of device leases (a host's CPU cores, a GPU), held by benchmarkers.
 DEVICE_LEASES = "KF_DEVICE_LEASES"
+
+#: Seconds any write to a lease bucket lives at most, whatever its own TTL said.
+MAX_LEASE_AGE = 60.0
 
 _WRONG_LAST_SEQUENCE = (10071, 10164)
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
@@ -124,15 +132,23 @@ def lease_subjects(bucket: str) -> list[str]:
 
 
 async def ensure_lease_bucket(
-    js: JetStreamContext, bucket: str, *, replicas: int = 1, storage: StorageType | None = None
+    js: JetStreamContext,
+    bucket: str,
+    *,
+    replicas: int = 1,
+    storage: StorageType | None = None,
+    max_age: float = MAX_LEASE_AGE,
 ) -> None:
-    """Create `bucket` (one revision per key, per-message TTLs allowed) unless it exists."""
+    """Create `bucket` (one revision per key, per-message TTLs allowed, no write older
+    than `max_age` s) unless it exists; bound an existing one's writes the same way."""
     try:
         info = await js.stream_info(kv_stream(bucket))
     except NotFoundError:
         try:
             await js.create_key_value(
-                KeyValueConfig(bucket=bucket, history=1, replicas=replicas, storage=storage)
+                KeyValueConfig(
+                    bucket=bucket, history=1, replicas=replicas, storage=storage, ttl=max_age
+                )
             )
         except BadRequestError:  # created concurrently by another process
             await js.stream_info(kv_stream(bucket))
@@ -147,6 +163,12 @@ async def ensure_lease_bucket(
             f"the bucket {bucket} exists but does not allow per-message TTLs; "
             f"delete it (nats kv del {bucket}) and start the hub again"
         )
+    if not info.config.max_age or info.config.max_age > max_age:
+        try:
+            window = min(info.config.duplicate_window or max_age, max_age)
+            await js.update_stream(replace(info.config, max_age=max_age, duplicate_window=window))
+        except (TimeoutError, APIError) as exc:  # not the admin: it bounds it later
+            log.warning("could not bound the lease bucket's writes", bucket=bucket, error=str(exc))
 
 
 class LeaseBucket:
@@ -168,8 +190,10 @@ class LeaseBucket:
         """The leases of an existing `bucket` (see ensure_lease_bucket), each `ttl` s long;
         `wait`: until the hub has created it (an actor may start before the hub), saying
         so every 30 s, else LeaseError at once."""
-        if ttl < 1 or ttl != math.floor(ttl):
-            raise LeaseError(f"a lease TTL is a whole number of seconds >= 1, not {ttl}")
+        if ttl < 1 or ttl != math.floor(ttl) or ttl >= MAX_LEASE_AGE:
+            raise LeaseError(
+                f"a lease TTL is a whole number of seconds >= 1 and < {MAX_LEASE_AGE:g}, not {ttl}"
+            )
         said = -math.inf
         while True:
             try:

@@ -21,12 +21,19 @@ from typing import NamedTuple
 import nats.errors
 import nats.js.errors
 import structlog
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 log = structlog.get_logger("bus.publisher")
 
 MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+def msg_id(message: Msg) -> str | None:
+    """The `Nats-Msg-Id` a received message was published with, if any."""
+    return (message.headers or {}).get(MSG_ID_HEADER)
+
 
 _RETRYABLE: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,

@@ -1,7 +1,9 @@
 """Subject names on the bus: `kf.ev.<campaign>.<type>[.<target>]`.
 
 Campaign ids, event types and targets are single subject tokens: letters, digits,
-`_`, `-` and `:` only, so no id can smuggle in a dot, a space or a wildcard.
+`_`, `-` and `:` only, so no id can smuggle in a dot, a space or a wildcard. A campaign
+id is narrower still (`check_campaign_id`): letters, digits, `_` and `-`, at most 64,
+checked wherever one enters (the campaign file and flags, the CLI, every event admitted).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ ALL_EVENTS = f"{EVENTS_PREFIX}.>"
 SERVICE_PREFIX = "kf.svc"
 
 _TOKEN = re.compile(r"[A-Za-z0-9_:-]{1,128}")
+_CAMPAIGN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_CAMPAIGN_ID = 64
 
 
 class SubjectError(ValueError):
@@ -30,8 +34,21 @@ def check_token(value: str, what: str = "token") -> str:
     return value
 
 
+def is_campaign_id(value: object) -> bool:
+    return isinstance(value, str) and _CAMPAIGN_ID.fullmatch(value) is not None
+
+
+def check_campaign_id(value: str, what: str = "campaign id") -> str:
+    """Return `value` if it is a safe campaign id (letters, digits, `_`, `-`; at most 64)."""
+    if not is_campaign_id(value):
+        raise SubjectError(
+            f"invalid {what} {value!r}: use 1-{MAX_CAMPAIGN_ID} letters, digits, '_' or '-'"
+        )
+    return value
+
+
 def event_subject(campaign_id: str, event_type: str, target: str | None = None) -> str:
-    parts = [EVENTS_PREFIX, check_token(campaign_id, "campaign id"), check_token(event_type)]
+    parts = [EVENTS_PREFIX, check_campaign_id(campaign_id), check_token(event_type)]
     if target:
         parts.append(check_token(target, "target"))
     return ".".join(parts)
@@ -52,7 +69,7 @@ def type_filters(event_types: list[str], target: str | None = None) -> list[str]
 def campaign_filter(campaign_id: str | None) -> str:
     if campaign_id is None:
         return ALL_EVENTS
-    return f"{EVENTS_PREFIX}.{check_token(campaign_id, 'campaign id')}.>"
+    return f"{EVENTS_PREFIX}.{check_campaign_id(campaign_id)}.>"
 
 
 def parse_event_subject(subject: str) -> tuple[str, str, str | None] | None:

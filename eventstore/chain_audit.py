@@ -170,12 +170,19 @@ def check_columns(rows: Sequence[StoredRow]) -> Claim:
 
 
 def check_anchor(rows: Sequence[StoredRow], campaign_id: str, expected_hex: str) -> Claim:
-    """An exported head must still be in the chain; the chain may have grown since."""
+    """An exported head must still be in the chain; the chain may have grown since.
+    `expected_hex` is the hash, or the line `audit --export-head` printed for the
+    campaign as it is (`CAMPAIGN<TAB>POSITION<TAB>HASH`): then its campaign and position
+    must match too."""
     name = "exported head"
-    expected_hex = expected_hex.strip().lower()
+    fields = expected_hex.split()
+    expected_hex = fields[-1].lower() if fields else ""
+    if len(fields) == 3 and fields[0] != campaign_id:
+        return differs("chain", name, f"the head given is {fields[0]}'s, not {campaign_id}'s", None)
+    at = int(fields[1]) if len(fields) == 3 and fields[1].isdigit() else None
     last = rows[-1] if rows else None
     for count, row in enumerate(rows, 1):
-        if row.chain_hash.hex() == expected_hex:
+        if row.chain_hash.hex() == expected_hex and at in (None, row.position):
             since = len(rows) - count
             return agrees(
                 "chain",

@@ -1,5 +1,7 @@
-"""What an audit says about one claim: it agrees, it differs (with the evidence), or it
-was skipped on this host (with the reason).
+"""What an audit says about one claim: it agrees, it differs (with the evidence), it
+was skipped (nothing to check), or it is not re-verifiable here (a re-measurement this
+host cannot make or judge: another device; `kfactory audit` fails on those unless told
+`--allow-unverifiable`).
 
 `kfactory audit` (`ops/audit_cmd.py`) makes three kinds, by `area`: the record (`chain`,
 `columns`: `eventstore/chain_audit.py`), the projections (`projection`, `kernel`:
@@ -13,7 +15,7 @@ from typing import Literal
 
 import msgspec
 
-Status = Literal["agrees", "differs", "skipped"]
+Status = Literal["agrees", "differs", "skipped", "unverifiable"]
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,3 +40,8 @@ def differs(area: str, name: str, evidence: str, position: int | None = None) ->
 
 def skipped(area: str, name: str, evidence: str, position: int | None = None) -> Claim:
     return Claim(area=area, name=name, status="skipped", evidence=evidence, position=position)
+
+
+def unverifiable(area: str, name: str, evidence: str, position: int | None = None) -> Claim:
+    """A claim this host cannot re-run or judge: not passed, not failed, listed."""
+    return Claim(area=area, name=name, status="unverifiable", evidence=evidence, position=position)

@@ -21,6 +21,7 @@ runs, opening the file raises StoreLocked.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -113,6 +114,14 @@ def open_connection(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
         raise
 
 
+def _owner_only(path: Path) -> None:
+    """The store and its WAL readable by their owner alone (the events hold kernels and
+    campaign files; DuckDB creates them by the umask)."""
+    for file in (path, path.with_name(path.name + ".wal")):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(file, 0o600)
+
+
 class DuckDBEventStore(EventStore):
     def __init__(self, path: Path | str, read_only: bool = False) -> None:
         super().__init__()
@@ -126,6 +135,7 @@ class DuckDBEventStore(EventStore):
         self._lock = threading.Lock()
         if not read_only:
             self._conn.execute(SCHEMA_SQL)
+            _owner_only(self.path)
             self._keep_payload_verbatim()
             create_views(self._conn)  # candidates, leaderboard, lessons, ...
             # Small frequent commits: checkpoint the WAL rarely (it doubles append speed;
@@ -211,6 +221,7 @@ class DuckDBEventStore(EventStore):
                 raise
             finally:
                 self._conn.unregister("kf_batch")
+        _owner_only(self.path)  # a WAL made since (after a checkpoint) by the umask
         return True
 
     def _stored_ids(self, event_ids: Iterable[str]) -> set[str]:

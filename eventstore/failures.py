@@ -9,15 +9,15 @@ the message itself, so reporting the same failure twice stores it once.
   sequence, so the actor that gave up and the recorder that saw the server's
   max-deliveries advisory report it once.
 
-The campaign is the subject's, else `kf-system`. Both are published through the bus and
-stored like any event.
+The campaign is the subject's if it is a safe campaign id, else `kf-system`. Both are
+published through the bus and stored like any event.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from bus.subjects import parse_event_subject
+from bus.subjects import is_campaign_id, parse_event_subject
 from eventstore.codec import InvalidEvent, decode
 from eventstore.events import SYSTEM_CAMPAIGN, ActorRef, DeadLettered, EventRejected, new_event
 from eventstore.ids import stable_event_id
@@ -27,7 +27,9 @@ RAW_EXCERPT_BYTES = 2048
 
 def _campaign_of(subject: str) -> str:
     parsed = parse_event_subject(subject)
-    return parsed[0] if parsed else SYSTEM_CAMPAIGN
+    if parsed is None or not is_campaign_id(parsed[0]):
+        return SYSTEM_CAMPAIGN
+    return parsed[0]
 
 
 def rejection_event(

@@ -6,14 +6,23 @@ for one message (NATS caps them at 1 MiB) is cut into pages the caller fetches i
 
 The `kf-store` micro service has four endpoints:
 - `sql`: `SqlRequest` (one read-only statement, `max_rows` 10,000, `timeout`
-  `DEFAULT_QUERY_TIMEOUT` unless the caller says); the first `SqlPage` of the result;
-- `sql-page`: the next pages, `PAGE_BYTES` (640 KiB) each, kept `PAGES_KEPT_FOR` (120 s);
+  `DEFAULT_QUERY_TIMEOUT` unless the caller says; the server caps both at
+  `MAX_ROWS` and `MAX_QUERY_TIMEOUT`, which a caller can lower, never raise); the first
+  `SqlPage` of the result;
+- `sql-page`: the next pages, `PAGE_BYTES` (640 KiB) each, kept `PAGES_KEPT_FOR` (120 s)
+  and at most `PAGES_KEPT_BYTES` (64 MiB) in all (the oldest results dropped first);
 - `status`: the store's path, last position, campaign count and stream cursor;
 - `replay`: stored payloads in position order, filtered by campaign, event types,
-  problem, target and position, up to 20,000 per request (what `History` is rebuilt from).
-Each request is answered in a task of its own and runs the store in a thread, so queries
-run beside each other, the recorder and replay. A refused query answers code 400, a
-timeout 408, a failed query 422; `StoreUnavailable` when no owner answers.
+  problem, target and position (what `History` is rebuilt from). A page is bounded in
+  bytes (`REPLAY_PAGE_BYTES`, 768 KiB of payloads, but at least one event, each at most
+  512 KiB) as well as in count, and says whether `more` follows: however big the stored
+  events (a flood of junk's rejections), no reply passes NATS's 1 MiB.
+Each request is answered in a task of its own and runs the store in a thread of the
+service's own bounded pools (`QUERY_WORKERS` for SQL, `REPLAY_WORKERS` for replay), never
+in the default executor the recorder's appends run in: however many slow queries are
+asked at once, they queue in their pool and the recorder's writes never wait on one. A
+refused query answers code 400, a timeout 408, a failed query 422; `StoreUnavailable`
+when no owner answers.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import duckdb
@@ -45,6 +55,18 @@ SERVICE = "kf-store"
 PAGE_BYTES = 640 * 1024
 #: Seconds a paged result waits for its caller to fetch the rest.
 PAGES_KEPT_FOR = 120.0
+#: Bytes of unfetched pages kept in all; past it the oldest results are dropped.
+PAGES_KEPT_BYTES = 64 * 1024 * 1024
+#: Payload bytes per replay reply (the reply's framing adds little: under 1 MiB).
+REPLAY_PAGE_BYTES = 768 * 1024
+#: Rows read from the store at a time while a replay page fills.
+_REPLAY_BATCH = 200
+#: Threads answering SQL, and replay, at once; more requests queue for them.
+QUERY_WORKERS = 4
+REPLAY_WORKERS = 2
+#: The server's caps on a query: a caller may ask for less, never more.
+MAX_QUERY_TIMEOUT = DEFAULT_QUERY_TIMEOUT
+MAX_ROWS = 100_000
 
 
 class SqlRequest(msgspec.Struct, frozen=True):
@@ -83,6 +105,15 @@ class ReplayRequest(msgspec.Struct, frozen=True):
 class ReplayPage(msgspec.Struct, frozen=True):
     positions: list[int]
     payloads: list[msgspec.Raw]
+    more: bool = False
+
+
+def capped(ask: SqlRequest) -> tuple[int, float]:
+    """The rows and seconds a query gets: what the caller asked, within the server's caps
+    (a bound that is not a positive number gets the cap)."""
+    rows = ask.max_rows if 0 < ask.max_rows <= MAX_ROWS else MAX_ROWS
+    timeout = ask.timeout if 0 < ask.timeout <= MAX_QUERY_TIMEOUT else MAX_QUERY_TIMEOUT
+    return rows, timeout
 
 
 class StoreStatus(msgspec.Struct, frozen=True):
@@ -117,7 +148,16 @@ class _Pages:
         result_id = uuid.uuid4().hex
         if len(chunks) > 1:
             self._kept[result_id] = (now + PAGES_KEPT_FOR, chunks)
+            self._bound()
         return SqlPage(result_id, 0, len(chunks), chunks[0] if chunks else b"")
+
+    def kept_bytes(self) -> int:
+        return sum(len(chunk) for _, chunks in self._kept.values() for chunk in chunks[1:])
+
+    def _bound(self) -> None:
+        """Drop the oldest unfetched results until the rest fit `PAGES_KEPT_BYTES`."""
+        while len(self._kept) > 1 and self.kept_bytes() > PAGES_KEPT_BYTES:
+            del self._kept[next(iter(self._kept))]
 
     def page(self, ask: PageRequest) -> SqlPage:
         kept = self._kept.get(ask.result_id)
@@ -129,16 +169,47 @@ class _Pages:
         return SqlPage(ask.result_id, ask.index, len(chunks), chunks[ask.index])
 
 
+def _replay_page(store: DuckDBEventStore, ask: ReplayRequest) -> ReplayPage:
+    """Up to `ask.limit` events after `ask.after_position`, cut at `REPLAY_PAGE_BYTES`."""
+    positions: list[int] = []
+    payloads: list[msgspec.Raw] = []
+    size, after, limit = 0, ask.after_position, max(1, min(ask.limit, 20_000))
+    while len(positions) < limit:
+        batch = min(_REPLAY_BATCH, limit - len(positions))
+        rows = store.select_payloads(
+            campaign_id=ask.campaign_id,
+            types=ask.types,
+            problem=ask.problem,
+            target=ask.target,
+            after_position=after,
+            limit=batch,
+        )
+        for position, payload in rows:
+            if positions and size + len(payload) > REPLAY_PAGE_BYTES:
+                return ReplayPage(positions, payloads, more=True)
+            positions.append(position)
+            payloads.append(msgspec.Raw(payload))
+            size += len(payload)
+        if len(rows) < batch:
+            return ReplayPage(positions, payloads, more=False)
+        after = positions[-1]
+    return ReplayPage(positions, payloads, more=True)
+
+
 async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
     pages = _Pages()
+    loop = asyncio.get_running_loop()
+    queries = ThreadPoolExecutor(QUERY_WORKERS, thread_name_prefix="kf-sql")
+    replays = ThreadPoolExecutor(REPLAY_WORKERS, thread_name_prefix="kf-replay")
 
     async def sql(data: bytes) -> bytes:
         try:
             ask = msgspec.json.decode(data, type=SqlRequest)
         except msgspec.DecodeError as exc:
             raise RequestRefused(f"bad request: {exc}") from exc
+        max_rows, timeout = capped(ask)
         try:
-            result = await asyncio.to_thread(store.query, ask.sql, ask.max_rows, ask.timeout)
+            result = await loop.run_in_executor(queries, store.query, ask.sql, max_rows, timeout)
         except SqlRefused as exc:
             raise RequestRefused(str(exc)) from exc
         except QueryTimeout as exc:
@@ -159,18 +230,7 @@ async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
             ask = msgspec.json.decode(data, type=ReplayRequest)
         except msgspec.DecodeError as exc:
             raise RequestRefused(f"bad request: {exc}") from exc
-        rows = await asyncio.to_thread(
-            store.select_payloads,
-            campaign_id=ask.campaign_id,
-            types=ask.types,
-            problem=ask.problem,
-            target=ask.target,
-            after_position=ask.after_position,
-            limit=min(ask.limit, 20_000),
-        )
-        return _encoder.encode(
-            ReplayPage([p for p, _ in rows], [msgspec.Raw(payload) for _, payload in rows])
-        )
+        return _encoder.encode(await loop.run_in_executor(replays, _replay_page, store, ask))
 
     async def status(_: bytes) -> bytes:
         return _encoder.encode(
@@ -243,7 +303,7 @@ async def replay(
         found += [
             (p, decode(bytes(raw))) for p, raw in zip(page.positions, page.payloads, strict=True)
         ]
-        if len(page.positions) < ask.limit:
+        if not page.more or not page.positions:
             return found
         after_position = page.positions[-1]
 

@@ -33,7 +33,7 @@ from bus.connection import Client, Msg, jetstream
 from bus.consumer import ExhaustedMessage, watch_exhausted
 from bus.follow import follow
 from bus.lease import HeldLease
-from bus.publisher import MSG_ID_HEADER
+from bus.publisher import msg_id
 from bus.streams import wait_for_stream
 from bus.subjects import ALL_EVENTS, STREAM
 from eventstore.admission import admit
@@ -152,8 +152,7 @@ class Recorder:
         for message in batch:
             sequence = _stream_sequence(message)
             try:
-                headers = message.headers or {}
-                admitted = admit(message.subject, message.data, headers.get(MSG_ID_HEADER))
+                admitted = admit(message.subject, message.data, msg_id(message))
             except InvalidEvent as exc:
                 rejections.append(self._rejection(message, sequence, str(exc)))
                 continue

@@ -20,7 +20,9 @@ on the hub's first start; `kfactory creds USER -o FILE` copies one to another ho
   exists); subscribe to `kf.svc.kf-store.>` (no other user does) and the
   max-deliveries advisories; reply to requests (`allow_responses`);
 - `cli`: publish CampaignStarted, CampaignResumed and CampaignStalled, ordered consumers,
-  store requests and `kf.hb.ping`; hear every heartbeat (`kf.hb.*.*`);
+  store requests and `kf.hb.ping`; hear every heartbeat (`kf.hb.*.*`). The ordered
+  consumers of `cli` and `hub` may be deleted by them, but never a role's durable work
+  consumer (`deny_publish`): those are the admin's and their actors' alone;
 - `admin`: everything except answering `kf.svc.>`; the hub uses it once, to create or
   update KF_EVENTS and the lease buckets. Actors and the recorder only wait for them.
 No other user (but `admin`) may touch a lease bucket. The recorder checks the rest: an
@@ -29,10 +31,12 @@ event's `actor.role` must be an emitter of its type.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from actors.runtime import durable_name
 from bus.auth import (
+    PRIVATE_DIR,
     AuthError,
     ClientAuth,
     Permissions,
@@ -72,6 +76,8 @@ def seed_path(home: Path, user: str) -> Path:
 def ensure_credentials(home: Path) -> dict[str, Path]:
     """Every user's seed file, created (mode 0600) where missing."""
     found: dict[str, Path] = {}
+    creds_dir(home).mkdir(parents=True, exist_ok=True)
+    os.chmod(creds_dir(home), PRIVATE_DIR)
     for user in USERS:
         path = seed_path(home, user)
         if not path.exists():
@@ -86,8 +92,9 @@ def client_auth(home: Path, user: str, ca_file: Path | None = None) -> ClientAut
     return ClientAuth(path if path.exists() else None, ca_file)
 
 
-def export_seed(home: Path, user: str, out: Path) -> None:
-    """Copy `user`'s seed to `out` (mode 0600), for a process on another host."""
+def export_seed(home: Path, user: str, out: Path | None) -> bytes:
+    """Copy `user`'s seed to `out` (mode 0600), for a process on another host; with no
+    `out`, only return it (`-o -`: the caller writes it to stdout)."""
     if user not in USERS:
         raise AuthError(f"unknown user {user!r}; one of {', '.join(USERS)}")
     source = seed_path(home, user)
@@ -95,7 +102,10 @@ def export_seed(home: Path, user: str, out: Path) -> None:
         raise AuthError(
             f"no credentials in {creds_dir(home)}: start `kfactory server` there once first"
         )
-    write_private(out, source.read_bytes())
+    seed = source.read_bytes()
+    if out is not None:
+        write_private(out, seed)
+    return seed
 
 
 def _events(types: tuple[str, ...]) -> list[str]:
@@ -137,6 +147,15 @@ def _actor(role: str, key: str) -> Permissions:
     return Permissions(tuple(publish), tuple(subscribe), allow_responses=service is not None)
 
 
+def _work_consumers() -> tuple[str, ...]:
+    """Deleting any role's durable work consumer: no follower may (attack 5 of issue 34)."""
+    return tuple(
+        f"{_API}.CONSUMER.DELETE.{STREAM}.{consumer}"
+        for role in ACTOR_ROLES
+        for consumer in _consumers(role)
+    )
+
+
 def _follower(key: str, emits: tuple[str, ...], heartbeats: bool = False) -> Permissions:
     """Reads the whole stream with ephemeral ordered consumers (the recorder, the CLI);
     with `heartbeats`, also sees who is alive (`kfactory ps`, `kfactory run`)."""
@@ -154,7 +173,7 @@ def _follower(key: str, emits: tuple[str, ...], heartbeats: bool = False) -> Per
     if heartbeats:
         publish.append(PING)
         subscribe.append(f"{HEARTBEAT_PREFIX}.*.*")
-    return Permissions(tuple(publish), tuple(subscribe))
+    return Permissions(tuple(publish), tuple(subscribe), deny_publish=_work_consumers())
 
 
 def permissions(home: Path) -> dict[str, Permissions]:
@@ -185,6 +204,7 @@ def permissions(home: Path) -> dict[str, Permissions]:
                     "$SRV.>",
                     f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{STREAM}.*",
                 ),
+                deny_publish=base.deny_publish,
                 allow_responses=True,
             )
         else:  # admin: everything, but it answers no service requests

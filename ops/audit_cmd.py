@@ -58,6 +58,11 @@ def audit(
     expect_head: str | None = typer.Option(
         None, "--expect-head", metavar="HASH", help="A head hash exported before."
     ),
+    allow_unverifiable: bool = typer.Option(
+        False,
+        "--allow-unverifiable",
+        help="Exit 0 even when some claims cannot be re-verified on this host.",
+    ),
     export_head: bool = typer.Option(
         False, "--export-head", help="Print each campaign's position and head hash, and stop."
     ),
@@ -75,13 +80,30 @@ def audit(
             rebuilt = rebuild_campaign(snapshot, campaign)
             claims += reverify(rebuilt.history, campaign, reverify_top, seed)
     failed = [c for c in claims if c.status == "differs"]
+    unchecked = [c for c in claims if c.status == "unverifiable"]
+    ok = not failed and (allow_unverifiable or not unchecked)
     if as_json:
-        print(to_json({"campaign_id": campaign, "ok": not failed, "claims": claims}))
+        print(
+            to_json(
+                {
+                    "campaign_id": campaign,
+                    "ok": ok,
+                    "not_reverifiable_here": [c.name for c in unchecked],
+                    "claims": claims,
+                }
+            )
+        )
     else:
         for claim in claims:
             print(claim.line())
-        print(f"{campaign}: {len(failed)} claim(s) differ" if failed else f"{campaign}: all agree")
-    if failed:
+        verdict = f"{len(failed)} claim(s) differ" if failed else "all checked claims agree"
+        if unchecked:
+            names = ", ".join(c.name for c in unchecked)
+            verdict += f"; {len(unchecked)} not re-verifiable here ({names})"
+        elif not failed:
+            verdict = "all agree"
+        print(f"{campaign}: {verdict}")
+    if not ok:
         raise typer.Exit(1)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -29,11 +30,18 @@ def register(app: typer.Typer) -> None:
 
 def creds(
     user: str = typer.Argument(..., help="A role, or hub, cli, admin."),
-    out: Path = typer.Option(..., "--out", "-o", help="File to write (mode 0600)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="File to write (mode 0600), or - for stdout."
+    ),
     home: Path | None = HOME,
 ) -> None:
+    to_stdout = str(out) == "-"
     try:
-        export_seed(resolve_home(home), user, out)
+        seed = export_seed(resolve_home(home), user, None if to_stdout else out)
     except AuthError as exc:
         raise UserError(str(exc)) from exc
+    if to_stdout:
+        sys.stdout.buffer.write(seed)
+        sys.stdout.flush()
+        return
     typer.echo(f"wrote {out} ({user}); keep it private", err=True)

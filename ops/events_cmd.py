@@ -14,7 +14,7 @@ import typer
 from bus.auth import AuthError, ClientAuth
 from bus.connection import INTERACTIVE_WAIT, connect
 from bus.follow import Msg, follow
-from bus.subjects import SubjectError, campaign_filter, check_token
+from bus.subjects import SubjectError, campaign_filter, check_campaign_id, check_token
 from eventstore.codec import InvalidEvent, decode
 from eventstore.duckdb_store import DuckDBEventStore, QueryResult, QueryTimeout, StoreLocked
 from eventstore.events import Event
@@ -110,7 +110,7 @@ def _select(
     where = []
     try:
         if campaign is not None:
-            where.append(f"campaign_id = '{check_token(campaign, 'campaign id')}'")
+            where.append(f"campaign_id = '{check_campaign_id(campaign)}'")
         if event_type is not None:
             where.append(f"type = '{check_token(event_type, 'event type')}'")
     except SubjectError as exc:

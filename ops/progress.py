@@ -24,7 +24,9 @@ from actors.campaign.history import History
 from actors.campaign.leaderboard import leaderboard
 from bus.follow import Msg
 from bus.heartbeat import LIVE_FOR, Heartbeat
-from eventstore.codec import InvalidEvent, decode
+from bus.publisher import msg_id
+from eventstore.admission import admit
+from eventstore.codec import InvalidEvent
 from eventstore.events import CampaignStalled, Event
 
 #: Without a terminal, a progress line this often.
@@ -41,8 +43,8 @@ class Progress:
 
     async def on_message(self, message: Msg) -> None:
         try:
-            event = decode(message.data)
-        except InvalidEvent:
+            event = admit(message.subject, message.data, msg_id(message)).event
+        except InvalidEvent:  # the recorder refuses it too (an EventRejected)
             return
         self.history.apply(self.history.position + 1, event)
 

@@ -98,6 +98,11 @@ def server(
         raise UserError(f"a server (pid {other.pid}) already owns {folder}: {other.url}")
     if (tls_cert is None) != (tls_key is None):
         raise UserError("give both --tls-cert and --tls-key, or neither")
+    if tls_cert is not None and tls_ca is None:
+        raise UserError(
+            "--tls-cert needs --tls-ca too: the CA that signed it, which the hub's own "
+            "clients (recorder, store service) and every other host verify the server with"
+        )
     tls = TlsFiles(tls_cert, tls_key) if tls_cert and tls_key else None
     for path in (tls_cert, tls_key, tls_ca, creds):
         if path is not None and not path.exists():

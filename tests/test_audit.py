@@ -237,6 +237,18 @@ def test_a_truncated_tail_is_caught_against_an_exported_head(home: Path) -> None
     ), report
 
 
+def test_the_exported_head_line_is_accepted_verbatim(home: Path) -> None:
+    """Issue 34: the line `--export-head` prints, passed as it is, reported a false
+    "tail truncated"."""
+    heads = kfactory("audit", CAMPAIGN_ID, "--export-head", "--home", str(home))
+    assert heads.returncode == 0, heads.stderr
+    line = heads.stdout.strip()
+    code, report, _ = audit(home, "--expect-head", line)
+    assert code == 0, differing(report)
+    code, report, _ = audit(home, "--expect-head", line.replace(CAMPAIGN_ID, "other", 1))
+    assert code == 1 and "not " + CAMPAIGN_ID in str(differing(report))
+
+
 def test_a_kernel_source_altered_after_the_fact_is_caught(home: Path) -> None:
     rows = read_rows(home)
     written = of_type(rows, "KernelWritten")[0]
@@ -478,11 +490,17 @@ def test_a_gpu_campaign_is_audited_on_a_cpu_host_as_far_as_it_can_go(tmp_path: P
     if device_missing("cuda") is None:
         pytest.skip("this host has a GPU: the cuda kernels would run here")
     record_gpu_campaign(tmp_path)
-    done = kfactory("audit", "gpu", "--home", str(tmp_path), "--reverify", "1", "--json")
+    strict = kfactory("audit", "gpu", "--home", str(tmp_path), "--reverify", "1", "--json")
+    assert strict.returncode == 1, "a claim it could not re-run must not pass the audit"
+    assert json.loads(strict.stdout)["not_reverifiable_here"] == ["#1 gpu:g0:c0"]
+    done = kfactory(
+        "audit", "gpu", "--home", str(tmp_path), "--reverify", "1", "--json",
+        "--allow-unverifiable",
+    )  # fmt: skip
     report = json.loads(done.stdout)
     assert done.returncode == 0, differing(report)
     kernel = [c for c in report["claims"] if c["area"] == "reverify"]
-    assert [c["status"] for c in kernel][-1] == "skipped", kernel
+    assert [c["status"] for c in kernel][-1] == "unverifiable", kernel
     assert "not run" in kernel[-1]["evidence"] or "not compiled here" in kernel[-1]["evidence"]
     if nvcc_path() is not None:  # compile and static checks happen on any host with nvcc
         assert kernel[0]["status"] == "agrees" and "static" in kernel[0]["evidence"]

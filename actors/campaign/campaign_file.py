@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from bus.subjects import check_token
+from bus.subjects import MAX_CAMPAIGN_ID, check_campaign_id
 from gpu_workers.targets import TARGET_MAP, TARGETS, target_of
 
 
@@ -86,13 +86,14 @@ class CampaignSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def campaign_id(self) -> str:
         """The same request always names the same campaign, so running it again resumes."""
         if self.name:
-            return check_token(self.name, "campaign name")
+            return check_campaign_id(self.name, "campaign name")
         digest = hashlib.sha256(msgspec.json.encode(self)).hexdigest()[:8]
         # A file's problem is named by NAME in path.py:NAME, so that the campaigns of the
         # problems of one file differ at a glance.
         named = self.problem.rpartition(":")[2] if ":" in self.problem else Path(self.problem).stem
         problem = re.sub(r"[^A-Za-z0-9_-]", "-", named)
-        return f"{problem}-{self.target.replace(':', '-')}-{digest}"
+        suffix = f"-{self.target.replace(':', '-')}-{digest}"
+        return check_campaign_id(f"{problem[: MAX_CAMPAIGN_ID - len(suffix)]}{suffix}")
 
     def to_config(self) -> dict[str, Any]:
         config: dict[str, Any] = msgspec.to_builtins(self)

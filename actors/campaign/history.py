@@ -35,6 +35,7 @@ import msgspec
 
 from actors.campaign.campaign_file import CampaignSpec, decode_config
 from actors.campaign.ranking import best_of
+from eventstore.admission import acceptable
 from eventstore.events import (
     BenchmarkCompleted,
     CampaignFinished,
@@ -189,6 +190,8 @@ class History:
             return
         self.position = position
         self.event_ids.add(event.event_id)
+        if not acceptable(event):  # the recorder's rule (a store older than it may hold some)
+            return
         campaign = self.campaigns.get(event.campaign_id)
         if isinstance(event, CampaignStarted):
             self.campaigns[event.campaign_id] = Campaign(event, decode_config(event.config))

@@ -9,7 +9,8 @@ relative to their medians). A host without the target's device makes the stages 
 The kernels are the `k` timed ones with the highest recorded speedups. Each goes through
 the harness the verifier and benchmarker use (`gpu_workers.verification.precheck` and
 `verify`, then `gpu_workers.targets.compile_and_time`) with one new secret seed. A speedup
-recorded on another device than this host's is reported, not judged (`skipped`).
+recorded on another device than this host's is reported, not judged: "not re-verifiable
+here" (`unverifiable`), which `kfactory audit` counts against the campaign.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import secrets
 
 from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Candidate, History
-from eventstore.claims import Claim, agrees, differs, skipped
+from eventstore.claims import Claim, agrees, differs, skipped, unverifiable
 from gpu_workers.results import BenchmarkResult
 from gpu_workers.targets import backend_for, calibration_for, compile_and_time, device_missing
 from gpu_workers.verification import precheck, verify
@@ -57,11 +58,13 @@ def _one(spec: CampaignSpec, candidate: Candidate, rank: int, seed: int) -> list
         if outcome.rejection is not None:
             r = outcome.rejection
             if r.reason == NO_COMPILER:  # this host's toolchain, not the kernel
-                return [skipped("reverify", name, f"not compiled here: {r.message}; {missing}")]
+                return [
+                    unverifiable("reverify", name, f"not compiled here: {r.message}; {missing}")
+                ]
             return [differs("reverify", name, f"compile/static: {r.reason}: {r.message}")]
         return [
             agrees("reverify", name, "compiles and passes the static checks here"),
-            skipped("reverify", name, f"not run or timed: {missing}"),
+            unverifiable("reverify", name, f"not run or timed: {missing}"),
         ]
     verdict = verify(problem, backend, written.source, flags, dtype=written.dtype, seed=seed)
     if verdict.rejection is not None:
@@ -126,7 +129,7 @@ def judge_speedup(
         f"{result.baseline.median_ns / 1e6:.3f} ms); the spreads allow down to {floor:.3f}x"
     )
     if recorded_device and recorded_device != here:
-        return skipped(
+        return unverifiable(
             "reverify",
             name,
             f"{evidence}; not judged: recorded on {recorded_device}, measured on {here}",

@@ -1,0 +1,165 @@
+"""A small evolve campaign's history written by hand, for the decision tests of the evolve
+strategy and the kernel writer's operators: a user problem (y = x / 2 + 1 over rows) in a
+temp folder, its plain scalar seed verified and timed in generation 0."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from actors.campaign.campaign_file import Budget, CampaignSpec, Search, Seed, Writer
+from actors.campaign.history import History
+from eventstore.events import (
+    ActorRef,
+    BenchmarkCompleted,
+    CampaignStarted,
+    CandidateProposed,
+    Event,
+    GenerationClosed,
+    GenerationOpened,
+    KernelVerified,
+    KernelWritten,
+)
+from kernels.identity import source_hash
+
+PROBLEM = """
+import numpy as np
+from kernels.spec import Arg, Cost, Problem
+
+
+def _scale(a):
+    return {"y": a["x"].astype(np.float64) * 0.5 + 1.0}
+
+
+def _numpy(a):
+    return {"y": a["x"] * np.float32(0.5) + np.float32(1.0)}
+
+
+ROWSCALE = Problem(
+    name="rowscale",
+    description="y = x / 2 + 1, row by row",
+    dims=("rows", "cols"),
+    args=(Arg("x", ("rows", "cols")), Arg("y", ("rows", "cols"), output=True)),
+    reference=_scale,
+    baseline=_numpy,
+    test_shapes=({"rows": 3, "cols": 37}, {"rows": 1, "cols": 1}, {"rows": 5, "cols": 64}),
+    default_shape={"rows": 64, "cols": 512},
+    cost=lambda s: Cost(bytes_moved=8 * s["rows"] * s["cols"], flops=2 * s["rows"] * s["cols"]),
+)
+"""
+
+SEED = """\
+#include <stdint.h>
+void kernel(const float *x, float *y, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+            y[r * cols + j] = x[r * cols + j] * 0.5f + 1.0f;
+        }
+    }
+}
+"""
+
+ACTOR = ActorRef("test", "test-0", "test")
+CAMPAIGN = "evolve-test"
+
+
+def write_problem(folder: Path) -> tuple[str, Path]:
+    """The problem (`path.py:ROWSCALE`) and the seed's file, written into `folder`."""
+    (folder / "rowscale.py").write_text(PROBLEM)
+    (folder / "seed.c").write_text(SEED)
+    return f"{folder / 'rowscale.py'}:ROWSCALE", folder / "seed.c"
+
+
+class Log:
+    """Events of one campaign, applied to a History as they are made."""
+
+    def __init__(self, folder: Path, per_generation: int = 4) -> None:
+        problem, seed = write_problem(folder)
+        self.spec = CampaignSpec(
+            problem=problem,
+            name=CAMPAIGN,
+            shapes=[[64, 512]],
+            budget=Budget(candidates=40),
+            writer=Writer(kind="evolve"),
+            search=Search(per_generation=per_generation, seed=3),
+            seed=Seed(sources=[str(seed)]),
+        )
+        self.history = History()
+        self.events: list[Event] = []
+        self.started = self.add(
+            CampaignStarted,
+            name=CAMPAIGN,
+            problem=problem,
+            target="cpu",
+            config=self.spec.to_config(),
+        )
+
+    def add(self, cls: type[Any], **payload: Any) -> Any:
+        event = cls(
+            event_id=f"e{len(self.events)}",
+            campaign_id=CAMPAIGN,
+            schema=cls.SCHEMA,
+            actor=ACTOR,
+            ts=datetime(2026, 1, 1, tzinfo=UTC),
+            **payload,
+        )
+        self.events.append(event)
+        self.history.apply(len(self.events), event)
+        return event
+
+    def work(self, candidate_id: str, generation: int) -> dict[str, Any]:
+        return {
+            "problem": self.spec.problem,
+            "target": "cpu",
+            "candidate_id": candidate_id,
+            "generation": generation,
+        }
+
+    def timed_seed(self, median_ns: float = 40_000.0) -> str:
+        """Generation 0: the seed as it is, written, verified, timed, closed."""
+        cid = f"{CAMPAIGN}:g0:c0"
+        self.add(GenerationOpened, generation=0, planned=1)
+        self.add(
+            CandidateProposed, template="seed", params={}, param_key="seed:{}", **self.work(cid, 0)
+        )
+        self.written(cid, 0, SEED, ["-O3"])
+        self.timed(cid, 0, median_ns)
+        self.add(GenerationClosed, generation=0, settled=1, evaluated=1)
+        return cid
+
+    def written(
+        self, cid: str, generation: int, source: str, flags: list[str], **extra: Any
+    ) -> None:
+        digest = source_hash(source, flags)
+        self.add(
+            KernelWritten,
+            source_hash=digest,
+            source=source,
+            flags=flags,
+            writer="template",
+            **extra,
+            **self.work(cid, generation),
+        )
+
+    def timed(self, cid: str, generation: int, median_ns: float) -> None:
+        digest = self.history.candidates[cid].written.source_hash  # type: ignore[union-attr]
+        self.add(
+            KernelVerified,
+            source_hash=digest,
+            max_rel_err=0.0,
+            trials=3,
+            **self.work(cid, generation),
+        )
+        self.add(
+            BenchmarkCompleted,
+            source_hash=digest,
+            median_ns=median_ns,
+            iqr_ns=1.0,
+            baseline="numpy",
+            baseline_ns=50_000.0,
+            speedup=50_000.0 / median_ns,
+            roofline_fraction=0.1,
+            shape={"rows": 64, "cols": 512},
+            **self.work(cid, generation),
+        )

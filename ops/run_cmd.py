@@ -52,6 +52,7 @@ from actors.campaign.ranking import best_of, short_id
 from actors.campaign.summary import summary
 from actors.records.best_kernels import describe, file_name, write_kernel
 from actors.search.evolve_strategy import NOTHING_TO_START
+from actors.search.lineage import lineage_of
 from actors.search.registry import strategy_for
 from actors.search.spaces import design_spaces
 from bus.auth import AuthError, ClientAuth
@@ -507,7 +508,11 @@ def _result(
     winner, baseline = board.best, board.baseline
     if best_dir is not None and winner is not None and result["best"]:
         # The winning kernel as a file `kfactory check` and a compiler take as it is.
-        path = write_kernel(winner.candidate, best_dir / file_name(winner.candidate))
+        path = write_kernel(
+            winner.candidate,
+            best_dir / file_name(winner.candidate),
+            lineage_of(history, winner.candidate),
+        )
         result["best"] = {**result["best"], **describe(winner, path, baseline)}
         console.print(f"best kernel written to {path}")
     if campaign.finished is not None:

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from actors.campaign.campaign_file import CampaignError, validate
+from actors.records.best_kernels import kernel_text
 from actors.roles.kernel_writer import MAX_DIFF_CHARS, bounded_diff, decide_operator
 from actors.runtime import Reactions
 from actors.search.evolve_strategy import EvolveStrategy
@@ -28,6 +29,7 @@ from eventstore.events import (
     KernelRejected,
     KernelWritten,
 )
+from ops.progress import Progress
 from tests.evolve_history import ACTOR, CAMPAIGN, Log
 
 
@@ -177,3 +179,20 @@ def test_evolve_takes_c_targets_only_and_a_diff_is_bounded(tmp_path: Path) -> No
     long = "+x\n" * MAX_DIFF_CHARS
     assert len(bounded_diff(long)) < MAX_DIFF_CHARS + 100
     assert bounded_diff("+x\n") == "+x\n"
+
+
+def test_progress_and_the_best_file_name_the_operators_behind_the_best(tmp_path: Path) -> None:
+    log = Log(tmp_path)
+    log.timed_seed(median_ns=40_000.0)
+    filled = _fill(log, 1, count=1)
+    assert isinstance(filled, Filled)
+    (proposal,) = _propose(log, 1, filled.candidates)
+    _write(log, proposal)
+    log.timed(proposal.candidate_id, 1, 10_000.0)
+    best = Progress(log.history, CAMPAIGN).counts()
+    assert best.best_by == f"{proposal.operator} of g0:c0"
+    assert best.best.endswith(f"by {proposal.operator} of g0:c0")
+    child = log.history.candidates[proposal.candidate_id]
+    text = kernel_text(child, lineage_of(log.history, child))
+    assert f"//   1. {proposal.operator}(" in text
+    assert text.startswith("// kfactory-flags:") and text.endswith(child.written.source)  # type: ignore[union-attr]

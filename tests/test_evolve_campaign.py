@@ -106,3 +106,31 @@ def test_the_strategy_replayed_proposes_what_the_swarm_proposed(
             checked += 1
         history.apply(position, event)
     assert checked >= 1
+
+
+def test_the_report_and_the_best_file_show_the_lineage(
+    campaign: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    home, _ = campaign
+    page, best = tmp_path / "report.html", tmp_path / "best.c"
+    for args in (("report", NAME, "-o", str(page)), ("best", NAME, "-o", str(best))):
+        done = subprocess.run(
+            [sys.executable, "-m", "ops.cli", *args, "--home", str(home)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+    operators = {
+        str(r["operator"])
+        for r in sql(
+            home,
+            f"SELECT operator FROM lineage WHERE campaign_id = '{NAME}' AND writer = 'operator'",
+        )
+    }
+    section = page.read_text().split("<h2>Lineage</h2>")[1].split("<h2>")[0]
+    assert operators and all(f"<td>{op}</td>" in section for op in operators)
+    text = best.read_text()
+    assert text.startswith("// kfactory-flags:")
+    if "template evolve" in text.splitlines()[1]:  # the winner is an operator's child
+        assert "// lineage: 1 operator step(s)" in text

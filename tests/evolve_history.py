@@ -10,6 +10,11 @@ from typing import Any
 
 from actors.campaign.campaign_file import Budget, CampaignSpec, Search, Seed, Writer
 from actors.campaign.history import History
+from actors.roles.kernel_writer import decide_operator
+from actors.runtime import Reactions
+from actors.search.evolve_strategy import EvolveStrategy
+from actors.search.lineage import context_for
+from actors.search.strategy import Filled, GenerationInputs, Planned, Stalled
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,
@@ -141,6 +146,40 @@ class Log:
             **extra,
             **self.work(cid, generation),
         )
+
+    def fill(self, generation: int, count: int = 4) -> Filled | Stalled:
+        """What the evolve strategy fills `generation` with, from the history so far."""
+        strategy = EvolveStrategy()
+        campaign = self.history.campaigns[CAMPAIGN]
+        inputs = GenerationInputs(count, [], strategy.first_points(self.spec), frozenset(), [])
+        return strategy.fill(self.history, campaign, generation, inputs)
+
+    def propose(
+        self, generation: int, planned: list[Planned], opened: int | None = None
+    ) -> list[CandidateProposed]:
+        """The candidates proposed, numbered from 0 (opening the generation for `opened`)."""
+        self.add(GenerationOpened, generation=generation, planned=opened or len(planned))
+        return [
+            self.add(
+                CandidateProposed,
+                template=p.template,
+                params=p.params,
+                param_key=p.param_key,
+                operator=p.operator,
+                parents=p.parents,
+                **self.work(f"{CAMPAIGN}:g{generation}:c{i}", generation),
+            )
+            for i, p in enumerate(planned)
+        ]
+
+    def write(self, proposal: CandidateProposed) -> list[Event]:
+        """What the kernel writer decides for an operator proposal, applied."""
+        out = Reactions(proposal, ACTOR)
+        decide_operator(self.history, proposal, out, context_for(self.spec))
+        for event in out.events:
+            self.events.append(event)
+            self.history.apply(len(self.events), event)
+        return list(out.events)
 
     def timed(self, cid: str, generation: int, median_ns: float) -> None:
         digest = self.history.candidates[cid].written.source_hash  # type: ignore[union-attr]

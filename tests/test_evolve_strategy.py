@@ -21,7 +21,7 @@ from actors.search.evolve_strategy import EvolveStrategy
 from actors.search.lineage import EVOLVE_TEMPLATE, context_for, lineage_of
 from actors.search.operator_bandit import PREFERENCE, REJECTED_PENALTY, Bandit, reward
 from actors.search.operators.registry import OPERATORS
-from actors.search.strategy import Filled, GenerationInputs, Planned, Stalled
+from actors.search.strategy import Filled, GenerationInputs, Stalled
 from eventstore.events import (
     CandidateProposed,
     GenerationClosed,
@@ -33,44 +33,11 @@ from ops.progress import Progress
 from tests.evolve_history import ACTOR, CAMPAIGN, Log
 
 
-def _fill(log: Log, generation: int, count: int = 4) -> Filled | Stalled:
-    strategy = EvolveStrategy()
-    campaign = log.history.campaigns[CAMPAIGN]
-    points = strategy.first_points(log.spec)
-    inputs = GenerationInputs(count, [], points, frozenset(), [])
-    return strategy.fill(log.history, campaign, generation, inputs)
-
-
-def _propose(log: Log, generation: int, planned: list[Planned]) -> list[CandidateProposed]:
-    log.add(GenerationOpened, generation=generation, planned=len(planned))
-    return [
-        log.add(
-            CandidateProposed,
-            template=p.template,
-            params=p.params,
-            param_key=p.param_key,
-            operator=p.operator,
-            parents=p.parents,
-            **log.work(f"{CAMPAIGN}:g{generation}:c{i}", generation),
-        )
-        for i, p in enumerate(planned)
-    ]
-
-
-def _write(log: Log, proposal: CandidateProposed) -> list[object]:
-    out = Reactions(proposal, ACTOR)
-    decide_operator(log.history, proposal, out, context_for(log.spec))
-    for event in out.events:
-        log.events.append(event)
-        log.history.apply(len(log.events), event)
-    return list(out.events)
-
-
 def test_generation_0_is_the_seed_as_it_is_and_nothing_to_start_from_stalls(
     tmp_path: Path,
 ) -> None:
     log = Log(tmp_path)
-    first = _fill(log, 0)
+    first = log.fill(0)
     assert isinstance(first, Filled) and len(first.candidates) == 1
     assert first.candidates[0].template.startswith("seed")
     campaign = log.history.campaigns[CAMPAIGN]
@@ -82,14 +49,14 @@ def test_generation_0_is_the_seed_as_it_is_and_nothing_to_start_from_stalls(
 def test_later_generations_vary_the_best_kernel_with_the_bandits_operators(tmp_path: Path) -> None:
     log = Log(tmp_path)
     seed = log.timed_seed()
-    filled = _fill(log, 1)
+    filled = log.fill(1)
     assert isinstance(filled, Filled) and len(filled.candidates) == 4
     assert all(p.template == EVOLVE_TEMPLATE and p.parents == [seed] for p in filled.candidates)
     operators = [p.operator for p in filled.candidates]
     assert operators[0] == PREFERENCE[0]  # untried arms first, in the preferred order
     assert len(set(operators)) == 4  # a slot chosen counts as a pull: the slots spread
     assert len({p.param_key for p in filled.candidates}) == 4
-    assert _fill(log, 1) == filled  # a pure function of the history
+    assert log.fill(1) == filled  # a pure function of the history
 
 
 def test_a_written_child_records_its_operator_parents_and_diff_the_same_on_redelivery(
@@ -97,12 +64,12 @@ def test_a_written_child_records_its_operator_parents_and_diff_the_same_on_redel
 ) -> None:
     log = Log(tmp_path)
     seed = log.timed_seed()
-    filled = _fill(log, 1)
+    filled = log.fill(1)
     assert isinstance(filled, Filled)
-    proposals = _propose(log, 1, filled.candidates)
+    proposals = log.propose(1, filled.candidates)
     again = Reactions(proposals[0], ACTOR)
     decide_operator(log.history, proposals[0], again, context_for(log.spec))
-    (written,) = _write(log, proposals[0])
+    (written,) = log.write(proposals[0])
     assert isinstance(written, KernelWritten)
     assert (written.writer, written.operator, written.parents) == (
         "operator",
@@ -128,7 +95,7 @@ def test_a_refusal_is_the_write_stages_rejection_naming_the_operator(tmp_path: P
         parents=[seed],
         **log.work(f"{CAMPAIGN}:g1:c0", 1),
     )
-    (rejected,) = _write(log, proposal)
+    (rejected,) = log.write(proposal)
     assert isinstance(rejected, KernelRejected) and rejected.stage == "write"
     assert rejected.evidence["operator"] == "approx_math" and rejected.evidence["message"]
     assert reward(log.history, log.history.candidates[proposal.candidate_id]) == 0.0
@@ -139,11 +106,11 @@ def test_the_bandit_pays_log_speedups_penalises_rejections_and_never_repeats_a_k
 ) -> None:
     log = Log(tmp_path)
     log.timed_seed(median_ns=40_000.0)
-    filled = _fill(log, 1)
+    filled = log.fill(1)
     assert isinstance(filled, Filled)
-    proposals = _propose(log, 1, filled.candidates)
+    proposals = log.propose(1, filled.candidates)
     for proposal in proposals:
-        _write(log, proposal)
+        log.write(proposal)
     fast, slow, broken = proposals[0], proposals[1], proposals[2]
     log.timed(fast.candidate_id, 1, 10_000.0)
     log.timed(slow.candidate_id, 1, 80_000.0)
@@ -163,7 +130,7 @@ def test_the_bandit_pays_log_speedups_penalises_rejections_and_never_repeats_a_k
     scope = list(history.candidates.values())
     arms = Bandit.of(history, scope, list(OPERATORS)).summary()
     assert arms[fast.operator] == (1, pytest.approx(math.log(4)))
-    second = _fill(log, 2, count=8)
+    second = log.fill(2, count=8)
     assert isinstance(second, Filled) and second.candidates
     earlier = {c.proposal.param_key for c in scope}
     assert not earlier & {p.param_key for p in second.candidates}
@@ -184,10 +151,10 @@ def test_evolve_takes_c_targets_only_and_a_diff_is_bounded(tmp_path: Path) -> No
 def test_progress_and_the_best_file_name_the_operators_behind_the_best(tmp_path: Path) -> None:
     log = Log(tmp_path)
     log.timed_seed(median_ns=40_000.0)
-    filled = _fill(log, 1, count=1)
+    filled = log.fill(1, count=1)
     assert isinstance(filled, Filled)
-    (proposal,) = _propose(log, 1, filled.candidates)
-    _write(log, proposal)
+    (proposal,) = log.propose(1, filled.candidates)
+    log.write(proposal)
     log.timed(proposal.candidate_id, 1, 10_000.0)
     best = Progress(log.history, CAMPAIGN).counts()
     assert best.best_by == f"{proposal.operator} of g0:c0"

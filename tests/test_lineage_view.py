@@ -7,16 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from actors.roles.kernel_writer import decide_operator
-from actors.runtime import Reactions
-from actors.search.evolve_strategy import EvolveStrategy
-from actors.search.lineage import EVOLVE_TEMPLATE, context_for
-from actors.search.strategy import Filled, GenerationInputs
+from actors.search.lineage import EVOLVE_TEMPLATE
+from actors.search.strategy import Filled
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
-from eventstore.events import CandidateProposed, GenerationOpened
+from eventstore.events import CandidateProposed
 from eventstore.store import Recorded
-from tests.evolve_history import ACTOR, CAMPAIGN, Log
+from tests.evolve_history import CAMPAIGN, Log
 
 
 def _rows(store: DuckDBEventStore, sql: str) -> list[dict[str, Any]]:
@@ -27,21 +24,10 @@ def _rows(store: DuckDBEventStore, sql: str) -> list[dict[str, Any]]:
 def test_the_lineage_view_shows_how_each_kernel_came_from_its_parents(tmp_path: Path) -> None:
     log = Log(tmp_path, per_generation=2)
     seed = log.timed_seed(median_ns=40_000.0)
-    campaign = log.history.campaigns[CAMPAIGN]
-    inputs = GenerationInputs(2, [], [], frozenset(), [])
-    filled = EvolveStrategy().fill(log.history, campaign, 1, inputs)
+    filled = log.fill(1, count=2)
     assert isinstance(filled, Filled)
     planned = filled.candidates[0]
-    log.add(GenerationOpened, generation=1, planned=2)
-    child = log.add(
-        CandidateProposed,
-        template=planned.template,
-        params=planned.params,
-        param_key=planned.param_key,
-        operator=planned.operator,
-        parents=planned.parents,
-        **log.work(f"{CAMPAIGN}:g1:c0", 1),
-    )
+    (child,) = log.propose(1, [planned], opened=2)
     refused = log.add(
         CandidateProposed,
         template=EVOLVE_TEMPLATE,
@@ -52,11 +38,7 @@ def test_the_lineage_view_shows_how_each_kernel_came_from_its_parents(tmp_path: 
         **log.work(f"{CAMPAIGN}:g1:c1", 1),
     )
     for proposal in (child, refused):
-        out = Reactions(proposal, ACTOR)
-        decide_operator(log.history, proposal, out, context_for(log.spec))
-        for event in out.events:
-            log.events.append(event)
-            log.history.apply(len(log.events), event)
+        log.write(proposal)
     log.timed(child.candidate_id, 1, 20_000.0)
 
     store = DuckDBEventStore(tmp_path / "events.duckdb")

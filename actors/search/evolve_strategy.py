@@ -13,7 +13,10 @@ operator in a slot), all from a generator seeded by the campaign's seed, the gen
 and the slot. The operator is applied here first, as the kernel writer will apply it: a
 point it refuses, a (parent source, operator, params) already proposed in the dedupe
 scope (its `param_key`) or a child whose exact kernel the scope already holds is never
-proposed; the slot tries again, up to `TRIES` times. A pure function of the history.
+proposed; the slot tries again, up to `TRIES` times. The bandit learns from every campaign
+of the problem, target and dtype; what counts as proposed is the dedupe scope's (the same
+shapes too: at another shape the same edit is worth timing again). A pure function of the
+history.
 """
 
 from __future__ import annotations
@@ -85,9 +88,12 @@ def _vary(
     pool: list[ParentKernel],
 ) -> list[Planned]:
     spec = campaign.spec
-    scope = history.scope_candidates(spec.problem, spec.target, spec.dtype)
-    bandit = Bandit.of(history, scope, list(OPERATORS))
+    problem = history.scope_candidates(spec.problem, spec.target, spec.dtype)
+    bandit = Bandit.of(history, problem, list(OPERATORS))  # every campaign of the problem
     context = context_for(spec)
+    scope = [
+        c for c in problem if history.campaigns[c.proposal.campaign_id].scope == campaign.scope
+    ]
     hashes = {c.written.source_hash for c in scope if c.written is not None}
     taken = set(inputs.known) | {c.proposal.param_key for c in scope}
     chosen: list[Planned] = []

@@ -77,24 +77,34 @@ def write_problem(folder: Path) -> tuple[str, Path]:
 
 
 class Log:
-    """Events of one campaign, applied to a History as they are made."""
+    """Events of one campaign, applied to a History as they are made (`then` starts another
+    campaign in the same history)."""
 
-    def __init__(self, folder: Path, per_generation: int = 4) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        per_generation: int = 4,
+        name: str = CAMPAIGN,
+        shape: tuple[int, int] = (64, 512),
+        history: History | None = None,
+        events: list[Event] | None = None,
+    ) -> None:
         problem, seed = write_problem(folder)
+        self.name = name
         self.spec = CampaignSpec(
             problem=problem,
-            name=CAMPAIGN,
-            shapes=[[64, 512]],
+            name=name,
+            shapes=[list(shape)],
             budget=Budget(candidates=40),
             writer=Writer(kind="evolve"),
             search=Search(per_generation=per_generation, seed=3),
             seed=Seed(sources=[str(seed)]),
         )
-        self.history = History()
-        self.events: list[Event] = []
+        self.history = history or History()
+        self.events: list[Event] = events if events is not None else []
         self.started = self.add(
             CampaignStarted,
-            name=CAMPAIGN,
+            name=name,
             problem=problem,
             target="cpu",
             config=self.spec.to_config(),
@@ -103,7 +113,7 @@ class Log:
     def add(self, cls: type[Any], **payload: Any) -> Any:
         event = cls(
             event_id=f"e{len(self.events)}",
-            campaign_id=CAMPAIGN,
+            campaign_id=self.name,
             schema=cls.SCHEMA,
             actor=ACTOR,
             ts=datetime(2026, 1, 1, tzinfo=UTC),
@@ -123,7 +133,7 @@ class Log:
 
     def timed_seed(self, median_ns: float = 40_000.0) -> str:
         """Generation 0: the seed as it is, written, verified, timed, closed."""
-        cid = f"{CAMPAIGN}:g0:c0"
+        cid = f"{self.name}:g0:c0"
         self.add(GenerationOpened, generation=0, planned=1)
         self.add(
             CandidateProposed, template="seed", params={}, param_key="seed:{}", **self.work(cid, 0)
@@ -147,10 +157,15 @@ class Log:
             **self.work(cid, generation),
         )
 
+    def then(self, name: str, shape: tuple[int, int]) -> Log:
+        """Another campaign of the same problem, started in this history."""
+        folder = Path(self.spec.problem.rpartition(":")[0]).parent
+        return Log(folder, name=name, shape=shape, history=self.history, events=self.events)
+
     def fill(self, generation: int, count: int = 4) -> Filled | Stalled:
         """What the evolve strategy fills `generation` with, from the history so far."""
         strategy = EvolveStrategy()
-        campaign = self.history.campaigns[CAMPAIGN]
+        campaign = self.history.campaigns[self.name]
         inputs = GenerationInputs(count, [], strategy.first_points(self.spec), frozenset(), [])
         return strategy.fill(self.history, campaign, generation, inputs)
 
@@ -167,7 +182,7 @@ class Log:
                 param_key=p.param_key,
                 operator=p.operator,
                 parents=p.parents,
-                **self.work(f"{CAMPAIGN}:g{generation}:c{i}", generation),
+                **self.work(f"{self.name}:g{generation}:c{i}", generation),
             )
             for i, p in enumerate(planned)
         ]
@@ -199,6 +214,6 @@ class Log:
             baseline_ns=50_000.0,
             speedup=50_000.0 / median_ns,
             roofline_fraction=0.1,
-            shape={"rows": 64, "cols": 512},
+            shape=dict(zip(("rows", "cols"), self.spec.shapes[0], strict=True)),
             **self.work(cid, generation),
         )

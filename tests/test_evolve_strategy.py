@@ -163,3 +163,23 @@ def test_progress_and_the_best_file_name_the_operators_behind_the_best(tmp_path:
     text = kernel_text(child, lineage_of(log.history, child))
     assert f"//   1. {proposal.operator}(" in text
     assert text.startswith("// kfactory-flags:") and text.endswith(child.written.source)  # type: ignore[union-attr]
+
+
+def test_a_campaign_at_another_shape_starts_from_what_paid_and_may_time_the_same_edit(
+    tmp_path: Path,
+) -> None:
+    first = Log(tmp_path)
+    first.timed_seed(median_ns=40_000.0)
+    filled = first.fill(1, count=1)
+    assert isinstance(filled, Filled)
+    (child,) = first.propose(1, filled.candidates)
+    first.write(child)
+    first.timed(child.candidate_id, 1, 10_000.0)  # it paid: log 4
+    second = first.then("evolve-wide", (128, 1024))
+    second.timed_seed(median_ns=80_000.0)
+    again = second.fill(1, count=2)
+    assert isinstance(again, Filled)
+    # the same edit of the same seed, worth timing at the new shape: its key is not taken
+    assert again.candidates[0].param_key == child.param_key
+    arms = Bandit.of(second.history, list(second.history.candidates.values()), list(OPERATORS))
+    assert arms.summary()[child.operator] == (1, pytest.approx(math.log(4)))

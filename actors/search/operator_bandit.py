@@ -8,9 +8,10 @@ benchmark stage rejected (an operator that breaks kernels is risky), 0 for a ref
 write stage), a duplicate or a child that could not be compared. A child still in flight
 counts as a pull at its operator's mean, so one generation spreads over the arms instead
 of giving every slot to the same one; `Bandit.pull` does the same for the slots a
-strategy fills before anything is settled. Untried arms go first, in `PREFERENCE` order
-(the chain that pays from plain seeds: threads, then simd, then fast maths...), then the
-highest upper bound; ties go to the earlier arm in that order. Deterministic: no
+strategy fills before anything is settled. The arm with the highest upper bound goes
+first; an untried arm's is `UNTRIED` (optimistic, so each is tried once unless one has
+earned more than that), and ties go to the earlier arm in `PREFERENCE` (the chain that
+pays from plain seeds: threads, then simd, then fast maths...). Deterministic: no
 randomness of its own.
 """
 
@@ -39,6 +40,10 @@ PREFERENCE = (
 """Arms in the order they are first tried (and ties are broken)."""
 REJECTED_PENALTY = -0.5
 """A rejected child's reward: about what a child 1.6x slower than its parent earns."""
+UNTRIED = 1.0
+"""An untried arm's upper bound: optimistic (a child e = 2.7x faster than its parent), so
+every arm is tried before the known ones are exploited, unless one earned more than that
+(here or in an earlier campaign of the problem)."""
 EXPLORATION = 0.5
 """UCB1's exploration weight, for rewards that are log speedups (mostly within +-2)."""
 
@@ -91,13 +96,11 @@ class Bandit:
         return bandit
 
     def choose(self, allowed: Iterable[str]) -> str | None:
-        """The arm to pull among `allowed`: an untried one first, else the best bound."""
+        """The arm to pull among `allowed`: the highest upper bound (`UNTRIED` for an arm
+        never pulled), ties to the earlier in `PREFERENCE`."""
         names = [n for n in self._ordered() if n in set(allowed)]
         if not names:
             return None
-        untried = [n for n in names if self.arms[n].pulls + self.arms[n].pending == 0]
-        if untried:
-            return untried[0]
         total = sum(a.pulls + a.pending for a in self.arms.values())
         return max(names, key=lambda n: (self._bound(self.arms[n], total), -names.index(n)))
 
@@ -107,6 +110,8 @@ class Bandit:
 
     def _bound(self, arm: Arm, total: int) -> float:
         n = arm.pulls + arm.pending
+        if n == 0:
+            return UNTRIED
         return arm.mean + EXPLORATION * math.sqrt(2 * math.log(max(total, 1)) / n)
 
     def _ordered(self) -> list[str]:

@@ -44,21 +44,34 @@ SHAPES = ({"rows": 3, "cols": 37}, {"rows": 1, "cols": 1}, {"rows": 8, "cols": 3
 
 def _softplus(x):
     return np.logaddexp(0.0, x)
+
+
+def rows_problem(name, description, reference, baseline, flops, args=ROWS):
+    # a problem over (rows, cols) moving 8 bytes and `flops` flops per element
+    return Problem(
+        name=name,
+        description=description,
+        dims=("rows", "cols"),
+        args=args,
+        reference=reference,
+        baseline=baseline,
+        test_shapes=SHAPES,
+        default_shape={"rows": 256, "cols": 2048},
+        cost=lambda s: Cost(
+            bytes_moved=8 * s["rows"] * s["cols"], flops=flops * s["rows"] * s["cols"]
+        ),
+    )
 """
 
 PROBLEMS: dict[str, tuple[str, str]] = {
     "softplus": (
         """
-SOFTPLUS = Problem(
-    name="softplus",
-    description="y = log(1 + exp(x)), elementwise over rows",
-    dims=("rows", "cols"),
-    args=ROWS,
-    reference=lambda a: {"y": _softplus(a["x"].astype(np.float64))},
-    baseline=lambda a: {"y": np.logaddexp(np.float32(0), a["x"])},
-    test_shapes=SHAPES,
-    default_shape={"rows": 256, "cols": 2048},
-    cost=lambda s: Cost(bytes_moved=8 * s["rows"] * s["cols"], flops=4 * s["rows"] * s["cols"]),
+SOFTPLUS = rows_problem(
+    "softplus",
+    "y = log(1 + exp(x)), elementwise over rows",
+    lambda a: {"y": _softplus(a["x"].astype(np.float64))},
+    lambda a: {"y": np.logaddexp(np.float32(0), a["x"])},
+    4,
 )
 """,
         """\
@@ -76,16 +89,12 @@ void kernel(const float *x, float *y, int64_t rows, int64_t cols) {
     ),
     "mish": (
         """
-MISH = Problem(
-    name="mish",
-    description="y = x * tanh(softplus(x)), elementwise over rows",
-    dims=("rows", "cols"),
-    args=ROWS,
-    reference=lambda a: {"y": (lambda x: x * np.tanh(_softplus(x)))(a["x"].astype(np.float64))},
-    baseline=lambda a: {"y": a["x"] * np.tanh(np.logaddexp(np.float32(0), a["x"]))},
-    test_shapes=SHAPES,
-    default_shape={"rows": 256, "cols": 2048},
-    cost=lambda s: Cost(bytes_moved=8 * s["rows"] * s["cols"], flops=8 * s["rows"] * s["cols"]),
+MISH = rows_problem(
+    "mish",
+    "y = x * tanh(softplus(x)), elementwise over rows",
+    lambda a: {"y": (lambda x: x * np.tanh(_softplus(x)))(a["x"].astype(np.float64))},
+    lambda a: {"y": a["x"] * np.tanh(np.logaddexp(np.float32(0), a["x"]))},
+    8,
 )
 """,
         """\
@@ -108,16 +117,12 @@ def _absmax(x):
     return x / np.maximum(np.abs(x).max(axis=1, keepdims=True), 1e-30)
 
 
-ABSMAX_ROWS = Problem(
-    name="absmax_rows",
-    description="each row divided by its largest magnitude",
-    dims=("rows", "cols"),
-    args=ROWS,
-    reference=lambda a: {"y": _absmax(a["x"].astype(np.float64))},
-    baseline=lambda a: {"y": _absmax(a["x"])},
-    test_shapes=SHAPES,
-    default_shape={"rows": 256, "cols": 2048},
-    cost=lambda s: Cost(bytes_moved=8 * s["rows"] * s["cols"], flops=3 * s["rows"] * s["cols"]),
+ABSMAX_ROWS = rows_problem(
+    "absmax_rows",
+    "each row divided by its largest magnitude",
+    lambda a: {"y": _absmax(a["x"].astype(np.float64))},
+    lambda a: {"y": _absmax(a["x"])},
+    3,
 )
 """,
         """\
@@ -144,16 +149,13 @@ def _rms(x, w):
     return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6) * (1.0 + w)
 
 
-RMSNORM_SCALE = Problem(
-    name="rmsnorm_scale",
-    description="RMS norm of each row, scaled by (1 + w) per column",
-    dims=("rows", "cols"),
+RMSNORM_SCALE = rows_problem(
+    "rmsnorm_scale",
+    "RMS norm of each row, scaled by (1 + w) per column",
+    lambda a: {"y": _rms(a["x"].astype(np.float64), a["w"].astype(np.float64))},
+    lambda a: {"y": _rms(a["x"], a["w"])},
+    5,
     args=(Arg("x", ("rows", "cols")), Arg("w", ("cols",)), Arg("y", ("rows", "cols"), output=True)),
-    reference=lambda a: {"y": _rms(a["x"].astype(np.float64), a["w"].astype(np.float64))},
-    baseline=lambda a: {"y": _rms(a["x"], a["w"])},
-    test_shapes=SHAPES,
-    default_shape={"rows": 256, "cols": 2048},
-    cost=lambda s: Cost(bytes_moved=8 * s["rows"] * s["cols"], flops=5 * s["rows"] * s["cols"]),
 )
 """,
         """\

@@ -19,6 +19,9 @@ from eventstore.ids import new_event_id
 
 #: Events larger than this are refused; big blobs must go to the blob store by hash.
 MAX_EVENT_BYTES = 512 * 1024
+#: A KernelWritten's diff is cut beyond this many characters: with its source (which is
+#: whole) it must stay well under the event cap.
+MAX_DIFF_CHARS = 64 * 1024
 
 #: The campaign id of facts that belong to no campaign (actor lifecycle, bad messages).
 SYSTEM_CAMPAIGN = "kf-system"
@@ -140,8 +143,8 @@ class CandidateProposed(_Targeted, tag=True, frozen=True):
     template: str
     params: dict[str, Any] = {}
     param_key: str = ""
-    operator: str = "sample"  # sample | improve | fix | crossover
-    parents: list[str] = []  # candidate ids, for LLM variations
+    operator: str = "sample"  # sample | improve | fix | crossover | a variation operator
+    parents: list[str] = []  # candidate ids, for LLM and operator variations
 
 
 class FusionPlanned(_Targeted, tag=True, frozen=True):
@@ -166,13 +169,24 @@ class LlmExchanged(_Targeted, tag=True, frozen=True):
 
 
 class KernelWritten(_Targeted, tag=True, frozen=True):
+    """A candidate's kernel source and flags, and what wrote it: a template, the fuser, an
+    LLM, or a variation operator from its parents (with the diff against the first)."""
+
     source_hash: str
     source: str
     flags: list[str]
-    writer: str  # template | fuser | llm
+    writer: str  # template | fuser | llm | operator
     template: str = ""
     params: dict[str, Any] = {}
     param_key: str = ""
+    operator: str = ""
+    """The variation operator that wrote it from its parents ("" for a template, a fusion
+    plan or an LLM's kernel)."""
+    parents: list[str] = []
+    """The candidate ids of the parents it was varied from, the first the diff's base."""
+    diff: str = ""
+    """A unified diff of its source against the first parent's, at most `MAX_DIFF_CHARS`
+    (cut with a marker line beyond that: the source itself is always whole)."""
 
 
 class CandidateDeduplicated(_Targeted, tag=True, frozen=True):

@@ -11,7 +11,13 @@
   of `actors.campaign.leaderboard` (tests/test_leaderboard.py pins them), whose order
   puts the best, promoted head to head, first;
 - `lessons`: every lesson with the ids of the events it cites;
-- `rejections`: one row per rejected candidate (stage, reason, first message line);
+- `rejections`: one row per rejected candidate (stage, reason, first message line, and
+  the operator that proposed it: a variation operator, an LLM's improve or fix, or
+  `sample` for a template's point);
+- `lineage`: one row per candidate with how it came from its parents: the operator, its
+  parameters, the parents' candidate ids, the diff against the first parent (kernels a
+  variation operator wrote), its status, and its own median and speedup where the
+  leaderboard has it;
 - `steps`: one row per event that has a cause, with the seconds from cause to effect
   and the role that produced it (time spent per actor).
 
@@ -28,7 +34,7 @@ import re
 
 import duckdb
 
-VIEW_NAMES = ("candidates", "leaderboard", "lessons", "rejections", "steps")
+VIEW_NAMES = ("candidates", "leaderboard", "lessons", "rejections", "steps", "lineage")
 
 _CANDIDATES = """
 SELECT
@@ -169,11 +175,40 @@ SELECT
     e.payload->>'stage' AS stage,
     e.payload->>'reason' AS reason,
     split_part(coalesce(e.payload->'evidence'->>'message', ''), chr(10), 1) AS message,
+    coalesce(e.payload->'evidence'->>'operator', p.operator) AS operator,
     e.event_id,
     e.position,
     e.ts
 FROM {events} AS e
+LEFT JOIN (
+    SELECT campaign_id, payload->>'candidate_id' AS candidate_id,
+        arg_min(payload->>'operator', position) AS operator
+    FROM {events}
+    WHERE type = 'CandidateProposed'
+    GROUP BY campaign_id, payload->>'candidate_id'
+) AS p ON p.campaign_id = e.campaign_id AND p.candidate_id = e.payload->>'candidate_id'
 WHERE e.type = 'KernelRejected'
+"""
+
+_LINEAGE = """
+WITH made AS (
+    SELECT
+        e.campaign_id,
+        e.payload->>'candidate_id' AS candidate_id,
+        CAST(arg_min(e.payload->'parents', e.position)
+            FILTER (WHERE e.type = 'CandidateProposed') AS VARCHAR[]) AS parents,
+        {first}('diff', 'KernelWritten') AS diff
+    FROM {events} AS e
+    WHERE e.type IN ('CandidateProposed', 'KernelWritten')
+    GROUP BY e.campaign_id, e.payload->>'candidate_id'
+)
+SELECT
+    c.campaign_id, c.candidate_id, c.generation, c.problem, c.operator, c.params,
+    coalesce(m.parents, []) AS parents, coalesce(m.diff, '') AS diff, c.writer, c.status,
+    c.rejected_reason, l.median_ns, l.speedup
+FROM candidates AS c
+JOIN made AS m USING (campaign_id, candidate_id)
+LEFT JOIN leaderboard AS l USING (campaign_id, candidate_id)
 """
 
 _STEPS = """
@@ -223,6 +258,7 @@ def view_statements(events: str = "events", temporary: bool = False) -> list[str
         "lessons": _expand(_LESSONS, events),
         "rejections": _expand(_REJECTIONS, events),
         "steps": _expand(_STEPS, events),
+        "lineage": _expand(_LINEAGE, events),
     }
     return [f"CREATE OR REPLACE {kind} {name} AS {body}" for name, body in bodies.items()]
 

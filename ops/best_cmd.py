@@ -9,6 +9,7 @@ import typer
 
 from actors.campaign.leaderboard import campaign_leaderboard
 from actors.records.best_kernels import describe, file_name, kernel_text, write_kernel
+from actors.search.lineage import lineage_of
 from ops.errors import UserError
 from ops.options import HOME, JSON
 from ops.output import to_json
@@ -41,26 +42,42 @@ def best(
         rebuilt = rebuild_campaign(snapshot, campaign)
     board = campaign_leaderboard(rebuilt.history, campaign)
     winners, baseline = board.rows[:top], board.baseline
+    history = rebuilt.history
     if not winners:
         raise UserError(f"campaign {campaign!r} has no timed kernel yet")
     if top == 1 and output is None:
         if as_json:
             best = describe(winners[0], None, baseline)
-            print(to_json({**best, "source": kernel_text(winners[0].candidate)}))
+            print(
+                to_json(
+                    {
+                        **best,
+                        "source": kernel_text(
+                            winners[0].candidate, lineage_of(history, winners[0].candidate)
+                        ),
+                    }
+                )
+            )
         else:
-            sys.stdout.write(kernel_text(winners[0].candidate))
+            sys.stdout.write(
+                kernel_text(winners[0].candidate, lineage_of(history, winners[0].candidate))
+            )
         return
     written = []
     if top == 1:
         assert output is not None
-        path = write_kernel(winners[0].candidate, output)
+        path = write_kernel(winners[0].candidate, output, lineage_of(history, winners[0].candidate))
         written.append(describe(winners[0], path, baseline))
     else:
         folder = output or Path(f"best-{campaign}")
         if folder.exists() and not folder.is_dir():
             raise UserError(f"--top {top} writes several files: -o must be a folder, not {folder}")
         for row in winners:
-            path = write_kernel(row.candidate, folder / file_name(row.candidate, row.rank))
+            path = write_kernel(
+                row.candidate,
+                folder / file_name(row.candidate, row.rank),
+                lineage_of(history, row.candidate),
+            )
             written.append(describe(row, path, baseline))
     if as_json:
         print(to_json(written if top > 1 else written[0]))

@@ -6,8 +6,9 @@ terminal it is a live table; otherwise a line every `LINE_EVERY` (10 s): the gen
 candidates settled of those proposed (and the budget), verified, benchmarking, those
 waiting for a device worker to join (a cuda campaign on a host without a GPU), the best
 so far (its own median and its speedup over the campaign's baseline, from the
-leaderboard), the time elapsed and an ETA at the pace so far. `stalled` is the blocking
-CampaignStalled recorded since this run's start or resume, which ends the run.
+leaderboard, and the operator behind it: `by omp_simd of g1:c0`), the time elapsed and
+an ETA at the pace so far. `stalled` is the blocking CampaignStalled recorded since this
+run's start or resume, which ends the run.
 `LiveActors` tracks, from heartbeats, when each needed role was last heard from: one
 unheard for `bus.heartbeat.LIVE_FOR` (15 s) is missing.
 """
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from actors.campaign.history import History
+from actors.campaign.history import Candidate, History
 from actors.campaign.leaderboard import leaderboard
+from actors.campaign.ranking import short_id
 from bus.follow import Msg
 from bus.heartbeat import LIVE_FOR, Heartbeat
 from bus.publisher import msg_id
@@ -79,6 +81,7 @@ class Progress:
             waiting_for_device=sum(c.waiting_for_device for c in candidates),
             best_median_ns=best.median_ns if best else None,
             best_speedup=best.speedup if best else None,
+            best_by=_made_by(best.candidate) if best else "",
             elapsed_s=elapsed,
             eta_s=elapsed / settled * left if settled and left else None,
         )
@@ -136,6 +139,9 @@ class Counts:
     """The best's own median: unlike its speedup, it moves only when another kernel is
     promoted (the campaign baseline a speedup is over moves as candidates settle)."""
     best_speedup: float | None
+    best_by: str
+    """What made the best: the variation operator (or LLM operator) behind it; empty for
+    a template's point or a seed as it is."""
     elapsed_s: float
     eta_s: float | None
     """At the pace so far, until the candidate budget is spent (None: no pace yet)."""
@@ -145,11 +151,20 @@ class Counts:
         if self.best_median_ns is None:
             return "-"
         speedup = f" ({self.best_speedup:.2f}x)" if self.best_speedup else ""
-        return f"{self.best_median_ns / 1e6:.3f} ms{speedup}"
+        by = f" by {self.best_by}" if self.best_by else ""
+        return f"{self.best_median_ns / 1e6:.3f} ms{speedup}{by}"
 
     @property
     def eta(self) -> str:
         return _duration(self.eta_s) if self.eta_s is not None else "-"
+
+
+def _made_by(candidate: Candidate) -> str:
+    """The operator behind a kernel and the parent it varied (`omp_simd of g1:c0`)."""
+    proposal = candidate.proposal
+    if proposal.operator == "sample" or not proposal.parents:
+        return ""
+    return f"{proposal.operator} of {', '.join(short_id(p) for p in proposal.parents)}"
 
 
 def _duration(seconds: float) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,9 +29,12 @@ from pygments.lexers import get_lexer_by_name
 
 from actors.campaign.history import Candidate, History
 from actors.campaign.leaderboard import Leaderboard, Row, campaign_leaderboard
+from actors.campaign.ranking import short_id
 from actors.records.best_kernels import kernel_text
 from actors.records.overview import evaluation_order
 from actors.records.story import Rebuilt
+from actors.search.lineage import lineage_of
+from actors.search.operators.protocol import Step
 from eventstore.events import Event, HostCalibrated
 from gpu_workers.targets import target_of
 from kernels.loading import load_problem
@@ -65,8 +69,9 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
         lessons=campaign.lessons,
         cited=cited,
         rejections=_rejection_table(history.campaign_candidates(campaign_id)),
+        lineage=_lineage_rows(history, campaign_id, board),
         winner=winner.candidate_id if winner else None,
-        winner_html=_highlight(winner) if winner else "",
+        winner_html=_highlight(winner, lineage_of(history, winner)) if winner else "",
         pygments_css=HtmlFormatter(style="friendly").get_style_defs(".code"),
     )
 
@@ -182,6 +187,37 @@ def _rejection_table(candidates: list[Candidate]) -> dict[str, Any]:
     }
 
 
+def _lineage_rows(history: History, campaign_id: str, board: Leaderboard) -> list[dict[str, Any]]:
+    """Every candidate made from parents (by a variation operator, or an LLM's improve,
+    fix or crossover): what made it, from which parents, what came of it, its diff."""
+    rows: list[dict[str, Any]] = []
+    for c in history.campaign_candidates(campaign_id):
+        proposal = c.proposal
+        if not proposal.parents:
+            continue
+        if c.rejected:
+            status = f"rejected at {c.rejected.stage}: {c.rejected.reason}"
+        elif c.benchmark:
+            status = "timed"
+        elif c.duplicate:
+            status = "duplicate"
+        else:
+            status = "in flight"
+        rows.append(
+            {
+                "candidate": c.candidate_id,
+                "generation": proposal.generation,
+                "operator": proposal.operator,
+                "params": ", ".join(f"{k}={v}" for k, v in proposal.params.items()),
+                "parents": ", ".join(short_id(p) for p in proposal.parents),
+                "status": status,
+                "speedup": board.speedup_of(c.candidate_id),
+                "diff": c.written.diff if c.written else "",
+            }
+        )
+    return rows
+
+
 def _cited_events(rebuilt: Rebuilt, history: History, campaign_id: str) -> list[dict[str, Any]]:
     """Every event a lesson cites, with an anchor the lesson links to."""
     wanted = {i for lesson in history.campaigns[campaign_id].lessons for i in lesson.evidence_ids}
@@ -216,7 +252,7 @@ def _what(event: Event) -> str:
     return ", ".join(parts)
 
 
-def _highlight(candidate: Candidate) -> str:
+def _highlight(candidate: Candidate, lineage: Sequence[Step]) -> str:
     assert candidate.written is not None
     lexer = get_lexer_by_name(target_of(candidate.written.target).source_language)
-    return highlight(kernel_text(candidate), lexer, HtmlFormatter(cssclass="code"))
+    return highlight(kernel_text(candidate, lineage), lexer, HtmlFormatter(cssclass="code"))

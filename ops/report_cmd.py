@@ -14,7 +14,7 @@ from ops.store_access import open_home, rebuild_campaign
 
 REPORT_HELP = """Write a campaign's report as one HTML file that opens with no network.
 
-It holds the best-so-far curve over evaluations and over time; a roofline chart of every timed kernel under the ceilings calibrated on the host that timed it; the leaderboard with parameters, median, IQR and sources; the lessons, each linked to the events it cites; the rejections by stage and generation; and the winning kernel's source, highlighted. The charts are plotly with its JavaScript inlined.
+It holds the best-so-far curve over evaluations and over time; a roofline chart of every timed kernel under the ceilings calibrated on the host that timed it; the leaderboard with parameters, median, IQR and sources; the lessons, each linked to the events it cites; the rejections by stage and generation; the lineage of each kernel made from parents (operator, parameters, parents, outcome, diff); and the winning kernel's source with its lineage, highlighted. The charts are plotly with its JavaScript inlined.
 
 Examples:
 

@@ -52,6 +52,9 @@ from actors.campaign.leaderboard import Leaderboard, campaign_leaderboard
 from actors.campaign.ranking import best_of, short_id
 from actors.campaign.summary import summary
 from actors.records.best_kernels import describe, file_name, write_kernel
+from actors.search.evolve_strategy import NOTHING_TO_START
+from actors.search.lineage import lineage_of
+from actors.search.registry import strategy_for
 from actors.search.spaces import design_spaces
 from bus.auth import AuthError, ClientAuth
 from bus.connection import INTERACTIVE_WAIT, connect, jetstream
@@ -103,13 +106,15 @@ RUN_HELP = (
     "  shapes = [[4096, 4096]]   (the first is timed; default: the problem's)\n\n"
     '  \\[budget] candidates = 40, wall_time = "30m" (active time), stop_at_roofline = 0.95\n\n'
     "  \\[search] per_generation = 8, seed = 1\n\n"
-    '  \\[writer] kind = "template", or "llm" with base_url, model, api_key_env\n\n'
+    '  \\[writer] kind = "template", "evolve" (variation operators on the seeds), or "llm" '
+    "with base_url, model, api_key_env\n\n"
     '  \\[seed] sources = ["my_kernel.c"]   (verified and timed first, then tuned)\n\n'
     '  \\[\\[spaces]] file = "k.c.j2" (or macro C "k.c"), params = {BLOCK = [8, 16]},\n'
     '  restrictions = ["BLOCK * UNROLL <= 64"]   (files relative to the campaign file)\n\n'
     "Examples:\n\n"
     "  kfactory run campaigns/demo.toml\n\n"
     "  kfactory run --problem rmsnorm --budget 24 --json\n\n"
+    "  kfactory run --problem ops.py:NAME --seed-source kernel.c --writer evolve --budget 60\n\n"
     "  kfactory run campaigns/demo.toml --nats nats://hub:4222"
 )
 
@@ -135,6 +140,11 @@ def run(
         None, help="Shapes, e.g. 4096x4096 or 512x2048,64x64; the first is timed (overrides)."
     ),
     name: str | None = typer.Option(None, help="Campaign name (overrides the file)."),
+    writer: str | None = typer.Option(
+        None,
+        help="What writes the kernels: template (the design spaces), evolve (offline "
+        "variation operators on your C kernel: give --seed-source) or llm (overrides).",
+    ),
     per_generation: int = typer.Option(8, min=1, help="Candidates per generation (no file)."),
     seed: int = typer.Option(1, help="Search seed (no file)."),
     seed_source: list[Path] = typer.Option(
@@ -161,7 +171,9 @@ def run(
 ) -> None:
     spec = _spec(campaign_file, problem, target, dtype, per_generation, seed)
     try:
-        spec = with_overrides(spec, budget=budget, wall_time=wall_time, shapes=shapes, name=name)
+        spec = with_overrides(
+            spec, budget=budget, wall_time=wall_time, shapes=shapes, name=name, writer=writer
+        )
     except CampaignError as exc:
         raise UserError(str(exc)) from None
     _check_problem(spec)
@@ -242,8 +254,11 @@ def _with_seeds(spec: CampaignSpec, sources: list[Path]) -> CampaignSpec:
         spec = msgspec.structs.replace(spec, seed=Seed(sources=[*spec.seed.sources, *added]))
     try:
         design_spaces(spec.problem, spec.target, spec.dtype, spec)
+        starts = strategy_for(spec).first_points(spec)
     except SpaceError as exc:
         raise UserError(str(exc)) from None
+    if spec.writer.kind == "evolve" and not starts:
+        raise UserError(NOTHING_TO_START)
     return spec
 
 
@@ -497,7 +512,11 @@ def _result(
     winner, baseline = board.best, board.baseline
     if best_dir is not None and winner is not None and result["best"]:
         # The winning kernel as a file `kfactory check` and a compiler take as it is.
-        path = write_kernel(winner.candidate, best_dir / file_name(winner.candidate))
+        path = write_kernel(
+            winner.candidate,
+            best_dir / file_name(winner.candidate),
+            lineage_of(history, winner.candidate),
+        )
         result["best"] = {**result["best"], **describe(winner, path, baseline)}
         console.print(f"best kernel written to {path}")
     if campaign.finished is not None:

@@ -33,7 +33,7 @@ PLANNER = ActorRef("planner", "planner-0", "test")
 def test_the_campaign_file_names_exactly_the_registered_strategies() -> None:
     # `campaign` may not import `search`: the two lists are pinned equal here instead.
     kinds = get_args(get_type_hints(Writer)["kind"])
-    assert set(kinds) == set(STRATEGIES) == {"template", "llm"}
+    assert set(kinds) == set(STRATEGIES) == {"template", "llm", "evolve"}
     assert Writer().kind in STRATEGIES
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -39,8 +39,12 @@ class Budget(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return parse_duration(self.wall_time)
 
 
+WriterKind = Literal["template", "llm", "evolve"]
+WRITER_KINDS: tuple[str, ...] = get_args(WriterKind)
+
+
 class Writer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    kind: Literal["template", "llm"] = "template"
+    kind: WriterKind = "template"
     base_url: str | None = None
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
@@ -135,9 +139,15 @@ def with_overrides(
     wall_time: str | None = None,
     shapes: str | None = None,
     name: str | None = None,
+    writer: str | None = None,
 ) -> CampaignSpec:
     """The spec with the command line's flags in place of the file's fields."""
     changes: dict[str, Any] = {}
+    if writer is not None:
+        kinds = WRITER_KINDS
+        if writer not in kinds:
+            raise CampaignError(f"writer {writer!r} is unknown; use one of {list(kinds)}")
+        changes["writer"] = msgspec.structs.replace(spec.writer, kind=writer)
     if budget is not None or wall_time is not None:
         changes["budget"] = msgspec.structs.replace(
             spec.budget,
@@ -185,6 +195,11 @@ def validate(spec: CampaignSpec) -> CampaignSpec:
         raise CampaignError(
             f"writer.kind = 'llm' writes {written} kernels only so far; {spec.target} campaigns "
             "search the templates (writer.kind = 'template')"
+        )
+    if spec.writer.kind == "evolve" and target.source_language != "c":
+        raise CampaignError(
+            f"writer.kind = 'evolve' varies C kernels (cpu) only so far; {spec.target} "
+            "campaigns search the templates (writer.kind = 'template')"
         )
     if spec.writer.kind == "llm" and not (spec.writer.base_url and spec.writer.model):
         raise CampaignError("writer.base_url and writer.model are needed for writer.kind = 'llm'")

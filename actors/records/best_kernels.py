@@ -2,13 +2,16 @@
 they are: a `// kfactory-flags:` line, a provenance line, then the recorded source.
 
 `kfactory best` writes them in leaderboard order (`ranked`: the best first, then the
-others by own time); `kfactory run` writes the winner to `<home>/best/`. A file is named
-after its candidate id (`.c` for cpu, `.cu` for cuda); its provenance line gives the
+others by own time); `kfactory run` writes the winner to `<home>/best/`. A kernel a
+variation operator wrote carries its lineage too: a comment line per operator step from
+its root (the operator, its parameters, the parents it varied). A file is named after its
+candidate id (`.c` for cpu, `.cu` for cuda); its provenance line gives the
 speedup of its own timing run, not the leaderboard's figure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +20,14 @@ import msgspec
 from actors.campaign.history import Candidate
 from actors.campaign.leaderboard import Row
 from actors.campaign.ranking import CampaignBaseline
+from actors.search.operators.protocol import Step
 from gpu_workers.atomic_file import write_atomically
 from gpu_workers.targets import target_of
 
 
-def kernel_text(candidate: Candidate) -> str:
+def kernel_text(candidate: Candidate, lineage: Sequence[Step] = ()) -> str:
+    """The file's text; with `lineage` (the operator steps from its root), a comment line
+    per step: the operator, its parameters and the parents it varied."""
     written, timed = candidate.written, candidate.benchmark
     assert written is not None and timed is not None
     return (
@@ -29,8 +35,20 @@ def kernel_text(candidate: Candidate) -> str:
         f"// {candidate.candidate_id}: {written.problem} ({written.dtype}) on {written.target}; "
         f"its own timing run: {timed.median_ns / 1e6:.4f} ms median, {timed.speedup:.3f}x over "
         f"{timed.baseline} in that run; template {written.template or written.writer}\n"
+        + lineage_comment(lineage)
         + written.source
     )
+
+
+def lineage_comment(lineage: Sequence[Step]) -> str:
+    """`// lineage:` and one line per operator step, earliest first; empty for a root."""
+    if not lineage:
+        return ""
+    lines = [f"// lineage: {len(lineage)} operator step(s) from {lineage[0].parents[0]}\n"]
+    for number, step in enumerate(lineage, 1):
+        params = ", ".join(f"{name}={value}" for name, value in step.params) or "defaults"
+        lines.append(f"//   {number}. {step.operator}({params}) of {' x '.join(step.parents)}\n")
+    return "".join(lines)
 
 
 def file_name(candidate: Candidate, rank: int | None = None) -> str:
@@ -40,9 +58,9 @@ def file_name(candidate: Candidate, rank: int | None = None) -> str:
     return prefix + stem + target_of(candidate.written.target).source_suffix
 
 
-def write_kernel(candidate: Candidate, path: Path) -> Path:
+def write_kernel(candidate: Candidate, path: Path, lineage: Sequence[Step] = ()) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, kernel_text(candidate).encode())
+    write_atomically(path, kernel_text(candidate, lineage).encode())
     return path
 
 

@@ -1,15 +1,19 @@
 """The kernel writer: turns a proposal (or a fusion plan) into kernel source.
 
 Template proposals are rendered from their jinja2 template; fusion plans are generated
-from the fusion IR; LLM variations (improve, fix, crossover) are asked of the campaign's
+from the fusion IR; operator proposals (`writer.kind = "evolve"`) apply an offline
+variation operator to their parents as the history holds them (`decide_operator`: the
+child with its operator, parents and diff, or the refusal as the write stage's rejection);
+LLM variations (improve, fix, crossover) are asked of the campaign's
 OpenAI-compatible endpoint, and every exchange is recorded as LlmExchanged, so a
 redelivered proposal reuses the recorded reply instead of asking again. A kernel whose
 exact source was settled before in the same dedupe scope is not evaluated again: the
 writer records CandidateDeduplicated instead.
 
-The decisions (`decide_written`, `decide_template`, `decide_fusion`, `variation_prompt`,
-`decide_reply`) are functions of the history and the event; `KernelWriter.handle` does
-the I/O around them: catching up with the store, the librarian's lessons, the LLM.
+The decisions (`decide_written`, `decide_template`, `decide_fusion`, `decide_operator`,
+`variation_prompt`, `decide_reply`) are functions of the history and the event;
+`KernelWriter.handle` does the I/O around them: catching up with the store, the
+librarian's lessons, the LLM.
 """
 
 from __future__ import annotations
@@ -23,13 +27,17 @@ from actors.campaign.history import Candidate, History
 from actors.campaign.replayer import HistoryReader
 from actors.roles.messages import ask_lessons
 from actors.runtime import Actor, PoisonMessage, Reactions
+from actors.search.lineage import EVOLVE_TEMPLATE, context_for, parents_of
 from actors.search.llm import prompts
 from actors.search.llm.extract import NoCodeFound, extract_kernel
 from actors.search.llm.prompts import RejectionEvidence
+from actors.search.operators.protocol import Context, Refusal
+from actors.search.operators.registry import OPERATORS
 from actors.search.spaces import template_named
 from actors.search.variation import LLM_TEMPLATE, WRITE
 from bus.connection import Client
 from eventstore.events import (
+    MAX_DIFF_CHARS,
     ActorRef,
     CandidateDeduplicated,
     CandidateProposed,
@@ -57,8 +65,11 @@ class Kernel:
 
     source: str
     flags: list[str]
-    writer: str  # template | fuser | llm
+    writer: str  # template | fuser | llm | operator
     params: dict[str, object] = field(default_factory=dict)
+    operator: str = ""
+    parents: list[str] = field(default_factory=list)
+    diff: str = ""
 
 
 # --- decisions: the history and the event in, reactions out --------------------------------
@@ -86,8 +97,53 @@ def decide_written(
         writer=kernel.writer,
         template=cause.template if isinstance(cause, CandidateProposed) else "fusion",
         params=dict(kernel.params),
+        operator=kernel.operator,
+        parents=list(kernel.parents),
+        diff=kernel.diff,
         **common,
     )
+
+
+def bounded_diff(diff: str) -> str:
+    """The diff, cut at `MAX_DIFF_CHARS` with a line saying so."""
+    if len(diff) <= MAX_DIFF_CHARS:
+        return diff
+    return diff[:MAX_DIFF_CHARS] + f"\n... diff cut at {MAX_DIFF_CHARS} of {len(diff)} characters\n"
+
+
+def decide_operator(
+    history: History, event: CandidateProposed, out: Reactions, context: Context
+) -> None:
+    """Apply a variation operator to the proposal's parents: its child is written (or
+    deduplicated); a refusal is the write stage's rejection, with the operator named."""
+    operator = OPERATORS.get(event.operator)
+    parents = parents_of(history, event.parents)
+    if operator is None or not parents:
+        raise PoisonMessage(
+            f"{event.candidate_id}: operator {event.operator!r} on parents {event.parents} "
+            "with no recorded kernel"
+        )
+    child = operator.apply(parents, event.params, context)
+    if isinstance(child, Refusal):
+        out.emit(
+            KernelRejected,
+            stage="write",
+            reason=child.reason,
+            evidence={"message": child.message, "operator": child.operator},
+            source_hash="",
+            **event.work(),
+        )
+        return
+    kernel = Kernel(
+        child.source,
+        list(child.flags),
+        "operator",
+        dict(child.params),
+        operator=child.operator,
+        parents=list(child.parents),
+        diff=bounded_diff(child.diff),
+    )
+    decide_written(history, event, out, kernel)
 
 
 def _settled_with_source(
@@ -220,12 +276,27 @@ class KernelWriter(Actor):
             history = await self._reader.catch_up(event.event_id)
             if event.template == LLM_TEMPLATE:
                 await self._vary(history, event, out)
+            elif event.template == EVOLVE_TEMPLATE:
+                await self._apply_operator(history, event, out)
             else:
                 decide_template(history, event, out, self._template(history, event))
         elif isinstance(event, FusionPlanned):
             # A plan is no history event; the proposal it answers is.
             history = await self._reader.catch_up(event.causation_id)
             decide_fusion(history, event, out)
+
+    async def _apply_operator(
+        self, history: History, event: CandidateProposed, out: Reactions
+    ) -> None:
+        assert self._nc is not None
+        campaign = history.campaigns.get(event.campaign_id)
+        if campaign is None:
+            raise PoisonMessage(
+                f"campaign {event.campaign_id} of {event.candidate_id} is not recorded"
+            )
+        lessons = [x.statement for x in await ask_lessons(self._nc, event.campaign_id)]
+        context = await asyncio.to_thread(context_for, campaign.spec, lessons)
+        decide_operator(history, event, out, context)
 
     async def _vary(self, history: History, event: CandidateProposed, out: Reactions) -> None:
         assert self._nc is not None

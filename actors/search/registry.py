@@ -6,6 +6,7 @@ planner needs no change to use it. The campaign file's list of kinds
 from __future__ import annotations
 
 from actors.campaign.campaign_file import CampaignSpec
+from actors.search.evolve_strategy import EvolveStrategy
 from actors.search.llm_strategy import LlmStrategy
 from actors.search.strategy import Strategy
 from actors.search.template_strategy import TemplateStrategy
@@ -13,6 +14,7 @@ from actors.search.template_strategy import TemplateStrategy
 STRATEGIES: dict[str, type[Strategy]] = {
     "template": TemplateStrategy,
     "llm": LlmStrategy,
+    "evolve": EvolveStrategy,
 }
 
 

@@ -1,0 +1,183 @@
+"""The evolve strategy (`writer.kind = "evolve"`): offline variation operators on C source
+(`actors.search.operators`), chosen by what they earned.
+
+Generation 0 is the seed kernels as they are (`[seed] sources`, `--seed-source`). Only
+when there is no seed does it start from the problem's templates at their best known
+points: a user's kernel is improved from itself, so what the operators earned is not
+mixed with what a template's author wrote. Each later generation varies the campaign's
+best verified and timed kernels (the first `PARENTS` leaderboard rows): for each slot the
+bandit (`actors.search.operator_bandit`) picks an operator, a parent is drawn (the better
+the likelier; a crossover takes the best and another of distinct source), and the
+operator's parameters are drawn from its `space()` (its defaults on the first try of an
+operator in a slot), all from a generator seeded by the campaign's seed, the generation
+and the slot. The operator is applied here first, as the kernel writer will apply it: a
+point it refuses, a (parent source, operator, params) already proposed in the dedupe
+scope (its `param_key`) or a child whose exact kernel the scope already holds is never
+proposed; the slot tries again, up to `TRIES` times. The bandit learns from every campaign
+of the problem, target and dtype; what counts as proposed is the dedupe scope's (the same
+shapes too: at another shape the same edit is worth timing again). A pure function of the
+history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+
+from actors.campaign.campaign_file import CampaignSpec
+from actors.campaign.history import Campaign, History, param_key
+from actors.campaign.leaderboard import campaign_leaderboard
+from actors.search.lineage import EVOLVE_TEMPLATE, context_for, parent_kernel
+from actors.search.operator_bandit import Bandit
+from actors.search.operators.protocol import Context, ParentKernel, Refusal, VariationOperator
+from actors.search.operators.registry import OPERATORS
+from actors.search.spaces import kernel_templates, seed_points
+from actors.search.strategy import Filled, GenerationInputs, Planned, Stalled, fresh_points
+from actors.search.template_search import Proposal, Space
+from kernels.design_space import ParamValue
+from kernels.identity import source_hash
+
+PARENTS = 4
+"""How many of the campaign's best kernels a generation varies."""
+TRIES = 24
+"""Draws per slot before it is left empty."""
+NOTHING_TO_START = (
+    "writer.kind = 'evolve' starts from a kernel: give a seed ([seed] sources or "
+    "--seed-source), or a problem with templates"
+)
+
+
+class EvolveStrategy:
+    def first_points(self, spec: CampaignSpec) -> list[Proposal]:
+        seeds = seed_points(spec)
+        if seeds:
+            return seeds
+        return [
+            Proposal(t.name, dict(t.best_known))
+            for t in kernel_templates(spec.problem, spec.target, spec)
+        ]
+
+    def needs_known(self, generation: int, spaces: Sequence[Space]) -> bool:
+        return True  # operator keys are known to the librarian like template points
+
+    def fill(
+        self, history: History, campaign: Campaign, generation: int, inputs: GenerationInputs
+    ) -> Filled | Stalled:
+        if generation == 0:
+            if not inputs.first_points:
+                return Stalled("no_seed", NOTHING_TO_START)
+            points = fresh_points(inputs.first_points, inputs.known, inputs.count)
+            return Filled([Planned.point(p) for p in points], "nothing new to start from")
+        rows = campaign_leaderboard(history, campaign.started.campaign_id).rows[:PARENTS]
+        parents = [parent_kernel(history, row.candidate) for row in rows]
+        pool = [p for p in parents if p is not None]
+        if not pool:
+            return Filled([], "no verified and timed kernel to vary")
+        return Filled(
+            _vary(history, campaign, generation, inputs, pool),
+            "no operator gives a new child of the best kernels",
+        )
+
+
+def _vary(
+    history: History,
+    campaign: Campaign,
+    generation: int,
+    inputs: GenerationInputs,
+    pool: list[ParentKernel],
+) -> list[Planned]:
+    spec = campaign.spec
+    problem = history.scope_candidates(spec.problem, spec.target, spec.dtype)
+    bandit = Bandit.of(history, problem, list(OPERATORS))  # every campaign of the problem
+    context = context_for(spec)
+    scope = [
+        c for c in problem if history.campaigns[c.proposal.campaign_id].scope == campaign.scope
+    ]
+    hashes = {c.written.source_hash for c in scope if c.written is not None}
+    taken = set(inputs.known) | {c.proposal.param_key for c in scope}
+    chosen: list[Planned] = []
+    for slot in range(inputs.count):
+        rng = random.Random(_seed(spec.search.seed, generation, slot))
+        planned = _slot(rng, bandit, pool, context, taken, hashes)
+        if planned is None:
+            continue
+        chosen.append(planned)
+        bandit.pull(planned.operator)
+    return chosen
+
+
+def _slot(
+    rng: random.Random,
+    bandit: Bandit,
+    pool: list[ParentKernel],
+    context: Context,
+    taken: set[str],
+    hashes: set[str],
+) -> Planned | None:
+    """One slot's candidate: the bandit's operator on drawn parents at a drawn point, the
+    first that gives a new child; None after `TRIES` draws."""
+    excluded: set[str] = set()
+    tried: dict[str, int] = {}
+    for _ in range(TRIES):
+        allowed = [n for n in OPERATORS if n not in excluded and _fits(OPERATORS[n], pool)]
+        name = bandit.choose(allowed)
+        if name is None:
+            return None
+        operator = OPERATORS[name]
+        parents = _draw_parents(rng, operator, pool)
+        params = _draw_params(rng, operator, first=tried.get(name, 0) == 0)
+        tried[name] = tried.get(name, 0) + 1
+        if tried[name] >= 4:
+            excluded.add(name)  # others get their turn in this slot
+        key = _key(name, parents, params)
+        if key in taken:
+            continue
+        child = operator.apply(parents, params, context)
+        if isinstance(child, Refusal):
+            excluded.add(name)  # its precondition does not hold on these parents
+            continue
+        digest = source_hash(child.source, list(child.flags))
+        if digest in hashes:
+            continue
+        taken.add(key)
+        hashes.add(digest)
+        return Planned(EVOLVE_TEMPLATE, dict(params), key, name, [p.candidate_id for p in parents])
+    return None
+
+
+def _fits(operator: VariationOperator, pool: list[ParentKernel]) -> bool:
+    return operator.arity <= len({(p.source, p.flags) for p in pool})
+
+
+def _draw_parents(
+    rng: random.Random, operator: VariationOperator, pool: list[ParentKernel]
+) -> list[ParentKernel]:
+    """One parent, the better the likelier; a crossover's two: the best and a different."""
+    weights = [1.0 / (rank + 1) for rank in range(len(pool))]
+    if operator.arity == 1:
+        return [rng.choices(pool, weights)[0]]
+    first = pool[0]
+    others = [p for p in pool[1:] if (p.source, p.flags) != (first.source, first.flags)]
+    return [first, rng.choices(others, weights[: len(others)])[0]]
+
+
+def _draw_params(
+    rng: random.Random, operator: VariationOperator, first: bool
+) -> dict[str, ParamValue]:
+    space = operator.space()
+    if first:
+        return {name: values[0] for name, values in space.items()}
+    return {name: rng.choice(values) for name, values in sorted(space.items())}
+
+
+def _key(name: str, parents: list[ParentKernel], params: dict[str, ParamValue]) -> str:
+    """(parent sources, operator, params): the same edit of the same kernel has one key,
+    whichever candidate carried that kernel."""
+    sources = "+".join(source_hash(p.source, list(p.flags))[:16] for p in parents)
+    return param_key(f"{EVOLVE_TEMPLATE}/{name}/{sources}", dict(params))
+
+
+def _seed(seed: int, generation: int, slot: int) -> int:
+    digest = hashlib.sha256(f"evolve:{seed}:{generation}:{slot}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")

@@ -1,0 +1,123 @@
+"""Which variation operator to try next: a UCB1 bandit over what each operator earned.
+
+An operator's arm is paid by each child it wrote in the dedupe scope (the problem, target
+and dtype: this campaign and the earlier campaigns of the same problem, so a second
+campaign starts from what paid before): `log(parent median / child median)` for a timed
+child whose parent was timed, `REJECTED_PENALTY` for a child the compile, static, run or
+benchmark stage rejected (an operator that breaks kernels is risky), 0 for a refusal (the
+write stage), a duplicate or a child that could not be compared. A child still in flight
+counts as a pull at its operator's mean, so one generation spreads over the arms instead
+of giving every slot to the same one; `Bandit.pull` does the same for the slots a
+strategy fills before anything is settled. The arm with the highest upper bound goes
+first; an untried arm's is `UNTRIED` (optimistic, so each is tried once unless one has
+earned more than that), and ties go to the earlier arm in `PREFERENCE` (the chain that
+pays from plain seeds: threads, then simd, then fast maths...). Deterministic: no
+randomness of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from actors.campaign.history import Candidate, History
+from actors.search.lineage import is_operator_proposal
+
+PREFERENCE = (
+    "omp_parallel",
+    "omp_simd",
+    "approx_math",
+    "restrict",
+    "compiler_flags",
+    "unroll",
+    "hoist",
+    "fuse",
+    "tile",
+    "crossover",
+    "nontemporal",
+)
+"""Arms in the order they are first tried (and ties are broken)."""
+REJECTED_PENALTY = -0.5
+"""A rejected child's reward: about what a child 1.6x slower than its parent earns."""
+UNTRIED = 1.0
+"""An untried arm's upper bound: optimistic (a child e = 2.7x faster than its parent), so
+every arm is tried before the known ones are exploited, unless one earned more than that
+(here or in an earlier campaign of the problem)."""
+EXPLORATION = 0.5
+"""UCB1's exploration weight, for rewards that are log speedups (mostly within +-2)."""
+
+
+def reward(history: History, child: Candidate) -> float | None:
+    """What the child paid its operator; None while it is in flight."""
+    if child.benchmark is not None:
+        parents = child.proposal.parents
+        parent = history.candidates.get(parents[0]) if parents else None
+        if parent is None or parent.benchmark is None or child.benchmark.median_ns <= 0:
+            return 0.0
+        return math.log(parent.benchmark.median_ns / child.benchmark.median_ns)
+    if child.rejected is not None:
+        return 0.0 if child.rejected.stage == "write" else REJECTED_PENALTY
+    if child.duplicate is not None or child.dead_letter is not None:
+        return 0.0
+    return None
+
+
+@dataclass
+class Arm:
+    pulls: int = 0
+    total: float = 0.0
+    pending: int = 0
+    """Pulls whose reward is not known yet (in flight, or chosen in this generation)."""
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.pulls if self.pulls else 0.0
+
+
+@dataclass
+class Bandit:
+    arms: dict[str, Arm] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, history: History, scope: Iterable[Candidate], operators: Sequence[str]) -> Bandit:
+        """The arms of `operators`, paid by the operator children in `scope`."""
+        bandit = cls({name: Arm() for name in operators})
+        for candidate in scope:
+            arm = bandit.arms.get(candidate.proposal.operator)
+            if arm is None or not is_operator_proposal(candidate):
+                continue
+            earned = reward(history, candidate)
+            if earned is None:
+                arm.pending += 1
+            else:
+                arm.pulls += 1
+                arm.total += earned
+        return bandit
+
+    def choose(self, allowed: Iterable[str]) -> str | None:
+        """The arm to pull among `allowed`: the highest upper bound (`UNTRIED` for an arm
+        never pulled), ties to the earlier in `PREFERENCE`."""
+        names = [n for n in self._ordered() if n in set(allowed)]
+        if not names:
+            return None
+        total = sum(a.pulls + a.pending for a in self.arms.values())
+        return max(names, key=lambda n: (self._bound(self.arms[n], total), -names.index(n)))
+
+    def pull(self, name: str) -> None:
+        """Count a pull whose reward is not known yet."""
+        self.arms[name].pending += 1
+
+    def _bound(self, arm: Arm, total: int) -> float:
+        n = arm.pulls + arm.pending
+        if n == 0:
+            return UNTRIED
+        return arm.mean + EXPLORATION * math.sqrt(2 * math.log(max(total, 1)) / n)
+
+    def _ordered(self) -> list[str]:
+        rank = {name: i for i, name in enumerate(PREFERENCE)}
+        return sorted(self.arms, key=lambda n: (rank.get(n, len(rank)), n))
+
+    def summary(self) -> dict[str, tuple[int, float]]:
+        """Each arm's settled pulls and mean reward."""
+        return {name: (arm.pulls, arm.mean) for name, arm in self.arms.items()}

@@ -1,0 +1,185 @@
+"""The evolve strategy and the kernel writer's operators, decided from a history written
+by hand (tests/evolve_history.py): generation 0 is the seed as it is; later generations
+vary the best timed kernels with the operator a bandit picks, at points drawn from the
+campaign's seed, never proposing a (parent source, operator, params) twice; the writer
+applies a proposal to its recorded parents, the same child on every delivery, and records
+a refusal as the write stage's rejection with the operator named."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from actors.campaign.campaign_file import CampaignError, validate
+from actors.records.best_kernels import kernel_text
+from actors.roles.kernel_writer import MAX_DIFF_CHARS, bounded_diff, decide_operator
+from actors.runtime import Reactions
+from actors.search.evolve_strategy import EvolveStrategy
+from actors.search.lineage import EVOLVE_TEMPLATE, context_for, lineage_of
+from actors.search.operator_bandit import PREFERENCE, REJECTED_PENALTY, Bandit, reward
+from actors.search.operators.registry import OPERATORS
+from actors.search.strategy import Filled, GenerationInputs, Stalled
+from eventstore.events import (
+    CandidateProposed,
+    GenerationClosed,
+    GenerationOpened,
+    KernelRejected,
+    KernelWritten,
+)
+from ops.progress import Progress
+from tests.evolve_history import ACTOR, CAMPAIGN, Log
+
+
+def test_generation_0_is_the_seed_as_it_is_and_nothing_to_start_from_stalls(
+    tmp_path: Path,
+) -> None:
+    log = Log(tmp_path)
+    first = log.fill(0)
+    assert isinstance(first, Filled) and len(first.candidates) == 1
+    assert first.candidates[0].template.startswith("seed")
+    campaign = log.history.campaigns[CAMPAIGN]
+    empty = GenerationInputs(4, [], [], frozenset(), [])
+    stalled = EvolveStrategy().fill(log.history, campaign, 0, empty)
+    assert isinstance(stalled, Stalled) and stalled.kind == "no_seed"
+
+
+def test_later_generations_vary_the_best_kernel_with_the_bandits_operators(tmp_path: Path) -> None:
+    log = Log(tmp_path)
+    seed = log.timed_seed()
+    filled = log.fill(1)
+    assert isinstance(filled, Filled) and len(filled.candidates) == 4
+    assert all(p.template == EVOLVE_TEMPLATE and p.parents == [seed] for p in filled.candidates)
+    operators = [p.operator for p in filled.candidates]
+    assert operators[0] == PREFERENCE[0]  # untried arms first, in the preferred order
+    assert len(set(operators)) == 4  # a slot chosen counts as a pull: the slots spread
+    assert len({p.param_key for p in filled.candidates}) == 4
+    assert log.fill(1) == filled  # a pure function of the history
+
+
+def test_a_written_child_records_its_operator_parents_and_diff_the_same_on_redelivery(
+    tmp_path: Path,
+) -> None:
+    log = Log(tmp_path)
+    seed = log.timed_seed()
+    filled = log.fill(1)
+    assert isinstance(filled, Filled)
+    proposals = log.propose(1, filled.candidates)
+    again = Reactions(proposals[0], ACTOR)
+    decide_operator(log.history, proposals[0], again, context_for(log.spec))
+    (written,) = log.write(proposals[0])
+    assert isinstance(written, KernelWritten)
+    assert (written.writer, written.operator, written.parents) == (
+        "operator",
+        proposals[0].operator,
+        [seed],
+    )
+    assert written.diff.startswith("---") and "+" in written.diff
+    assert again.events[0].source_hash == written.source_hash  # type: ignore[attr-defined]
+    child = log.history.candidates[proposals[0].candidate_id]
+    assert [s.operator for s in lineage_of(log.history, child)] == [proposals[0].operator]
+
+
+def test_a_refusal_is_the_write_stages_rejection_naming_the_operator(tmp_path: Path) -> None:
+    log = Log(tmp_path)
+    seed = log.timed_seed()
+    log.add(GenerationOpened, generation=1, planned=1)
+    proposal = log.add(  # the seed calls no libm function: approx_math has nothing to do
+        CandidateProposed,
+        template=EVOLVE_TEMPLATE,
+        params={},
+        param_key="k",
+        operator="approx_math",
+        parents=[seed],
+        **log.work(f"{CAMPAIGN}:g1:c0", 1),
+    )
+    (rejected,) = log.write(proposal)
+    assert isinstance(rejected, KernelRejected) and rejected.stage == "write"
+    assert rejected.evidence["operator"] == "approx_math" and rejected.evidence["message"]
+    assert reward(log.history, log.history.candidates[proposal.candidate_id]) == 0.0
+
+
+def test_the_bandit_pays_log_speedups_penalises_rejections_and_never_repeats_a_key(
+    tmp_path: Path,
+) -> None:
+    log = Log(tmp_path)
+    log.timed_seed(median_ns=40_000.0)
+    filled = log.fill(1)
+    assert isinstance(filled, Filled)
+    proposals = log.propose(1, filled.candidates)
+    for proposal in proposals:
+        log.write(proposal)
+    fast, slow, broken = proposals[0], proposals[1], proposals[2]
+    log.timed(fast.candidate_id, 1, 10_000.0)
+    log.timed(slow.candidate_id, 1, 80_000.0)
+    digest = log.history.candidates[broken.candidate_id].written.source_hash  # type: ignore[union-attr]
+    log.add(
+        KernelRejected,
+        source_hash=digest,
+        stage="run",
+        reason="wrong_result",
+        **log.work(broken.candidate_id, 1),
+    )
+    log.add(GenerationClosed, generation=1, settled=4, evaluated=4)
+    history = log.history
+    assert reward(history, history.candidates[fast.candidate_id]) == pytest.approx(math.log(4))
+    assert reward(history, history.candidates[slow.candidate_id]) == pytest.approx(math.log(0.5))
+    assert reward(history, history.candidates[broken.candidate_id]) == REJECTED_PENALTY
+    scope = list(history.candidates.values())
+    arms = Bandit.of(history, scope, list(OPERATORS)).summary()
+    assert arms[fast.operator] == (1, pytest.approx(math.log(4)))
+    second = log.fill(2, count=8)
+    assert isinstance(second, Filled) and second.candidates
+    earlier = {c.proposal.param_key for c in scope}
+    assert not earlier & {p.param_key for p in second.candidates}
+    assert fast.candidate_id in {p.parents[0] for p in second.candidates}  # the best is varied
+    crossings = [p for p in second.candidates if p.operator == "crossover"]
+    assert all(len(set(p.parents)) == 2 for p in crossings)
+
+
+def test_evolve_takes_c_targets_only_and_a_diff_is_bounded(tmp_path: Path) -> None:
+    log = Log(tmp_path)
+    with pytest.raises(CampaignError, match="evolve"):
+        validate(msgspec.structs.replace(log.spec, target="cuda"))
+    long = "+x\n" * MAX_DIFF_CHARS
+    assert len(bounded_diff(long)) < MAX_DIFF_CHARS + 100
+    assert bounded_diff("+x\n") == "+x\n"
+
+
+def test_progress_and_the_best_file_name_the_operators_behind_the_best(tmp_path: Path) -> None:
+    log = Log(tmp_path)
+    log.timed_seed(median_ns=40_000.0)
+    filled = log.fill(1, count=1)
+    assert isinstance(filled, Filled)
+    (proposal,) = log.propose(1, filled.candidates)
+    log.write(proposal)
+    log.timed(proposal.candidate_id, 1, 10_000.0)
+    best = Progress(log.history, CAMPAIGN).counts()
+    assert best.best_by == f"{proposal.operator} of g0:c0"
+    assert best.best.endswith(f"by {proposal.operator} of g0:c0")
+    child = log.history.candidates[proposal.candidate_id]
+    text = kernel_text(child, lineage_of(log.history, child))
+    assert f"//   1. {proposal.operator}(" in text
+    assert text.startswith("// kfactory-flags:") and text.endswith(child.written.source)  # type: ignore[union-attr]
+
+
+def test_a_campaign_at_another_shape_starts_from_what_paid_and_may_time_the_same_edit(
+    tmp_path: Path,
+) -> None:
+    first = Log(tmp_path)
+    first.timed_seed(median_ns=40_000.0)
+    filled = first.fill(1, count=1)
+    assert isinstance(filled, Filled)
+    (child,) = first.propose(1, filled.candidates)
+    first.write(child)
+    first.timed(child.candidate_id, 1, 10_000.0)  # it paid: log 4
+    second = first.then("evolve-wide", (128, 1024))
+    second.timed_seed(median_ns=80_000.0)
+    again = second.fill(1, count=2)
+    assert isinstance(again, Filled)
+    # the same edit of the same seed, worth timing at the new shape: its key is not taken
+    assert again.candidates[0].param_key == child.param_key
+    arms = Bandit.of(second.history, list(second.history.candidates.values()), list(OPERATORS))
+    assert arms.summary()[child.operator] == (1, pytest.approx(math.log(4)))

@@ -242,12 +242,20 @@ def _judge(
     return None
 
 
+def attempt_seed(seed: int, attempt: int) -> int:
+    """Timing run `attempt`'s own secret, from the check's: the first run's is the check's
+    seed itself; a repeat (a busy host, a stall, a head-to-head in doubt) draws new inputs
+    and new judged calls, and replays from the recorded seed alone."""
+    return seed if attempt == 0 else trial_seed(seed, attempt, "attempt")
+
+
 @dataclass(frozen=True)
 class BenchmarkRequest(Generic[BuildT]):
     """A verified kernel to time against the baseline (and the incumbent), and how.
 
-    `seed` (drawn afresh when None) is the check's secret: the timed inputs, which calls
-    are judged and the re-check's inputs derive from it; it is recorded in the result.
+    `seed` (drawn afresh when None) is the check's secret: every timing run's own seed
+    derives from it (`attempt_seed`), and from that its timed inputs, which calls are judged
+    and the re-check's inputs; the result records every run's seed.
     A kernel beyond the roofline is refused, but first, when `recalibrate` is given, the
     host is measured again: a ceiling measured on a busy host may simply be too low.
     `window` is opened for every timing run once it is set up, and for a calibration, and
@@ -278,7 +286,8 @@ class TimingSession(Generic[BuildT]):
         self.window = request.window or NoWindow()
         self.shape = request.problem.full_shape(request.shape or request.problem.default_shape)
         self.seed = new_seed() if request.seed is None else request.seed
-        self.seeds = tuple(trial_seed(self.seed, i, "bench") for i in range(DISTINCT_INPUT_SETS))
+        self.attempt_seeds: list[int] = []
+        """Every timing run's seed, in order: a repeat never sees the same evidence again."""
         self.calibration = request.calibration
         self.recalibrated = False
 
@@ -287,6 +296,8 @@ class TimingSession(Generic[BuildT]):
         timing (once per benchmark: the retry policies' runs only re-time; each still
         judges timed calls chosen at random)."""
         request = self.request
+        seed = attempt_seed(self.seed, len(self.attempt_seeds))
+        self.attempt_seeds.append(seed)
         try:
             return request.backend.time(
                 TimingRequest(
@@ -294,9 +305,9 @@ class TimingSession(Generic[BuildT]):
                     build=request.build,
                     incumbent=request.incumbent,
                     shape=self.shape,
-                    seed=self.seed,
-                    seeds=self.seeds,
-                    recheck_seed=trial_seed(self.seed, 0, "recheck") if recheck else None,
+                    seed=seed,
+                    seeds=tuple(trial_seed(seed, i, "bench") for i in range(DISTINCT_INPUT_SETS)),
+                    recheck_seed=trial_seed(seed, 0, "recheck") if recheck else None,
                     rotate_bytes=2 * self.calibration.llc_bytes,
                     min_runs=request.min_runs,
                     min_seconds=request.min_seconds,
@@ -465,6 +476,7 @@ def _result(session: TimingSession[Any], measured: Measured) -> BenchmarkResult:
         host_contention_cores=run.host_contention_cores,
         timing_attempts=measured.attempts,
         seed=session.seed,
+        attempt_seeds=tuple(session.attempt_seeds),
         judged_calls=tuple(run.judged_calls),
         rechecked=tuple(measured.rechecked),
         handshake_ns=run.handshake_ns,

@@ -207,6 +207,9 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     """Timing runs made; a run on a busy host is repeated and the quietest one kept."""
     seed: int | None = None
     """The seed the timed and re-checked inputs derive from (replayable)."""
+    attempt_seeds: tuple[int, ...] = ()
+    """Every timing run's own seed, in order (the first is `seed`): each repeat drew new
+    inputs and new judged calls."""
     judged_calls: tuple[int, ...] = ()
     """Which calls (counting warm-up) had their outputs judged, chosen at random."""
     rechecked: tuple[str, ...] = ()

@@ -305,8 +305,10 @@ class ScriptedTiming:
         self.script = list(runs)  # (median ns, host contention cores) per run
         self.calls = 0
         self.log = [] if log is None else log
+        self.requests: list[TimingRequest[object]] = []
 
     def time(self, request: TimingRequest[object]) -> TimingRun:
+        self.requests.append(request)
         median_ns, contention = self.script[self.calls]
         recheck_seed = request.recheck_seed
         if request.window_open is not None:
@@ -349,6 +351,23 @@ def test_a_busy_host_is_timed_again_and_the_quietest_run_kept(
     assert backend.calls == 2 and result.timing_attempts == 2
     assert result.host_contention_cores == 0.1
     assert result.kernel.median_ns == int(12 * floor)
+
+
+def test_every_timing_attempt_has_a_fresh_seed_and_the_result_records_each(
+    calibration: HostCalibration,
+) -> None:
+    """Issue 33, class 3: a busy host's or a stall's repeat drew the same inputs and the
+    same judged calls again. Each run now has a seed of its own, recorded in the result."""
+    floor = roofline_ns(BUILTIN["softmax"].cost_for(SMALL, "fp32"), calibration)
+    backend = ScriptedTiming("softmax", [(10 * floor, 1.5), (10 * floor, 1.5), (12 * floor, 0.1)])
+    result = benchmark(
+        BenchmarkRequest(BUILTIN["softmax"], backend, None, calibration, shape=SMALL, seed=7)
+    )
+    assert isinstance(result, BenchmarkResult), result
+    seeds = [r.seed for r in backend.requests]
+    assert len(seeds) == 3 and len(set(seeds)) == 3
+    assert len({r.seeds for r in backend.requests}) == 3  # new inputs every run
+    assert result.seed == 7 and result.attempt_seeds == tuple(seeds)
 
 
 def test_a_run_beyond_the_roofline_recalibrates_once_then_is_refused(

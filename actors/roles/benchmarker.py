@@ -175,6 +175,7 @@ def decide_timed(
         timing_attempts=outcome.timing_attempts,
         evidence={
             "judged_calls": list(outcome.judged_calls),
+            "attempt_seeds": list(outcome.attempt_seeds),
             "rechecked": list(outcome.rechecked),
             "handshake_ns": outcome.handshake_ns,
             "lease": msgspec.to_builtins(window) if window else None,

@@ -15,7 +15,7 @@
    mount and PID namespaces (the kernel runs as init of its PID namespace, so any process
    left in it dies with it); the death signal; rdtsc faults (PR_SET_TSC); no new
    privileges; and a first seccomp filter that refuses new processes, programs, sockets,
-   signals to others and tracing (clone only with CLONE_THREAD). After it loads: no core
+   signals to others and tracing (clone only with pthread_create's flags). After it loads: no core
    files, 1 MiB of file writes, address-space and CPU-time limits; an empty, read-only
    root (chroot); started as root, a user of its own (uid and gid KF_FIRST_UID + pid %
    100000) with RLIMIT_NPROC at 2 x cores + 8, which then counts its threads alone; the
@@ -210,11 +210,20 @@ static int install(struct program *p) {
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
 }
 
-/* clone makes threads (CLONE_THREAD) and nothing else: no process outlives the run */
+/* The flags glibc's pthread_create passes to clone (nptl/pthread_create.c), exit signal 0. */
+#define KF_PTHREAD_CLONE_FLAGS                                                                  \
+    (CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SYSVSEM | CLONE_SIGHAND | CLONE_THREAD |         \
+     CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID)
+
+/* clone makes threads exactly as pthread_create does, and nothing else: no process outlives
+   the run, and no CLONE_VFORK leaves a thread waiting where SIGSTOP cannot stop it. The
+   whole 64-bit flags word must equal pthread_create's. */
 static void on_clone_threads_only(struct program *p) {
-    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 4));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 6));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_HI(0)));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 3));
     emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(0)));
-    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_THREAD, 0, 1));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, KF_PTHREAD_CLONE_FLAGS, 0, 1));
     emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
     emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, REFUSE));
     load_nr(p);

@@ -12,8 +12,9 @@ the baseline. An ending of the host is the kernel's doing and is raised as Kerne
   `forged_reply`.
 - Other endings: `timeout` (no answer within the run's wall-clock limit, or its CPU time
   used up), `memory_limit` (an allocation refused under the address-space limit),
-  `crashed`, `exited`, `load_failed`, `forbidden_syscall` (named) and `fp_state` (the
-  floating-point control state changed).
+  `crashed`, `exited`, `load_failed`, `forbidden_syscall` (named), `fp_state` (the
+  floating-point control state changed) and `unstoppable` (a thread that SIGSTOP did not
+  stop within STOP_SECONDS, such as one waiting uninterruptibly: the kernel's doing).
 - `mechanisms` records each containment the host applied, or why not; `kfactory check`
   prints them. `HOST_ENV` and the root folder's name are the same in every run: nothing
   tells a kernel whether it is verified or timed.
@@ -375,6 +376,7 @@ class KernelProcess:
             return
         deadline = time.monotonic() + STOP_SECONDS
         tasks = Path(f"/proc/{self.pid}/task")
+        states: list[str] = []
         while time.monotonic() < deadline:
             try:
                 states = [_state(t / "stat") for t in tasks.iterdir()]
@@ -383,8 +385,12 @@ class KernelProcess:
             if all(state in "TtZX" for state in states):
                 return
             time.sleep(0)
-        raise RuntimeError(
-            f"the kernel's process {self.pid} did not stop within {STOP_SECONDS:g} s"
+        self.kill()
+        raise KernelEnded(
+            "unstoppable",
+            f"a thread of the kernel's process did not stop within {STOP_SECONDS:g} s "
+            f"(thread states {''.join(states)}): the driver cannot freeze it between calls",
+            {"states": "".join(states), "limit_seconds": f"{STOP_SECONDS:g}"},
         )
 
     def _wait(self, timeout: float) -> int | None:

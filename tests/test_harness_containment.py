@@ -90,6 +90,28 @@ def test_files_and_sockets_are_out_of_reach_and_the_verdict_names_the_call(
     assert not Path("/tmp/kf-planted-escape").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "syscall"),
+    [
+        ("harness_reads_the_vdso_clock", "clock_gettime"),
+        ("harness_maps_fixed", "mmap"),
+        ("harness_unguards_a_guard_page", "mprotect"),
+        ("harness_sets_affinity", "sched_setaffinity"),
+        ("harness_handles_sigcont", "rt_sigaction"),
+    ],
+)
+def test_the_filter_has_no_loose_ends(
+    cpu_backend: CpuBackend, kf_cache: Path, name: str, syscall: str
+) -> None:
+    """Issue 33, class 6: a clock through the vDSO, a mapping at a chosen address, a guard
+    page made readable, an affinity of its own, a handler for a signal the harness sends.
+    Each is refused by the filter (whatever instructions made the call), and named."""
+    rejection = _run(cpu_backend, _compiled(kf_cache, name))
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("run", "forbidden_syscall"), rejection
+    assert rejection.evidence["syscall"] == syscall
+
+
 def test_children_cannot_be_made_and_nothing_outlives_the_run(
     cpu_backend: CpuBackend, kf_cache: Path
 ) -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
@@ -126,8 +126,10 @@ class NoWindow:
 def timing_stats(samples: list[int]) -> TimingStats:
     if not samples:
         raise ValueError("no samples")
-    q1, median, q3 = np.percentile(np.asarray(samples, dtype=np.float64), [25, 50, 75])
+    values = np.asarray(samples, dtype=np.float64)
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
     return TimingStats(
+        mean_ns=float(values.mean()),
         median_ns=float(median),
         q1_ns=float(q1),
         q3_ns=float(q3),
@@ -156,9 +158,38 @@ def wins_by_chance(wins: int, rounds: int) -> float:
     return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
 
 
-def head_to_head(ratios: list[float], remeasured: bool) -> HeadToHead:
+def paired_rounds(runs: Sequence[TimingRun]) -> list[tuple[int, int]]:
+    """(kernel ns, incumbent ns) of every round both were timed in."""
+    return [(k, i) for run in runs for k, i in zip(run.kernel_ns, run.incumbent_ns, strict=False)]
+
+
+MEAN_Z = 1.645
+"""One-sided 5%: how many standard errors the kernel's mean time per round must be below
+the incumbent's. Shifting work between calls cannot lower the mean difference, and only
+widens its spread."""
+
+
+def faster_on_average(pairs: Sequence[tuple[int, int]]) -> tuple[float | None, bool]:
+    """The ratio of the kernel's total time to the incumbent's over `pairs`, and whether
+    the kernel's mean is below the incumbent's by more than chance (a paired z-test)."""
+    incumbent = sum(i for _, i in pairs)
+    if incumbent <= 0 or len(pairs) < 2:
+        return None, False
+    differences = np.asarray([k - i for k, i in pairs], dtype=np.float64)
+    error = float(differences.std(ddof=1)) / math.sqrt(len(pairs))
+    mean = float(differences.mean())
+    return sum(k for k, _ in pairs) / incumbent, mean < 0 and mean < -MEAN_Z * error
+
+
+def head_to_head(
+    ratios: list[float], remeasured: bool, pairs: Sequence[tuple[int, int]] | None = None
+) -> HeadToHead:
+    """Round by round, and (given the rounds' `pairs`) by the ranking figure: a kernel
+    whose mean time is not below the incumbent's beyond chance is not faster, however many
+    rounds it won (heavy, light, light calls win two rounds in three)."""
     q1, median, q3 = np.percentile(np.asarray(ratios, dtype=np.float64), [25, 50, 75])
     wins = sum(r < 1.0 for r in ratios)
+    of_means, on_average = faster_on_average(pairs) if pairs is not None else (None, True)
     return HeadToHead(
         ratio_median=float(median),
         ratio_q1=float(q1),
@@ -166,7 +197,10 @@ def head_to_head(ratios: list[float], remeasured: bool) -> HeadToHead:
         rounds=len(ratios),
         remeasured=remeasured,
         wins=wins,
-        faster=bool(median < 1.0) and wins_by_chance(wins, len(ratios)) <= PROMOTION_ALPHA,
+        faster=bool(median < 1.0)
+        and on_average
+        and wins_by_chance(wins, len(ratios)) <= PROMOTION_ALPHA,
+        ratio_of_means=of_means,
     )
 
 
@@ -242,12 +276,20 @@ def _judge(
     return None
 
 
+def attempt_seed(seed: int, attempt: int) -> int:
+    """Timing run `attempt`'s own secret, from the check's: the first run's is the check's
+    seed itself; a repeat (a busy host, a stall, a head-to-head in doubt) draws new inputs
+    and new judged calls, and replays from the recorded seed alone."""
+    return seed if attempt == 0 else trial_seed(seed, attempt, "attempt")
+
+
 @dataclass(frozen=True)
 class BenchmarkRequest(Generic[BuildT]):
     """A verified kernel to time against the baseline (and the incumbent), and how.
 
-    `seed` (drawn afresh when None) is the check's secret: the timed inputs, which calls
-    are judged and the re-check's inputs derive from it; it is recorded in the result.
+    `seed` (drawn afresh when None) is the check's secret: every timing run's own seed
+    derives from it (`attempt_seed`), and from that its timed inputs, which calls are judged
+    and the re-check's inputs; the result records every run's seed.
     A kernel beyond the roofline is refused, but first, when `recalibrate` is given, the
     host is measured again: a ceiling measured on a busy host may simply be too low.
     `window` is opened for every timing run once it is set up, and for a calibration, and
@@ -278,7 +320,8 @@ class TimingSession(Generic[BuildT]):
         self.window = request.window or NoWindow()
         self.shape = request.problem.full_shape(request.shape or request.problem.default_shape)
         self.seed = new_seed() if request.seed is None else request.seed
-        self.seeds = tuple(trial_seed(self.seed, i, "bench") for i in range(DISTINCT_INPUT_SETS))
+        self.attempt_seeds: list[int] = []
+        """Every timing run's seed, in order: a repeat never sees the same evidence again."""
         self.calibration = request.calibration
         self.recalibrated = False
 
@@ -287,6 +330,8 @@ class TimingSession(Generic[BuildT]):
         timing (once per benchmark: the retry policies' runs only re-time; each still
         judges timed calls chosen at random)."""
         request = self.request
+        seed = attempt_seed(self.seed, len(self.attempt_seeds))
+        self.attempt_seeds.append(seed)
         try:
             return request.backend.time(
                 TimingRequest(
@@ -294,9 +339,9 @@ class TimingSession(Generic[BuildT]):
                     build=request.build,
                     incumbent=request.incumbent,
                     shape=self.shape,
-                    seed=self.seed,
-                    seeds=self.seeds,
-                    recheck_seed=trial_seed(self.seed, 0, "recheck") if recheck else None,
+                    seed=seed,
+                    seeds=tuple(trial_seed(seed, i, "bench") for i in range(DISTINCT_INPUT_SETS)),
+                    recheck_seed=trial_seed(seed, 0, "recheck") if recheck else None,
                     rotate_bytes=2 * self.calibration.llc_bytes,
                     min_runs=request.min_runs,
                     min_seconds=request.min_seconds,
@@ -349,8 +394,9 @@ def versus_incumbent(measured: Measured) -> HeadToHead | None:
     """The kernel against the incumbent over every pooled round; None: timed without one."""
     if not measured.run.incumbent_ns:
         return None
-    ratios = [ratio for run in (measured.run, *measured.pooled) for ratio in paired_ratios(run)]
-    return head_to_head(ratios, remeasured=bool(measured.pooled))
+    runs = (measured.run, *measured.pooled)
+    ratios = [ratio for run in runs for ratio in paired_ratios(run)]
+    return head_to_head(ratios, remeasured=bool(measured.pooled), pairs=paired_rounds(runs))
 
 
 def _contention(run: TimingRun) -> float:
@@ -453,10 +499,10 @@ def _result(session: TimingSession[Any], measured: Measured) -> BenchmarkResult:
         baseline=baseline,
         baseline_name=run.baseline_name,
         incumbent=incumbent,
-        speedup=baseline.median_ns / kernel.median_ns,
-        speedup_vs_incumbent=incumbent.median_ns / kernel.median_ns if incumbent else None,
+        speedup=baseline.mean_ns / kernel.mean_ns,
+        speedup_vs_incumbent=incumbent.mean_ns / kernel.mean_ns if incumbent else None,
         roofline_ns=floor,
-        roofline_fraction=floor / kernel.median_ns,
+        roofline_fraction=floor / kernel.mean_ns,
         input_sets=run.input_sets,
         rotated_bytes=run.rotated_bytes,
         caches_flushed=run.caches_flushed,
@@ -465,6 +511,7 @@ def _result(session: TimingSession[Any], measured: Measured) -> BenchmarkResult:
         host_contention_cores=run.host_contention_cores,
         timing_attempts=measured.attempts,
         seed=session.seed,
+        attempt_seeds=tuple(session.attempt_seeds),
         judged_calls=tuple(run.judged_calls),
         rechecked=tuple(measured.rechecked),
         handshake_ns=run.handshake_ns,

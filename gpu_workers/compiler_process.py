@@ -12,7 +12,12 @@ from pathlib import Path
 
 
 def run_compiler(
-    argv: list[str], cwd: Path, *, timeout_s: float, address_space_bytes: int
+    argv: list[str],
+    cwd: Path,
+    *,
+    timeout_s: float,
+    address_space_bytes: int,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[int | None, str]:
     """(exit status, stdout and stderr together); status None when it timed out."""
     env = {
@@ -20,6 +25,7 @@ def run_compiler(
         "TMPDIR": str(cwd),
         "HOME": str(cwd),
         "LANG": "C",
+        **(extra_env or {}),
     }
     tool = Path(argv[0]).name
     prlimit = shutil.which("prlimit")

@@ -17,6 +17,9 @@ from gpu_workers.benchmarking import (
     MIN_SECONDS,
     ROOFLINE_SLACK,
     BenchmarkRequest,
+    Measured,
+    TimingSession,
+    _result,
     benchmark,
     find_stall,
     roofline_ns,
@@ -136,7 +139,7 @@ def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
     assert result.incumbent is not None
     assert abs(result.incumbent.runs - result.kernel.runs) <= 1
     assert result.kernel.q1_ns <= result.kernel.median_ns <= result.kernel.q3_ns
-    assert result.speedup == pytest.approx(result.baseline.median_ns / result.kernel.median_ns)
+    assert result.speedup == pytest.approx(result.baseline.mean_ns / result.kernel.mean_ns)
     assert result.speedup_vs_incumbent is not None
     assert 0 < result.roofline_fraction <= 1.10, (result, calibration)
     assert result.host_contention_cores is not None and result.host_contention_cores >= 0
@@ -305,8 +308,10 @@ class ScriptedTiming:
         self.script = list(runs)  # (median ns, host contention cores) per run
         self.calls = 0
         self.log = [] if log is None else log
+        self.requests: list[TimingRequest[object]] = []
 
     def time(self, request: TimingRequest[object]) -> TimingRun:
+        self.requests.append(request)
         median_ns, contention = self.script[self.calls]
         recheck_seed = request.recheck_seed
         if request.window_open is not None:
@@ -349,6 +354,48 @@ def test_a_busy_host_is_timed_again_and_the_quietest_run_kept(
     assert backend.calls == 2 and result.timing_attempts == 2
     assert result.host_contention_cores == 0.1
     assert result.kernel.median_ns == int(12 * floor)
+
+
+def test_every_timing_attempt_has_a_fresh_seed_and_the_result_records_each(
+    calibration: HostCalibration,
+) -> None:
+    """Issue 33, class 3: a busy host's or a stall's repeat drew the same inputs and the
+    same judged calls again. Each run now has a seed of its own, recorded in the result."""
+    floor = roofline_ns(BUILTIN["softmax"].cost_for(SMALL, "fp32"), calibration)
+    backend = ScriptedTiming("softmax", [(10 * floor, 1.5), (10 * floor, 1.5), (12 * floor, 0.1)])
+    result = benchmark(
+        BenchmarkRequest(BUILTIN["softmax"], backend, None, calibration, shape=SMALL, seed=7)
+    )
+    assert isinstance(result, BenchmarkResult), result
+    seeds = [r.seed for r in backend.requests]
+    assert len(seeds) == 3 and len(set(seeds)) == 3
+    assert len({r.seeds for r in backend.requests}) == 3  # new inputs every run
+    assert result.seed == 7 and result.attempt_seeds == tuple(seeds)
+
+
+def test_work_shifted_between_calls_earns_no_speedup(calibration: HostCalibration) -> None:
+    """Issue 33, class 2: heavy, light, light calls (the same total work) read as the light
+    calls' time under a median: 1.7x for nothing. The speedup and the head-to-head are
+    figures over all the timed calls, which moving work between them cannot lower."""
+    even = [30_000_000] * 30  # well above any host's roofline at the default shape
+    shifted = [60_000_000, 15_000_000, 15_000_000] * 10
+    baseline = [300_000_000] * 30
+
+    def result(kernel_ns: list[int]) -> BenchmarkResult:
+        run = TimingRun(
+            kernel_ns=kernel_ns, baseline_ns=baseline, incumbent_ns=even, wall_seconds=1.0
+        )
+        session = TimingSession(
+            BenchmarkRequest(BUILTIN["softmax"], ScriptedTiming("softmax", []), None, calibration)
+        )
+        return _result(session, Measured(run=run, rechecked=[]))
+
+    honest, shifter = result(even), result(shifted)
+    assert shifter.kernel.median_ns < honest.kernel.median_ns  # the median is fooled
+    assert shifter.speedup == pytest.approx(honest.speedup)
+    assert shifter.speedup_vs_incumbent == pytest.approx(1.0)
+    assert shifter.head_to_head is not None and not shifter.head_to_head.faster
+    assert shifter.head_to_head.wins == 20  # it won two rounds in three, and still is not
 
 
 def test_a_run_beyond_the_roofline_recalibrates_once_then_is_refused(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpu_workers.compile_failure import CompileFailure
+from gpu_workers.cpu import compile_root, source_scan
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.build import CompiledKernel, compile_kernel
 from gpu_workers.cpu.object_facts import object_facts
@@ -307,6 +308,33 @@ def test_template_points_pass(backend: CpuBackend) -> None:
         build = outcome.build
         assert isinstance(build, CompiledKernel)
         assert backend.static_check(BUILTIN[template.problem], build) is None, template.name
+
+
+def test_the_compile_cannot_tell_which_host_files_exist(tmp_path: Path) -> None:
+    """Issue 33, class 7: `__has_include("/any/path")` is in no list of files read, and
+    told the kernel which host files exist. The compiler now runs in a root that holds only
+    its installation, the system headers and the kernel's source: every such path is
+    absent, and the planted kernel compiles as though the host were empty."""
+    result = compile_kernel(
+        planted("static_has_include_host_path"), FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path
+    )
+    if compile_root.unavailable() is None:
+        assert isinstance(result, CompiledKernel), result
+    else:  # the fallback: the source scan refuses the probe
+        assert isinstance(result, CompileFailure) and result.reason == "forbidden_include"
+
+
+def test_where_the_compile_cannot_be_confined_host_path_probes_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(source_scan, "unavailable", lambda: "no mount namespace (a test)")
+    result = compile_kernel(
+        planted("static_has_include_host_path"), FLAGS, prototype=PROTOTYPE, cache_dir=tmp_path
+    )
+    assert isinstance(result, CompileFailure) and result.reason == "forbidden_include", result
+    assert "__has_include" in result.message and "/etc/passwd" in result.message
+    assert source_scan.host_path_probes("__has_include(<stdint.h>)") == ()
+    assert source_scan.host_path_probes("__has_include(P)")  # a macro could spell a path
 
 
 def test_planted_static_kernels_are_all_exercised() -> None:

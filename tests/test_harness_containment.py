@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from gpu_workers.benchmarking import BenchmarkRequest, benchmark
+from gpu_workers.cpu import kernel_process
 from gpu_workers.cpu.arena import Arena, guard_ranges, layout
 from gpu_workers.cpu.backend import DRIVER_ENV, CpuBackend
 from gpu_workers.cpu.build import CompiledKernel, compile_kernel
@@ -89,6 +90,28 @@ def test_files_and_sockets_are_out_of_reach_and_the_verdict_names_the_call(
     assert not Path("/tmp/kf-planted-escape").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "syscall"),
+    [
+        ("harness_reads_the_vdso_clock", "clock_gettime"),
+        ("harness_maps_fixed", "mmap"),
+        ("harness_unguards_a_guard_page", "mprotect"),
+        ("harness_sets_affinity", "sched_setaffinity"),
+        ("harness_handles_sigcont", "rt_sigaction"),
+    ],
+)
+def test_the_filter_has_no_loose_ends(
+    cpu_backend: CpuBackend, kf_cache: Path, name: str, syscall: str
+) -> None:
+    """Issue 33, class 6: a clock through the vDSO, a mapping at a chosen address, a guard
+    page made readable, an affinity of its own, a handler for a signal the harness sends.
+    Each is refused by the filter (whatever instructions made the call), and named."""
+    rejection = _run(cpu_backend, _compiled(kf_cache, name))
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("run", "forbidden_syscall"), rejection
+    assert rejection.evidence["syscall"] == syscall
+
+
 def test_children_cannot_be_made_and_nothing_outlives_the_run(
     cpu_backend: CpuBackend, kf_cache: Path
 ) -> None:
@@ -103,6 +126,48 @@ def test_children_cannot_be_made_and_nothing_outlives_the_run(
     while set(_kernel_hosts_alive(build.library)) - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not set(_kernel_hosts_alive(build.library)) - before
+
+
+def test_only_pthread_creates_clone_flags_are_allowed(
+    cpu_backend: CpuBackend, kf_cache: Path
+) -> None:
+    """Issue 33, class 5: clone(CLONE_VFORK | CLONE_THREAD) left a thread SIGSTOP cannot
+    stop, and the check ended in a harness error. Any flags but pthread_create's are
+    refused, and the verdict names the call."""
+    rejection = _run(cpu_backend, _compiled(kf_cache, "harness_clones_a_vfork_thread"))
+    assert rejection is not None
+    assert (rejection.stage, rejection.reason) == ("run", "forbidden_syscall"), rejection
+    assert rejection.evidence["syscall"] == "clone"
+
+
+def test_a_kernel_the_driver_cannot_stop_is_rejected_as_unstoppable(
+    kf_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33, class 5: a thread that never shows it has stopped (here: every thread
+    reads as in state D) is the kernel's doing: rejected as `unstoppable`, never a harness
+    error."""
+    build = _compiled(kf_cache, "harness_spins_between_calls")
+    slots = layout([(4, 64), (4, 64)], 4, np.random.default_rng(0))
+    arena = Arena(slots[-1].end + 4096)
+    host = str(kernel_host(kf_cache / "cpu-kernels"))
+    with KernelProcess(
+        host,
+        build.library,
+        2,
+        2,
+        arena,
+        HostLimits(1 << 30, 30, 30.0),
+        tmp_path / "root",
+        tmp_path / "log",
+    ) as process:
+        process.guard(guard_ranges(slots))
+        monkeypatch.setattr(kernel_process, "STOP_SECONDS", 0.2)
+        monkeypatch.setattr(kernel_process, "_state", lambda stat: "D")
+        with pytest.raises(KernelEnded) as ended:
+            process.call([s.offset for s in slots], [4, 64], "a first call")
+        assert ended.value.reason == "unstoppable"
+        assert "D" in ended.value.evidence["states"]
+    arena.close()
 
 
 def test_the_floating_point_state_is_reset_and_checked_around_every_call(

@@ -161,7 +161,9 @@ def _build(
     (work / KERNEL_FILE).write_text(prelude(prototype) + source)
     (work / "support.c").write_text(SUPPORT_SOURCE)
     common = [COMPILER, *flags, "-fPIC"]
-    code, out = run_tool([*common, *DIAGNOSTIC_FLAGS, "-S", KERNEL_FILE, "-o", "kernel.s"], work)
+    code, out = run_tool(
+        [*common, *DIAGNOSTIC_FLAGS, "-S", KERNEL_FILE, "-o", "kernel.s"], work, confine=True
+    )
     log = kernel_lines(out)[-LOG_LIMIT:]
     if code is None:
         return CompileFailure(reason="compile_timeout", message=out, log="")

@@ -15,14 +15,20 @@
    mount and PID namespaces (the kernel runs as init of its PID namespace, so any process
    left in it dies with it); the death signal; rdtsc faults (PR_SET_TSC); no new
    privileges; and a first seccomp filter that refuses new processes, programs, sockets,
-   signals to others and tracing (clone only with CLONE_THREAD). After it loads: no core
+   signals to others and tracing (clone only with pthread_create's flags). After it loads: no core
    files, 1 MiB of file writes, address-space and CPU-time limits; an empty, read-only
    root (chroot); started as root, a user of its own (uid and gid KF_FIRST_UID + pid %
    100000) with RLIMIT_NPROC at 2 x cores + 8, which then counts its threads alone; the
-   death signal armed again (a change of credentials clears it); and the second seccomp
-   filter: memory (never executable), threads, waiting, reading and writing, and what the
-   C library and OpenMP need besides (clocks, ids, affinity, signal masks, reading a
-   limit); everything else is refused. A refused call traps (SIGSYS) and is reported by
+   death signal armed again (a change of credentials clears it). The vDSO is disarmed
+   before the library loads ([vvar] unmapped, [vdso] a read-only copy: a clock read through
+   the C library faults there and is reported as the refused clock_gettime). With the first
+   call, once the driver has set the guard pages, the second seccomp filter (on every
+   thread, TSYNC): memory (never executable, never MAP_FIXED or MREMAP_FIXED, never an
+   mprotect, munmap, mremap or madvise in the arena but the host's own, which carries a key
+   the driver sends with guard commands), threads (clone with pthread_create's flags
+   only), waiting, reading and writing, and what the C library and OpenMP need besides
+   (ids, signal masks, a signal action for glibc's own signals only, reading a limit); no
+   clock and no affinity; everything else is refused. A refused call traps (SIGSYS) and is reported by
    number (ST_FORBIDDEN_SYSCALL). Each mechanism is reported in the hello as applied, or
    refused with the errno.
 
@@ -58,6 +64,10 @@
 #include <immintrin.h>
 #endif
 
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+#define KF_MREMAP_DONTUNMAP 4 /* Linux 5.7 */
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14; older C libraries lack the name */
 #endif
@@ -131,6 +141,23 @@ static int read_all(int fd, void *data, size_t n) {
     return 0;
 }
 
+/* The vDSO's code, kept readable (the loader reads its names) but no longer executable,
+   with its clock data pages ([vvar]) unmapped: a clock read through the C library jumps
+   here and faults, and is reported as the refused clock call it is. */
+static uintptr_t vdso_lo, vdso_hi;
+
+static void on_sigsegv(int sig, siginfo_t *info, void *context) {
+    (void)context;
+    uintptr_t at = (uintptr_t)info->si_addr;
+    if (vdso_hi > vdso_lo && at >= vdso_lo && at < vdso_hi) {
+        struct kf_reply reply = {ST_FORBIDDEN_SYSCALL, 0, SYS_clock_gettime};
+        (void)!write(1, &reply, sizeof reply);
+        syscall(SYS_exit_group, EXIT_FORBIDDEN);
+    }
+    (void)sig; /* any other fault: the handler is reset (SA_RESETHAND), the instruction runs
+                  again and kills the process */
+}
+
 static void on_sigsys(int sig, siginfo_t *info, void *context) {
     (void)sig;
     (void)context;
@@ -173,16 +200,6 @@ static void on_nr_without_bits(struct program *p, long nr, int i, uint32_t mask,
     load_nr(p);
 }
 
-/* if nr == `nr`: allow unless arg `i` equals `value` */
-static void on_nr_unless_arg(struct program *p, long nr, int i, uint32_t value, uint32_t refuse) {
-    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, 4));
-    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(i)));
-    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, value, 1, 0));
-    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
-    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, refuse));
-    load_nr(p);
-}
-
 /* if nr == `nr`: allow only when arg `i` is 0 (a query, not a change) */
 static void on_nr_with_zero_arg(struct program *p, long nr, int i, uint32_t refuse) {
     emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, 6));
@@ -192,6 +209,59 @@ static void on_nr_with_zero_arg(struct program *p, long nr, int i, uint32_t refu
     emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0));
     emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, refuse));
     emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+    load_nr(p);
+}
+
+/* if nr == `nr` and (arg `i` & mask) != 0: refuse; otherwise go on to the next rule */
+static void refuse_bits(struct program *p, long nr, int i, uint32_t mask) {
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, 3));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(i)));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, mask, 0, 1));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, REFUSE));
+    load_nr(p);
+}
+
+/* if nr == `nr` and lo <= arg `i` < hi (64-bit addresses): refuse, unless `key` is not 0
+   and arg 3 (an argument the call does not use) holds it; otherwise go on */
+static void refuse_in_range(struct program *p, long nr, int i, uint64_t lo, uint64_t hi,
+                            uint64_t key) {
+    uint32_t lo_hi = (uint32_t)(lo >> 32), lo_lo = (uint32_t)lo;
+    uint32_t hi_hi = (uint32_t)(hi >> 32), hi_lo = (uint32_t)hi;
+    uint8_t k = key != 0 ? 4 : 0, out = (uint8_t)(11 + k);
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, out));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_HI(i)));             /* 0 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, lo_hi, 3, 0));           /* 1 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, lo_hi, 0, out - 3));     /* 2 */
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(i)));             /* 3 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, lo_lo, 0, out - 5));     /* 4 */
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_HI(i)));             /* 5 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, hi_hi, out - 7, 0));     /* 6 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, hi_hi, 0, 2));           /* 7 */
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(i)));             /* 8 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, hi_lo, out - 10, 0));    /* 9 */
+    if (key != 0) { /* in range: the host's own call carries the key */
+        emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(3)));         /* 10 */
+        emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)key, 0, 2));
+        emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_HI(3)));         /* 12 */
+        emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)(key >> 32), 1, 0));
+    }
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, REFUSE));                         /* 10 + k */
+    load_nr(p);                                                                              /* out */
+}
+
+/* rt_sigaction: a query (no new action), or glibc's own SIGCANCEL and SIGSETXID (32, 33);
+   no handler for any signal the harness uses (SIGSYS, SIGSEGV, SIGCONT, SIGXCPU, ...). */
+static void on_rt_sigaction(struct program *p) {
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_rt_sigaction, 0, 9));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(0))); /* 0 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 32, 6, 0));  /* 1 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 33, 5, 0));  /* 2 */
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(1))); /* 3 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2));   /* 4 */
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_HI(1))); /* 5 */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0));   /* 6 */
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, REFUSE));             /* 7 */
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));  /* 8 */
     load_nr(p);
 }
 
@@ -207,14 +277,24 @@ static void prologue(struct program *p) {
 
 static int install(struct program *p) {
     struct sock_fprog prog = {p->n, p->code};
-    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    /* every thread, including any the kernel's library started while it loaded */
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog);
 }
 
-/* clone makes threads (CLONE_THREAD) and nothing else: no process outlives the run */
+/* The flags glibc's pthread_create passes to clone (nptl/pthread_create.c), exit signal 0. */
+#define KF_PTHREAD_CLONE_FLAGS                                                                  \
+    (CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SYSVSEM | CLONE_SIGHAND | CLONE_THREAD |         \
+     CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID)
+
+/* clone makes threads exactly as pthread_create does, and nothing else: no process outlives
+   the run, and no CLONE_VFORK leaves a thread waiting where SIGSTOP cannot stop it. The
+   whole 64-bit flags word must equal pthread_create's. */
 static void on_clone_threads_only(struct program *p) {
-    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 4));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 6));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_HI(0)));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 3));
     emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG_LO(0)));
-    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_THREAD, 0, 1));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, KF_PTHREAD_CLONE_FLAGS, 0, 1));
     emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
     emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, REFUSE));
     load_nr(p);
@@ -234,14 +314,24 @@ static int load_filter(void) {
     return install(&p);
 }
 
-/* Once loaded, a kernel computes: memory, threads, waiting. Nothing else. */
-static int run_filter(void) {
+/* Once loaded, a kernel computes: memory, threads, waiting. Nothing else: no clock (the
+   vDSO is gone, and the clock calls are refused), no affinity of its own, no handler for
+   a signal the harness uses, no mapping at an address of its choosing (MAP_FIXED,
+   MREMAP_FIXED) and nothing that changes, moves or unmaps the arena or its guard pages
+   (which are sealed besides, where Linux has mseal). */
+static int run_filter(uint64_t key) {
     struct program p = {.n = 0};
     prologue(&p);
+    uint64_t lo = (uint64_t)(uintptr_t)arena, hi = lo + arena_bytes;
+    refuse_in_range(&p, SYS_mprotect, 0, lo, hi, key); /* the host's guard pages carry `key` */
+    refuse_in_range(&p, SYS_munmap, 0, lo, hi, 0);
+    refuse_in_range(&p, SYS_mremap, 0, lo, hi, 0);
+    refuse_in_range(&p, SYS_madvise, 0, lo, hi, 0);
+    refuse_bits(&p, SYS_mmap, 3, MAP_FIXED | MAP_FIXED_NOREPLACE);
+    refuse_bits(&p, SYS_mremap, 3, MREMAP_FIXED | KF_MREMAP_DONTUNMAP);
     const long allowed[] = {
         SYS_read, SYS_write, SYS_munmap, SYS_mremap, SYS_brk, SYS_madvise, SYS_futex,
-        SYS_sched_yield, SYS_sched_getaffinity, SYS_sched_setaffinity, SYS_getpid, SYS_gettid,
-        SYS_clock_gettime, SYS_clock_getres, SYS_gettimeofday, SYS_nanosleep,
+        SYS_sched_yield, SYS_sched_getaffinity, SYS_getpid, SYS_gettid, SYS_nanosleep,
         SYS_clock_nanosleep, SYS_exit, SYS_exit_group, SYS_rt_sigreturn, SYS_rt_sigprocmask,
         SYS_sigaltstack, SYS_set_robust_list, SYS_rseq, SYS_set_tid_address,
         SYS_restart_syscall, SYS_membarrier, SYS_getrlimit};
@@ -250,14 +340,49 @@ static int run_filter(void) {
     on_nr_without_bits(&p, SYS_mmap, 2, PROT_EXEC, REFUSE);
     on_nr_without_bits(&p, SYS_mprotect, 2, PROT_EXEC, REFUSE);
     on_nr_with_zero_arg(&p, SYS_prlimit64, 2, REFUSE); /* read a limit, never raise one */
-    /* glibc sets signal actions when it starts threads; the host's SIGSYS report stays */
-    on_nr_unless_arg(&p, SYS_rt_sigaction, 0, SIGSYS, REFUSE);
+    on_rt_sigaction(&p);
     on_clone_threads_only(&p);
     emit(&p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, REFUSE));
-    return install(&p);
+    int rc = install(&p);
+    explicit_bzero(&p, sizeof p); /* the key leaves no copy in the kernel's reach */
+    return rc;
 }
 
 /* --- containment -------------------------------------------------------------------- */
+
+/* No clock in the address space: the [vvar] pages (the kernel's clock data, read by the
+   vDSO without a system call) are unmapped, and the [vdso] becomes a read-only copy. */
+static int disarm_vdso(void) {
+    FILE *maps = fopen("/proc/self/maps", "re");
+    if (maps == NULL) return errno ? errno : EPERM;
+    char line[512];
+    int rc = 0;
+    while (fgets(line, sizeof line, maps) != NULL) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
+        size_t n = hi - lo;
+        if (strstr(line, "[vvar") != NULL) {
+            if (munmap((void *)lo, n) != 0) rc = errno;
+        } else if (strstr(line, "[vdso]") != NULL) {
+            void *copy = malloc(n);
+            if (copy == NULL) return ENOMEM;
+            memcpy(copy, (void *)lo, n);
+            void *at = mmap((void *)lo, n, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            if (at == MAP_FAILED) {
+                rc = errno;
+            } else {
+                memcpy(at, copy, n);
+                if (mprotect(at, n, PROT_READ) != 0) rc = errno;
+                vdso_lo = lo;
+                vdso_hi = hi;
+            }
+            free(copy);
+        }
+    }
+    fclose(maps);
+    return rc;
+}
 
 static int errno_of(int rc) { return rc == 0 ? 0 : (errno ? errno : EPERM); }
 
@@ -411,10 +536,20 @@ static int valid_call(const struct kf_command *c) {
     return 1;
 }
 
+/* The key the driver sends with guard commands (in dims[0]), which the run filter
+   requires of an mprotect in the arena: held here only until the filter is built. */
+static uint64_t guard_key;
+
+static int protect(void *at, size_t n, int prot, uint64_t key) {
+    return (int)syscall(SYS_mprotect, at, n, prot, key);
+}
+
 static int guard(const struct kf_command *c) {
     for (uint32_t i = 0; i < c->count && i < KF_MAX_GUARDS; ++i) {
         if (c->guard_offset[i] + c->guard_length[i] > arena_bytes) return -1;
-        if (mprotect(arena + c->guard_offset[i], c->guard_length[i], PROT_NONE) != 0) return -1;
+        if (protect(arena + c->guard_offset[i], c->guard_length[i], PROT_NONE,
+                    (uint64_t)c->dims[0]) != 0)
+            return -1;
     }
     return 0;
 }
@@ -467,6 +602,13 @@ int main(int argc, char **argv) {
     hello.mechanisms[M_NO_TSC] = errno_of(prctl(PR_SET_TSC, PR_TSC_SIGSEGV, 0, 0, 0));
     struct sigaction on_sys = {.sa_sigaction = on_sigsys, .sa_flags = SA_SIGINFO};
     sigaction(SIGSYS, &on_sys, NULL);
+    struct sigaction on_segv = {.sa_sigaction = on_sigsegv,
+                                .sa_flags = SA_SIGINFO | SA_RESETHAND};
+    sigaction(SIGSEGV, &on_segv, NULL);
+    if (disarm_vdso() != 0) {
+        fprintf(stderr, "the vDSO could not be disarmed\n");
+        return EXIT_SETUP_FAILED;
+    }
     hello.mechanisms[M_NO_NEW_PRIVS] = errno_of(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
     int load_guard = hello.mechanisms[M_NO_NEW_PRIVS] == 0 ? errno_of(load_filter()) : EPERM;
     void *library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -483,12 +625,24 @@ int main(int argc, char **argv) {
     hello.mechanisms[M_EMPTY_ROOT] = enter_empty_root(argv[6]);
     drop_privileges(hello.mechanisms, own_id);
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* a change of credentials clears it: armed again */
-    hello.mechanisms[M_SECCOMP] = load_guard != 0 ? load_guard : errno_of(run_filter());
+    /* the run filter comes with the first call, once the driver has set the guard pages */
+    hello.mechanisms[M_SECCOMP] = load_guard;
     if (write_all(1, &hello, sizeof hello) != 0) return EXIT_SETUP_FAILED;
 
     struct kf_command command;
+    int filtered = 0;
     while (read_all(0, &command, sizeof command) == 0) {
         struct kf_reply reply = {ST_OK, KF_MXCSR_DEFAULT, 0};
+        if ((command.op == OP_GUARD || command.op == OP_UNGUARD) && !filtered)
+            guard_key = (uint64_t)command.dims[0];
+        if (command.op == OP_CALL && !filtered) {
+            /* The guard pages are set: from the first call on, nothing but the host (with
+               the key) changes the arena's mappings or protections. */
+            filtered = 1;
+            uint64_t key = guard_key;
+            guard_key = 0;
+            if (load_guard == 0 && run_filter(key) != 0) return EXIT_SETUP_FAILED;
+        }
         if (command.op == OP_CALL && valid_call(&command)) {
             uint16_t x87;
             reply.mxcsr = call_kernel(fn, &command, &x87);
@@ -499,12 +653,14 @@ int main(int argc, char **argv) {
         } else if (command.op == OP_GUARD) {
             if (guard(&command) != 0) reply.status = ST_BAD_COMMAND;
         } else if (command.op == OP_UNGUARD) {
-            if (mprotect(arena, arena_bytes, PROT_READ | PROT_WRITE) != 0) reply.status = ST_BAD_COMMAND;
+            if (protect(arena, arena_bytes, PROT_READ | PROT_WRITE, (uint64_t)command.dims[0]) != 0)
+                reply.status = ST_BAD_COMMAND;
         } else if (command.op == OP_EXIT) {
             break;
         } else if (command.op != OP_NOP) {
             reply.status = ST_BAD_COMMAND;
         }
+        explicit_bzero(command.dims, sizeof command.dims); /* a guard command's key */
         if (write_all(1, &reply, sizeof reply) != 0) break;
     }
     syscall(SYS_exit_group, 0);

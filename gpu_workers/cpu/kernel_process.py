@@ -12,8 +12,9 @@ the baseline. An ending of the host is the kernel's doing and is raised as Kerne
   `forged_reply`.
 - Other endings: `timeout` (no answer within the run's wall-clock limit, or its CPU time
   used up), `memory_limit` (an allocation refused under the address-space limit),
-  `crashed`, `exited`, `load_failed`, `forbidden_syscall` (named) and `fp_state` (the
-  floating-point control state changed).
+  `crashed`, `exited`, `load_failed`, `forbidden_syscall` (named), `fp_state` (the
+  floating-point control state changed) and `unstoppable` (a thread that SIGSTOP did not
+  stop within STOP_SECONDS, such as one waiting uninterruptibly: the kernel's doing).
 - `mechanisms` records each containment the host applied, or why not; `kfactory check`
   prints them. `HOST_ENV` and the root folder's name are the same in every run: nothing
   tells a kernel whether it is verified or timed.
@@ -28,6 +29,7 @@ import errno
 import functools
 import os
 import re
+import secrets
 import select
 import signal
 import struct
@@ -59,7 +61,11 @@ MECHANISMS = (
     ("rlimits", "no core files, 1 MiB of file writes, address-space and CPU-time limits"),
     ("process_limit", "RLIMIT_NPROC: one OpenMP team of threads and no more"),
     ("no_new_privs", "no new privileges (PR_SET_NO_NEW_PRIVS)"),
-    ("seccomp", "seccomp: memory, threads and waiting only; no files, processes or sockets"),
+    (
+        "seccomp",
+        "seccomp: memory, threads and waiting only; no files, processes, sockets, clocks, "
+        "affinity, fixed mappings or changes to the arena's protections",
+    ),
     ("no_timestamp_counter", "rdtsc and rdtscp fault (PR_SET_TSC): no clock of its own"),
 )
 COMMAND = struct.Struct(f"<II{MAX_ARRAYS}Q{MAX_DIMS}q{MAX_GUARDS}Q{MAX_GUARDS}Q")
@@ -69,9 +75,10 @@ PID = struct.Struct("<q")
 STOP_SECONDS = 10.0
 """How long every thread may take to show it has stopped: on a host loaded several times
 over (a shared 2-core CI machine), a thread can wait over a second for a core first."""
-HOST_ENV = {"OMP_PROC_BIND": "spread", "OMP_PLACES": "cores", "GOMP_SPINCOUNT": "10000"}
+HOST_ENV = {"OMP_PROC_BIND": "false", "GOMP_SPINCOUNT": "10000"}
 """The kernel's whole environment, the same whenever a kernel runs: nothing in it says
-whether a call is verified or timed."""
+whether a call is verified or timed. No thread binding: the filter refuses
+sched_setaffinity (a kernel chooses no cores of its own), so OpenMP must not ask for it."""
 
 
 def helper_cpu_ns() -> int:
@@ -172,6 +179,9 @@ class KernelProcess:
                 os.close(fd)
         self.pid = self.spawned
         self.exit_status: int | None = None
+        self._guard_key = secrets.randbits(62) | 1
+        """Sent with every guard command: the host's filter lets only an mprotect in the
+        arena that carries it through, and the kernel never sees it."""
         try:
             (self.pid,) = PID.unpack(self._read(PID.size, "starting"))
             hello = HELLO.unpack(self._read(HELLO.size, "loading the kernel"))
@@ -237,7 +247,9 @@ class KernelProcess:
         command = COMMAND.pack(
             op,
             len(offsets),
-            *([0] * (MAX_ARRAYS + MAX_DIMS)),
+            *([0] * MAX_ARRAYS),
+            self._guard_key,
+            *([0] * (MAX_DIMS - 1)),
             *_padded(offsets, MAX_GUARDS),
             *_padded(lengths, MAX_GUARDS),
         )
@@ -375,6 +387,7 @@ class KernelProcess:
             return
         deadline = time.monotonic() + STOP_SECONDS
         tasks = Path(f"/proc/{self.pid}/task")
+        states: list[str] = []
         while time.monotonic() < deadline:
             try:
                 states = [_state(t / "stat") for t in tasks.iterdir()]
@@ -383,8 +396,12 @@ class KernelProcess:
             if all(state in "TtZX" for state in states):
                 return
             time.sleep(0)
-        raise RuntimeError(
-            f"the kernel's process {self.pid} did not stop within {STOP_SECONDS:g} s"
+        self.kill()
+        raise KernelEnded(
+            "unstoppable",
+            f"a thread of the kernel's process did not stop within {STOP_SECONDS:g} s "
+            f"(thread states {''.join(states)}): the driver cannot freeze it between calls",
+            {"states": "".join(states), "limit_seconds": f"{STOP_SECONDS:g}"},
         )
 
     def _wait(self, timeout: float) -> int | None:

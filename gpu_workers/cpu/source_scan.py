@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from gpu_workers.compile_failure import CompileFailure
+from gpu_workers.cpu.compile_root import unavailable
 from gpu_workers.cpu.toolchain import (
     COMPILER,
     DIAGNOSTIC_FLAGS,
@@ -33,6 +34,7 @@ from gpu_workers.cpu.toolchain import (
 )
 
 PP_OUT = ("-o", "kernel.i")
+_MISSING = re.compile(r"fatal error: (.+?): No such file or directory")
 
 
 class SourceScan(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,11 +48,18 @@ class SourceScan(msgspec.Struct, frozen=True, kw_only=True):
     """Line markers the source wrote itself to pass its tokens off as a system header's."""
     failure: CompileFailure | None = None
     """The preprocessor failed (only the lines about kernel.c are kept)."""
+    host_probes: tuple[str, ...] = ()
+    """`__has_include` of an absolute or `..` path, where the compile cannot be confined
+    (`compile_root.unavailable`): it would tell the kernel whether a host file exists."""
 
     @property
     def clean(self) -> bool:
         return not (
-            self.outside_includes or self.assembler or self.forged_line_markers or self.failure
+            self.outside_includes
+            or self.assembler
+            or self.forged_line_markers
+            or self.failure
+            or self.host_probes
         )
 
 
@@ -73,11 +82,15 @@ def scan_source(source: str, flags: tuple[str, ...], *, prototype: str) -> Sourc
     """Run the preprocessor on `source` as it will be compiled and report what it read and
     whether the kernel's own tokens hold assembler. Nothing any file says is reported."""
     forged = list(line_control_directives(source))
+    if unavailable() is not None and (probes := host_path_probes(source)):
+        return SourceScan(host_probes=probes)
     with tempfile.TemporaryDirectory(prefix="kf-cpp-") as tmp:
         work = Path(tmp)
         (work / KERNEL_FILE).write_text(prelude(prototype) + source)
         code, out = run_tool(
-            [COMPILER, *flags, "-fPIC", *DIAGNOSTIC_FLAGS, "-H", "-E", KERNEL_FILE, *PP_OUT], work
+            [COMPILER, *flags, "-fPIC", *DIAGNOSTIC_FLAGS, "-H", "-E", KERNEL_FILE, *PP_OUT],
+            work,
+            confine=True,
         )
         if code is None:
             return SourceScan(
@@ -88,6 +101,8 @@ def scan_source(source: str, flags: tuple[str, ...], *, prototype: str) -> Sourc
                 )
             )
         headers = [m.group(2) for ln in out.splitlines() if (m := _HEADER_LINE.match(ln))]
+        # confined, a file outside the compile's root is not there: the include names it
+        headers += [m.group(1) for m in _MISSING.finditer(kernel_lines(out))]
         outside = _outside_system_dirs(headers, work)
         if outside:
             return SourceScan(outside_includes=outside, forged_line_markers=tuple(forged))
@@ -173,6 +188,23 @@ def line_control_directives(source: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+_PROBE = re.compile(r"__has_include(?:_next)?\s*\(\s*([^)]*)\)")
+
+
+def host_path_probes(source: str) -> tuple[str, ...]:
+    """`__has_include` (or `_next`) whose argument is not a plain header name: an absolute
+    path, a `..`, or anything but a literal `<...>` or `"..."` (a macro could spell a
+    path), as 'argument at kernel.c:N'."""
+    text = _SPLICE.sub("", source.replace("\r\n", "\n").replace("\r", "\n"))
+    found = []
+    for m in _PROBE.finditer(text):
+        arg = m.group(1).strip()
+        literal = re.fullmatch(r'<[^<>"]*>|"[^<>"]*"', arg) is not None
+        if not literal or arg[1:].lstrip().startswith("/") or ".." in arg:
+            found.append(f"{arg} at kernel.c:{text.count(chr(10), 0, m.start()) + 1}")
+    return tuple(found)
+
+
 def _wants_header(directive: list[str]) -> bool:
     """Whether the preprocessor lexes a `<...>` header name next on this directive line."""
     if len(directive) == 2 and directive[1] in _INCLUDES:
@@ -254,6 +286,13 @@ def scan_failure(scan: SourceScan, *, trusted_assembler: bool = False) -> Compil
     positions only, never what a file says."""
     if scan.failure is not None:
         return scan.failure
+    if scan.host_probes:
+        return CompileFailure(
+            reason="forbidden_include",
+            message="the source asks whether host files exist (__has_include), and this host "
+            f"cannot hide them from the compiler ({unavailable()}): " + "; ".join(scan.host_probes),
+            log="",
+        )
     if scan.outside_includes:
         paths = ", ".join(scan.outside_includes)
         return CompileFailure(

@@ -7,7 +7,8 @@ resolve; the translation unit it compiles (`prelude` + source, as `kernel.c`) an
 part of its log that is kept (`kernel_lines`: only lines about `kernel.c` or its object
 `kernel.o`, since a log may quote any file the compiler read). The compiler and its
 tools run outside any kernel process, under a wall-clock timeout and prlimit caps
-(`run_tool`).
+(`run_tool`); those that read a kernel's source see nothing else of the host
+(`compile_root`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from gpu_workers.cache_root import cache_root
 from gpu_workers.compiler_process import run_compiler
+from gpu_workers.cpu.compile_root import confined
 
 COMPILER = os.environ.get("KFACTORY_CC", "cc")
 COMPILE_TIMEOUT_S = 60.0
@@ -113,9 +115,18 @@ def kernel_lines(log: str) -> str:
     return "\n".join(ln for ln in log.splitlines() if ln.startswith(keep) or "kernel.o" in ln)
 
 
-def run_tool(argv: list[str], cwd: Path) -> tuple[int | None, str]:
+def run_tool(argv: list[str], cwd: Path, *, confine: bool = False) -> tuple[int | None, str]:
     """Run the compiler (or objdump) in `cwd` under the compile limits: (exit status,
-    output), status None when it timed out."""
+    output), status None when it timed out. `confine`: where it reads a kernel's source,
+    in a root that holds only the compiler's installation, the system headers and `cwd`
+    (`compile_root`)."""
+    extra_env: dict[str, str] = {}
+    if confine:
+        argv, extra_env = confined(argv, cwd)
     return run_compiler(
-        argv, cwd, timeout_s=COMPILE_TIMEOUT_S, address_space_bytes=COMPILER_ADDRESS_SPACE
+        argv,
+        cwd,
+        timeout_s=COMPILE_TIMEOUT_S,
+        address_space_bytes=COMPILER_ADDRESS_SPACE,
+        extra_env=extra_env,
     )

@@ -121,8 +121,6 @@ def _report(verdict: Verdict, bench: BenchmarkResult | Rejection | None) -> dict
         "worst": msgspec.to_builtins(verdict.worst) if verdict.worst else None,
         "margins": margins(verdict) if verdict.verified else {},
         "median_ns": result.kernel.median_ns if result else None,
-        "mean_ns": result.kernel.mean_ns if result else None,  # what `speedup` ranks by
-        "baseline_mean_ns": result.baseline.mean_ns if result else None,
         "iqr_ns": result.kernel.iqr_ns if result else None,
         "runs": result.kernel.runs if result else None,
         "baseline_ns": result.baseline.median_ns if result else None,

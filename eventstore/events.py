@@ -270,10 +270,6 @@ class BenchmarkCompleted(_Targeted, tag=True, frozen=True):
     head_to_head: HeadToHeadRecord | None = None
     host_contention_cores: float | None = None  # CPU other work used during the run
     timing_attempts: int | None = None  # timing runs made; the quietest one kept
-    # the mean over its timed calls (and the baseline's), which `speedup` is the ratio of:
-    # moving work between calls cannot lower it; None in events recorded before
-    mean_ns: float | None = None
-    baseline_mean_ns: float | None = None
 
 
 class LessonLearned(Event, tag=True, frozen=True):

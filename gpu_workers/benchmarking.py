@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic
 
@@ -126,10 +126,8 @@ class NoWindow:
 def timing_stats(samples: list[int]) -> TimingStats:
     if not samples:
         raise ValueError("no samples")
-    values = np.asarray(samples, dtype=np.float64)
-    q1, median, q3 = np.percentile(values, [25, 50, 75])
+    q1, median, q3 = np.percentile(np.asarray(samples, dtype=np.float64), [25, 50, 75])
     return TimingStats(
-        mean_ns=float(values.mean()),
         median_ns=float(median),
         q1_ns=float(q1),
         q3_ns=float(q3),
@@ -158,38 +156,9 @@ def wins_by_chance(wins: int, rounds: int) -> float:
     return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
 
 
-def paired_rounds(runs: Sequence[TimingRun]) -> list[tuple[int, int]]:
-    """(kernel ns, incumbent ns) of every round both were timed in."""
-    return [(k, i) for run in runs for k, i in zip(run.kernel_ns, run.incumbent_ns, strict=False)]
-
-
-MEAN_Z = 1.645
-"""One-sided 5%: how many standard errors the kernel's mean time per round must be below
-the incumbent's. Shifting work between calls cannot lower the mean difference, and only
-widens its spread."""
-
-
-def faster_on_average(pairs: Sequence[tuple[int, int]]) -> tuple[float | None, bool]:
-    """The ratio of the kernel's total time to the incumbent's over `pairs`, and whether
-    the kernel's mean is below the incumbent's by more than chance (a paired z-test)."""
-    incumbent = sum(i for _, i in pairs)
-    if incumbent <= 0 or len(pairs) < 2:
-        return None, False
-    differences = np.asarray([k - i for k, i in pairs], dtype=np.float64)
-    error = float(differences.std(ddof=1)) / math.sqrt(len(pairs))
-    mean = float(differences.mean())
-    return sum(k for k, _ in pairs) / incumbent, mean < 0 and mean < -MEAN_Z * error
-
-
-def head_to_head(
-    ratios: list[float], remeasured: bool, pairs: Sequence[tuple[int, int]] | None = None
-) -> HeadToHead:
-    """Round by round, and (given the rounds' `pairs`) by the ranking figure: a kernel
-    whose mean time is not below the incumbent's beyond chance is not faster, however many
-    rounds it won (heavy, light, light calls win two rounds in three)."""
+def head_to_head(ratios: list[float], remeasured: bool) -> HeadToHead:
     q1, median, q3 = np.percentile(np.asarray(ratios, dtype=np.float64), [25, 50, 75])
     wins = sum(r < 1.0 for r in ratios)
-    of_means, on_average = faster_on_average(pairs) if pairs is not None else (None, True)
     return HeadToHead(
         ratio_median=float(median),
         ratio_q1=float(q1),
@@ -197,10 +166,7 @@ def head_to_head(
         rounds=len(ratios),
         remeasured=remeasured,
         wins=wins,
-        faster=bool(median < 1.0)
-        and on_average
-        and wins_by_chance(wins, len(ratios)) <= PROMOTION_ALPHA,
-        ratio_of_means=of_means,
+        faster=bool(median < 1.0) and wins_by_chance(wins, len(ratios)) <= PROMOTION_ALPHA,
     )
 
 
@@ -394,9 +360,8 @@ def versus_incumbent(measured: Measured) -> HeadToHead | None:
     """The kernel against the incumbent over every pooled round; None: timed without one."""
     if not measured.run.incumbent_ns:
         return None
-    runs = (measured.run, *measured.pooled)
-    ratios = [ratio for run in runs for ratio in paired_ratios(run)]
-    return head_to_head(ratios, remeasured=bool(measured.pooled), pairs=paired_rounds(runs))
+    ratios = [ratio for run in (measured.run, *measured.pooled) for ratio in paired_ratios(run)]
+    return head_to_head(ratios, remeasured=bool(measured.pooled))
 
 
 def _contention(run: TimingRun) -> float:
@@ -499,10 +464,10 @@ def _result(session: TimingSession[Any], measured: Measured) -> BenchmarkResult:
         baseline=baseline,
         baseline_name=run.baseline_name,
         incumbent=incumbent,
-        speedup=baseline.mean_ns / kernel.mean_ns,
-        speedup_vs_incumbent=incumbent.mean_ns / kernel.mean_ns if incumbent else None,
+        speedup=baseline.median_ns / kernel.median_ns,
+        speedup_vs_incumbent=incumbent.median_ns / kernel.median_ns if incumbent else None,
         roofline_ns=floor,
-        roofline_fraction=floor / kernel.mean_ns,
+        roofline_fraction=floor / kernel.median_ns,
         input_sets=run.input_sets,
         rotated_bytes=run.rotated_bytes,
         caches_flushed=run.caches_flushed,

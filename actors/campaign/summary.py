@@ -7,6 +7,18 @@ from typing import Any
 from actors.campaign.history import Campaign, History
 
 
+def identity(campaign: Campaign) -> dict[str, Any]:
+    """What names a campaign in every listing of it: its id, problem, target, dtype, shapes."""
+    spec = campaign.spec
+    return {
+        "campaign_id": campaign.started.campaign_id,
+        "problem": spec.problem,
+        "target": spec.target,
+        "dtype": spec.dtype,
+        "shapes": spec.shapes,
+    }
+
+
 def spent_candidates(history: History, campaign: Campaign) -> int:
     """Candidates that count against the budget: all proposed but the deduplicated."""
     return sum(

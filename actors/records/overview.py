@@ -9,6 +9,7 @@ from typing import Any
 
 from actors.campaign.history import Candidate, History
 from actors.campaign.leaderboard import campaign_leaderboard
+from actors.campaign.summary import identity
 
 
 def evaluation_order(history: History, campaign_id: str) -> list[Candidate]:
@@ -42,11 +43,7 @@ def row(history: History, campaign_id: str, last_ts: datetime | None) -> dict[st
     started = campaign.started.ts
     end = campaign.finished.ts if campaign.finished else (last_ts or started)
     return {
-        "campaign_id": campaign_id,
-        "problem": campaign.spec.problem,
-        "target": campaign.spec.target,
-        "dtype": campaign.spec.dtype,
-        "shapes": campaign.spec.shapes,
+        **identity(campaign),
         "state": f"finished: {campaign.finished.reason}" if campaign.finished else "unfinished",
         "evaluated": sum(c.evaluated for c in candidates),
         "best_candidate": best.candidate_id if best else None,

@@ -18,6 +18,7 @@ from typing import Any
 
 from actors.campaign.history import Candidate, History
 from actors.campaign.ranking import RunningBoard, best_of
+from actors.campaign.summary import identity
 from eventstore.events import CandidateProposed, Event, LessonLearned
 
 
@@ -71,11 +72,7 @@ def story(rebuilt: Rebuilt) -> dict[str, Any]:
     first_ts = rebuilt.events[0][1].ts if rebuilt.events else campaign.started.ts
     last_ts = rebuilt.events[-1][1].ts if rebuilt.events else campaign.started.ts
     return {
-        "campaign_id": campaign_id,
-        "problem": campaign.spec.problem,
-        "target": campaign.spec.target,
-        "dtype": campaign.spec.dtype,
-        "shapes": campaign.spec.shapes,
+        **identity(campaign),
         "state": "finished" if campaign.finished else "running",
         "finish_reason": campaign.finished.reason if campaign.finished else None,
         "position": rebuilt.position,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -182,10 +183,15 @@ def _attr(name: str) -> str:
     return name.upper()
 
 
-def run_op(name: str, budget: int, per_generation: int, shape: str) -> dict[str, Any]:
+def run_op(
+    name: str, budget: int, per_generation: int, shape: str, keep: Path | None
+) -> dict[str, Any]:
     problem, seed = PROBLEMS[name]
     with tempfile.TemporaryDirectory(prefix=f"kf-evolve-{name}-") as folder_text:
-        folder = Path(folder_text)
+        folder = Path(folder_text) if keep is None else keep / name
+        if keep is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
         (folder / f"{name}.py").write_text(_HEADER + problem)
         (folder / "seed.c").write_text(seed)
         home = folder / "home"
@@ -252,9 +258,13 @@ def main() -> None:
     parser.add_argument("--shape", default="256x2048")
     parser.add_argument("--ops", default=",".join(PROBLEMS))
     parser.add_argument("--out", type=Path, default=RESULTS / "variation_operators.json")
+    parser.add_argument(
+        "--keep", type=Path, help="keep each campaign's folder (its store) under this one"
+    )
     args = parser.parse_args()
     results = [
-        run_op(name, args.budget, args.per_generation, args.shape) for name in args.ops.split(",")
+        run_op(name, args.budget, args.per_generation, args.shape, args.keep)
+        for name in args.ops.split(",")
     ]
     print(f"{'op':14} {'seed ms':>9} {'best ms':>9} {'best/seed':>9} {'x numpy':>8}  lineage")
     for r in results:

@@ -325,6 +325,36 @@ def test_approx_math_renames_the_calls_and_inserts_the_template_helpers_once() -
     assert refusal("approx_math", seed("swiglu"), function="erff") == "no_call"
 
 
+def test_approx_math_covers_log1p_and_refuses_levels_coarser_than_the_tolerance() -> None:
+    parent = kernel_of(
+        "#include <math.h>\n"
+        "void kernel(const float *x, float *y, long n) {\n"
+        "    for (long i = 0; i < n; ++i) y[i] = log1pf(expf(x[i]));\n"
+        "}\n"
+    )
+    child = apply("approx_math", parent, accuracy="medium")
+    assert "y[i] = kf_log1p_medium(kf_exp_medium(x[i]));" in child.source
+    assert child.source.index("kf_log_medium(") < child.source.index("kf_log1p_medium(")
+    # rtol 1e-4: the low levels err by up to 6.5e-4 (exp) and 2.5e-4 (log1p)
+    assert refusal("approx_math", parent, accuracy="low") == "too_coarse"
+    assert refusal("approx_math", parent, function="log1pf", accuracy="low") == "too_coarse"
+
+
+def test_a_chain_applies_the_steps_that_hold_and_refuses_when_none_does() -> None:
+    parent = seed("softmax")
+    child = apply("chain", parent, steps="simd_math", accuracy="medium")
+    assert child.lineage[-1].operator == "chain" and child.parents == (parent.candidate_id,)
+    assert "omp parallel" not in child.source and "#pragma omp simd" in child.source
+    assert "kf_exp_medium(" in child.source and "restrict" in child.source
+    assert "-march=native" in child.flags and child.diff.startswith("---")
+    threads = apply("chain", child.as_parent("c"), steps="threads_simd_math", accuracy="medium")
+    assert "#pragma omp parallel for" in threads.source  # the one step that still held
+    assert refusal("chain", threads.as_parent("t"), steps="simd_math", accuracy="medium") == (
+        "no_step"
+    )
+    assert refusal("chain", parent, steps="everything") == "bad_param"
+
+
 def test_a_helper_name_the_user_took_is_refused() -> None:
     parent = kernel_of(
         "static inline float kf_exp_full(float x) { return x; }\n"

@@ -31,10 +31,10 @@ FAST: list[Step] = [
 ]
 
 
-def chain(parent: ParentKernel, steps: list[Step]) -> ParentKernel:
+def chain(parent: ParentKernel, steps: list[Step], context: Context = CTX) -> ParentKernel:
     """Apply each step to the child of the one before; every step must apply."""
     for k, (op, params) in enumerate(steps):
-        out = OPERATORS[op].apply([parent], params, CTX)  # type: ignore[arg-type]
+        out = OPERATORS[op].apply([parent], params, context)  # type: ignore[arg-type]
         assert isinstance(out, Variation), (op, out)
         parent = out.as_parent(f"{parent.candidate_id}.{k}")
     return parent
@@ -53,6 +53,19 @@ def test_threads_simd_fast_maths_and_restrict_verify_on_every_seed(
 ) -> None:
     kernel = chain(seed(name), FAST)
     assert "#pragma omp parallel for" in kernel.source and "kf_" in kernel.source
+    assert judge(name, kernel, cpu_backend) == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [(n, ("threads_simd_math", "threads_simd_math_hoist")[i % 2]) for i, n in enumerate(SEEDS)],
+)
+def test_each_chain_is_one_child_that_verifies_on_every_seed(
+    name: str, steps: str, cpu_backend: CpuBackend
+) -> None:
+    kernel = chain(seed(name), [("chain", {"steps": steps})])
+    assert [s.operator for s in kernel.lineage] == ["chain"]
+    assert "#pragma omp parallel for" in kernel.source and "-march=native" in kernel.flags
     assert judge(name, kernel, cpu_backend) == ""
 
 
@@ -129,7 +142,8 @@ def test_a_crossover_of_two_children_verifies(cpu_backend: CpuBackend) -> None:
 
 
 def test_what_is_wrong_is_rejected_whoever_proposed_it(cpu_backend: CpuBackend) -> None:
-    coarse = chain(seed("layernorm"), [("approx_math", {"accuracy": "low"})])
+    # An operator that does not know the tolerance (none given) proposes a too coarse sqrt.
+    coarse = chain(seed("layernorm"), [("approx_math", {"accuracy": "low"})], Context("test"))
     assert judge("layernorm", coarse, cpu_backend) == "wrong_value"
     honest = chain(seed("l2norm"), [("unroll", {"mode": "accumulators", "factor": 8})])
     combine = "{ s += kf_acc_s[kf_k]; }"

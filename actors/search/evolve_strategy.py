@@ -5,15 +5,19 @@ Generation 0 is the seed kernels as they are (`[seed] sources`, `--seed-source`)
 when there is no seed does it start from the problem's templates at their best known
 points: a user's kernel is improved from itself, so what the operators earned is not
 mixed with what a template's author wrote. Each later generation varies the campaign's
-best verified and timed kernels (the first `PARENTS` leaderboard rows): for each slot the
-bandit (`actors.search.operator_bandit`) picks an operator, a parent is drawn (the better
-the likelier; a crossover takes the best and another of distinct source), and the
-operator's parameters are drawn from its `space()` (its defaults on the first try of an
-operator in a slot), all from a generator seeded by the campaign's seed, the generation
-and the slot. The operator is applied here first, as the kernel writer will apply it: a
-point it refuses, a (parent source, operator, params) already proposed in the dedupe
-scope (its `param_key`) or a child whose exact kernel the scope already holds is never
-proposed; the slot tries again, up to `TRIES` times. The bandit learns from every campaign
+best verified and timed kernels (the first `PARENTS` leaderboard rows). Each slot first
+varies the best kernel with an operator never applied to it, at the operator's defaults,
+taking the operators in the bandit's (`actors.search.operator_bandit`) order: a new best
+is tried with every operator, since what paid on its ancestors may pay again and some pay
+only after others (fast maths after simd), which a bandit alone would learn too late.
+When every operator has been applied to the best, the bandit picks an operator, a parent
+is drawn (the better the likelier; a crossover takes the best and another of distinct
+source), and the operator's parameters are drawn from its `space()` (its defaults on the
+first try of an operator in a slot), all from a generator seeded by the campaign's seed,
+the generation and the slot. The operator is applied here first, as the kernel writer
+will apply it: a point it refuses, a (parent source, operator, params) already proposed in
+the dedupe scope (its `param_key`) or a child whose exact kernel the scope already holds
+is never proposed; the slot tries again, up to `TRIES` times. The bandit learns from every campaign
 of the problem, target and dtype; what counts as proposed is the dedupe scope's (the same
 shapes too: at another shape the same edit is worth timing again). A pure function of the
 history.
@@ -24,9 +28,10 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from actors.campaign.campaign_file import CampaignSpec
-from actors.campaign.history import Campaign, History, param_key
+from actors.campaign.history import Campaign, Candidate, History, param_key
 from actors.campaign.leaderboard import campaign_leaderboard
 from actors.search.lineage import EVOLVE_TEMPLATE, context_for, parent_kernel
 from actors.search.operator_bandit import Bandit
@@ -96,54 +101,100 @@ def _vary(
     ]
     hashes = {c.written.source_hash for c in scope if c.written is not None}
     taken = set(inputs.known) | {c.proposal.param_key for c in scope}
+    tried = _tried(history, scope)
     chosen: list[Planned] = []
     for slot in range(inputs.count):
-        rng = random.Random(_seed(spec.search.seed, generation, slot))
-        planned = _slot(rng, bandit, pool, context, taken, hashes)
+        draw = _Draw(bandit, pool, context, taken, hashes)
+        planned = draw.on_best(tried) or draw.anywhere(
+            random.Random(_seed(spec.search.seed, generation, slot))
+        )
         if planned is None:
             continue
         chosen.append(planned)
         bandit.pull(planned.operator)
+        varied = next(p for p in pool if p.candidate_id == planned.parents[0])
+        tried.setdefault(_digest(varied), set()).add(planned.operator)
     return chosen
 
 
-def _slot(
-    rng: random.Random,
-    bandit: Bandit,
-    pool: list[ParentKernel],
-    context: Context,
-    taken: set[str],
-    hashes: set[str],
-) -> Planned | None:
-    """One slot's candidate: the bandit's operator on drawn parents at a drawn point, the
-    first that gives a new child; None after `TRIES` draws."""
-    excluded: set[str] = set()
-    tried: dict[str, int] = {}
-    for _ in range(TRIES):
-        allowed = [n for n in OPERATORS if n not in excluded and _fits(OPERATORS[n], pool)]
-        name = bandit.choose(allowed)
-        if name is None:
-            return None
-        operator = OPERATORS[name]
-        parents = _draw_parents(rng, operator, pool)
-        params = _draw_params(rng, operator, first=tried.get(name, 0) == 0)
-        tried[name] = tried.get(name, 0) + 1
-        if tried[name] >= 4:
-            excluded.add(name)  # others get their turn in this slot
+def _tried(history: History, scope: Sequence[Candidate]) -> dict[str, set[str]]:
+    """Per kernel (its source hash), the operators a proposal of the scope applied to it."""
+    tried: dict[str, set[str]] = {}
+    for candidate in scope:
+        parents = candidate.proposal.parents
+        parent = history.candidates.get(parents[0]) if parents else None
+        if parent is not None and parent.written is not None:
+            tried.setdefault(parent.written.source_hash, set()).add(candidate.proposal.operator)
+    return tried
+
+
+@dataclass
+class _Draw:
+    """One slot's search for a new child: a refused point, a key already proposed or a
+    child the scope already holds is passed over."""
+
+    bandit: Bandit
+    pool: list[ParentKernel]
+    context: Context
+    taken: set[str]
+    hashes: set[str]
+
+    def on_best(self, tried: dict[str, set[str]]) -> Planned | None:
+        """The best kernel varied by an operator never applied to it, at the operator's
+        defaults: the arms in the bandit's order, so each new best is tried with every
+        operator (what paid on its ancestors may pay again) before the search wanders."""
+        best = self.pool[0]
+        done = tried.get(_digest(best), set())
+        for name in self.bandit.ranked([n for n in OPERATORS if n not in done]):
+            operator = OPERATORS[name]
+            if not _fits(operator, self.pool):
+                continue
+            others = [p for p in self.pool[1:] if _digest(p) != _digest(best)]
+            parents = [best, *others[: operator.arity - 1]]
+            planned = self._try(name, parents, _draw_params(random.Random(0), operator, True))
+            if isinstance(planned, Planned):
+                return planned
+        return None
+
+    def anywhere(self, rng: random.Random) -> Planned | None:
+        """The bandit's operator on drawn parents at a drawn point, the first that gives a
+        new child; None after `TRIES` draws."""
+        excluded: set[str] = set()
+        tried: dict[str, int] = {}
+        for _ in range(TRIES):
+            allowed = [n for n in OPERATORS if n not in excluded and _fits(OPERATORS[n], self.pool)]
+            name = self.bandit.choose(allowed)
+            if name is None:
+                return None
+            operator = OPERATORS[name]
+            parents = _draw_parents(rng, operator, self.pool)
+            params = _draw_params(rng, operator, first=tried.get(name, 0) == 0)
+            tried[name] = tried.get(name, 0) + 1
+            if tried[name] >= 4:
+                excluded.add(name)  # others get their turn in this slot
+            planned = self._try(name, parents, params)
+            if isinstance(planned, Planned):
+                return planned
+            if planned == "refused":
+                excluded.add(name)  # its precondition does not hold on these parents
+        return None
+
+    def _try(
+        self, name: str, parents: list[ParentKernel], params: dict[str, ParamValue]
+    ) -> Planned | str:
+        """The proposal, or why there is none: "taken", "refused" or "known"."""
         key = _key(name, parents, params)
-        if key in taken:
-            continue
-        child = operator.apply(parents, params, context)
+        if key in self.taken:
+            return "taken"
+        child = OPERATORS[name].apply(parents, params, self.context)
         if isinstance(child, Refusal):
-            excluded.add(name)  # its precondition does not hold on these parents
-            continue
+            return "refused"
         digest = source_hash(child.source, list(child.flags))
-        if digest in hashes:
-            continue
-        taken.add(key)
-        hashes.add(digest)
+        if digest in self.hashes:
+            return "known"
+        self.taken.add(key)
+        self.hashes.add(digest)
         return Planned(EVOLVE_TEMPLATE, dict(params), key, name, [p.candidate_id for p in parents])
-    return None
 
 
 def _fits(operator: VariationOperator, pool: list[ParentKernel]) -> bool:
@@ -171,10 +222,14 @@ def _draw_params(
     return {name: rng.choice(values) for name, values in sorted(space.items())}
 
 
+def _digest(kernel: ParentKernel) -> str:
+    return source_hash(kernel.source, list(kernel.flags))
+
+
 def _key(name: str, parents: list[ParentKernel], params: dict[str, ParamValue]) -> str:
     """(parent sources, operator, params): the same edit of the same kernel has one key,
     whichever candidate carried that kernel."""
-    sources = "+".join(source_hash(p.source, list(p.flags))[:16] for p in parents)
+    sources = "+".join(_digest(p)[:16] for p in parents)
     return param_key(f"{EVOLVE_TEMPLATE}/{name}/{sources}", dict(params))
 
 

@@ -10,8 +10,9 @@ counts as a pull at its operator's mean, so one generation spreads over the arms
 of giving every slot to the same one; `Bandit.pull` does the same for the slots a
 strategy fills before anything is settled. The arm with the highest upper bound goes
 first; an untried arm's is `UNTRIED` (optimistic, so each is tried once unless one has
-earned more than that), and ties go to the earlier arm in `PREFERENCE` (the chain that
-pays from plain seeds: threads, then simd, then fast maths...). Deterministic: no
+earned more than that), and ties go to the earlier arm in `PREFERENCE` (first `chain`,
+the edits that pay together from plain seeds, then each of them alone: threads, simd,
+fast maths...). Deterministic: no
 randomness of its own.
 """
 
@@ -25,6 +26,7 @@ from actors.campaign.history import Candidate, History
 from actors.search.lineage import is_operator_proposal
 
 PREFERENCE = (
+    "chain",
     "omp_parallel",
     "omp_simd",
     "approx_math",
@@ -98,11 +100,14 @@ class Bandit:
     def choose(self, allowed: Iterable[str]) -> str | None:
         """The arm to pull among `allowed`: the highest upper bound (`UNTRIED` for an arm
         never pulled), ties to the earlier in `PREFERENCE`."""
+        ranked = self.ranked(allowed)
+        return ranked[0] if ranked else None
+
+    def ranked(self, allowed: Iterable[str]) -> list[str]:
+        """`allowed`, the arm `choose` would pull first, then the next..."""
         names = [n for n in self._ordered() if n in set(allowed)]
-        if not names:
-            return None
         total = sum(a.pulls + a.pending for a in self.arms.values())
-        return max(names, key=lambda n: (self._bound(self.arms[n], total), -names.index(n)))
+        return sorted(names, key=lambda n: (-self._bound(self.arms[n], total), names.index(n)))
 
     def pull(self, name: str) -> None:
         """Count a pull whose reward is not known yet."""

@@ -1,15 +1,17 @@
 """Replace libm calls by vectorisable approximations of a chosen accuracy.
 
-`expf`, `logf`, `tanhf`, `erff` and `sqrtf` (and `1 / sqrtf(x)`, as one reciprocal square
-root) in the source's functions become the helpers of the project's template maths
-(`kernels/cpu_templates/_approx_math.c.j2`, via `helpers.py`), inserted once before the
-kernel: plain C with selects and no calls, which the compiler vectorises in omp simd loops
-where glibc's libm calls keep a loop scalar. Only the called function's name is edited (or
-the `1 / sqrtf(...)` expression), so the rest of the line survives. The child is built
-with -fno-trapping-math, without which GCC will not if-convert the helpers' selects.
+`expf`, `logf`, `log1pf`, `tanhf`, `erff` and `sqrtf` (and `1 / sqrtf(x)`, as one
+reciprocal square root) in the source's functions become the helpers of the project's
+template maths (`kernels/cpu_templates/_approx_math.c.j2`, via `helpers.py`), inserted once
+before the kernel: plain C with selects and no calls, which the compiler vectorises in omp
+simd loops where glibc's libm calls keep a loop scalar. Only the called function's name is
+edited (or the `1 / sqrtf(...)` expression), so the rest of the line survives. The child is
+built with -fno-trapping-math, without which GCC will not if-convert the helpers' selects.
 
-Parameters: function ("all" or one of the five), accuracy ("full", "medium", "low": see
-`helpers._MATH`). Refusals: no_call (none of the chosen functions is called), name_taken.
+Parameters: function ("all" or one of the six), accuracy ("full", "medium", "low": see
+`helpers._MATH`). Refusals: no_call (none of the chosen functions is called), too_coarse
+(a chosen level's error bound, `helpers.ERROR_BOUND`, is beyond the problem's rtol: the
+verifier would reject the child), name_taken.
 """
 
 from __future__ import annotations
@@ -18,10 +20,23 @@ from typing import ClassVar
 
 from actors.search.operators.base import Change, Job, SourceOperator, with_flags
 from actors.search.operators.c_ast import Edit, named_descendants
-from actors.search.operators.helpers import LEVELS, insert_helpers, is_helper, math_name
+from actors.search.operators.helpers import (
+    LEVELS,
+    error_bound,
+    insert_helpers,
+    is_helper,
+    math_name,
+)
 from actors.search.operators.protocol import ParamSpace, Refuse
 
-FUNCTIONS = {"expf": "exp", "logf": "log", "tanhf": "tanh", "erff": "erf", "sqrtf": "sqrt"}
+FUNCTIONS = {
+    "expf": "exp",
+    "logf": "log",
+    "log1pf": "log1p",
+    "tanhf": "tanh",
+    "erff": "erf",
+    "sqrtf": "sqrt",
+}
 NO_TRAPPING = "-fno-trapping-math"
 
 
@@ -66,5 +81,11 @@ class ApproxMath(SourceOperator):
         if not edits:
             wanted = ", ".join(sorted(chosen))
             raise Refuse("no_call", f"the source calls none of {wanted}")
+        rtol = job.context.rtol
+        coarse = sorted({n for n in used if rtol is not None and error_bound(n, level) > rtol})
+        if coarse:
+            raise Refuse(
+                "too_coarse", f"{', '.join(coarse)} err beyond the problem's rtol {rtol:g}"
+            )
         edits += insert_helpers(src, used)
         return Change(tuple(edits), with_flags(job.flags, add=[NO_TRAPPING]))

@@ -2,12 +2,14 @@
 
 Each is a `VariationOperator`: its `space()` (name -> values, first the default) is searched
 like a template's, and `apply(parents, params, context)` gives a `Variation` or a `Refusal`.
-`crossover` takes two parents, the others one.
+`crossover` takes two parents, the others one; `chain` applies several of the others in one
+child.
 """
 
 from __future__ import annotations
 
 from actors.search.operators.approx_math import ApproxMath
+from actors.search.operators.chain import Chain
 from actors.search.operators.compiler_flags import CompilerFlags
 from actors.search.operators.crossover import Crossover
 from actors.search.operators.fuse import Fuse
@@ -34,5 +36,6 @@ OPERATORS: dict[str, VariationOperator] = {
         Nontemporal(),
         CompilerFlags(),
         Crossover(),
+        Chain(),
     )
 }

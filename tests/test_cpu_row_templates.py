@@ -92,6 +92,18 @@ def test_the_avx512_path_is_searched_only_on_a_host_that_has_it() -> None:
         assert offered == ({"portable", "avx512"} if has else {"portable"})
 
 
+AVX2_HOST = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"})
+"""The flags of an AVX2-only host (a 2-core AMD EPYC, say): no avx512f."""
+
+
+def test_an_avx2_host_is_never_offered_an_avx512_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kernels.templates.host_has", lambda feature: feature in AVX2_HOST)
+    for name in ROW_TEMPLATES:
+        template = TEMPLATES[name]
+        assert {p["isa"] for p in template.valid_points()} == {"portable"}, name
+        assert not template.is_valid({**template.best_known, "isa": "avx512", "simdlen": 16})
+
+
 def test_streaming_stores_only_where_nothing_reads_the_output_again() -> None:
     softmax = TEMPLATES["softmax_rows"]
     into_output = {**softmax.defaults, "fuse": "none", "buffer": False, "streaming": True}

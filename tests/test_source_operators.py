@@ -355,6 +355,53 @@ def test_a_chain_applies_the_steps_that_hold_and_refuses_when_none_does() -> Non
     assert refusal("chain", parent, steps="everything") == "bad_param"
 
 
+def test_a_pure_helper_of_the_users_is_called_freely_and_an_impure_one_is_not() -> None:
+    helper = "static float clampf(float v, float lo, float hi) {{ {body} }}\n"
+    kernel = (
+        "void kernel(const float *x, float *y, long n) {\n"
+        "    for (long i = 0; i < n; ++i) y[i] = x[i] * clampf(x[i] + 3.0f, 0.0f, 6.0f);\n"
+        "}\n"
+    )
+    pure = helper.format(body="return v < lo ? lo : (v > hi ? hi : v);")
+    child = apply("omp_parallel", kernel_of(pure + kernel))
+    assert "#pragma omp parallel for" in child.source
+    for body in (
+        "static int calls; calls++; return v;",  # keeps state across calls
+        "extern float last; last = v; return v;",  # writes a global
+        "return v + rand();",  # calls what may have effects
+    ):
+        impure = kernel_of(helper.format(body=body) + kernel)
+        assert refusal("omp_parallel", impure) == "opaque_call", body
+
+
+def test_a_max_written_as_an_if_is_a_reduction_and_double_maths_is_replaced_too() -> None:
+    parent = kernel_of(
+        "#include <math.h>\n"
+        "void kernel(const float *x, float *y, long rows, long cols) {\n"
+        "    for (long r = 0; r < rows; ++r) {\n"
+        "        float m = x[r * cols];\n"
+        "        for (long c = 1; c < cols; ++c) if (x[r * cols + c] > m) m = x[r * cols + c];\n"
+        "        double s = 0.0;\n"
+        "        for (long c = 0; c < cols; ++c) s += exp(x[r * cols + c] - m);\n"
+        "        y[r] = m + (float)log(s);\n"
+        "    }\n"
+        "}\n"
+    )
+    kept = apply("omp_simd", parent)
+    assert "#pragma omp simd reduction(max:m)" in kept.source
+    assert "if (x[r * cols + c] > m) m = x[r * cols + c];" in kept.source
+    select = apply("omp_simd", parent, minmax="select")
+    assert "m = x[r * cols + c] > m ? x[r * cols + c] : m;" in select.source
+    maths = apply("approx_math", parent)
+    assert "s += kf_exp_full(x[r * cols + c] - m);" in maths.source
+    assert "y[r] = m + (float)kf_log_full(s);" in maths.source
+    # `if (m < e) m = e;` is a max as well; an if with an else is no reduction
+    flipped = parent.source.replace("if (x[r * cols + c] > m)", "if (m < x[r * cols + c])")
+    assert "reduction(max:m)" in apply("omp_simd", kernel_of(flipped)).source
+    with_else = parent.source.replace("m = x[r * cols + c];", "m = x[r * cols + c]; else m = 0;")
+    assert "reduction(max:m)" not in apply("omp_simd", kernel_of(with_else)).source
+
+
 def test_a_helper_name_the_user_took_is_refused() -> None:
     parent = kernel_of(
         "static inline float kf_exp_full(float x) { return x; }\n"

@@ -1,17 +1,19 @@
 """Replace libm calls by vectorisable approximations of a chosen accuracy.
 
 `expf`, `logf`, `log1pf`, `tanhf`, `erff` and `sqrtf` (and `1 / sqrtf(x)`, as one
-reciprocal square root) in the source's functions become the helpers of the project's
-template maths (`kernels/cpu_templates/_approx_math.c.j2`, via `helpers.py`), inserted once
-before the kernel: plain C with selects and no calls, which the compiler vectorises in omp
-simd loops where glibc's libm calls keep a loop scalar. Only the called function's name is
-edited (or the `1 / sqrtf(...)` expression), so the rest of the line survives. The child is
-built with -fno-trapping-math, without which GCC will not if-convert the helpers' selects.
+reciprocal square root), and their double twins (`exp`, ...: computed in float, which the
+verifier judges like any other edit), in the source's functions become the helpers of the
+project's template maths (`kernels/cpu_templates/_approx_math.c.j2`, via `helpers.py`),
+inserted once before the kernel: plain C with selects and no calls, which the compiler
+vectorises in omp simd loops where glibc's libm calls keep a loop scalar. Only the called
+function's name is edited (or the `1 / sqrtf(...)` expression), so the rest of the line
+survives. The child is built with -fno-trapping-math, without which GCC will not
+if-convert the helpers' selects.
 
-Parameters: function ("all" or one of the six), accuracy ("full", "medium", "low": see
-`helpers._MATH`). Refusals: no_call (none of the chosen functions is called), too_coarse
-(a chosen level's error bound, `helpers.ERROR_BOUND`, is beyond the problem's rtol: the
-verifier would reject the child), name_taken.
+Parameters: function ("all" or one of the six, each with its double twin), accuracy
+("full", "medium", "low": see `helpers._MATH`). Refusals: no_call (none of the chosen
+functions is called), too_coarse (a chosen level's error bound, `helpers.ERROR_BOUND`, is
+beyond the problem's rtol: the verifier would reject the child), name_taken.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ class ApproxMath(SourceOperator):
 
     def change(self, job: Job) -> Change:
         src, params = job.src, job.params
-        chosen = set(FUNCTIONS) if params["function"] == "all" else {str(params["function"])}
+        picked = list(FUNCTIONS) if params["function"] == "all" else [str(params["function"])]
+        chosen = {name: FUNCTIONS[name] for name in picked} | {
+            name.removesuffix("f"): FUNCTIONS[name] for name in picked
+        }
         level = str(params["accuracy"])
         edits: list[Edit] = []
         used: list[str] = []
@@ -57,7 +62,7 @@ class ApproxMath(SourceOperator):
                 callee = call.child_by_field_name("function")
                 if callee is None or src.text(callee) not in chosen:
                     continue
-                kind = FUNCTIONS[src.text(callee)]
+                kind = chosen[src.text(callee)]
                 parent = call.parent
                 if kind == "sqrt" and parent is not None and parent.type == "binary_expression":
                     left, right = (
@@ -79,7 +84,7 @@ class ApproxMath(SourceOperator):
                 edits.append(Edit(callee.start_byte, callee.end_byte, helper))
                 used.append(helper)
         if not edits:
-            wanted = ", ".join(sorted(chosen))
+            wanted = ", ".join(sorted(picked))
             raise Refuse("no_call", f"the source calls none of {wanted}")
         rtol = job.context.rtol
         coarse = sorted({n for n in used if rtol is not None and error_bound(n, level) > rtol})

@@ -19,6 +19,7 @@ refused with a reason; the verifier judges the rest.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -302,6 +303,7 @@ def _call(src: CSource, node: Node, known: dict[str, Alias], found: Body) -> Non
     name = "" if function is None else src.text(function)
     if (
         name in PURE_CALLS
+        or name in pure_functions(src.source)
         or name in ALLOCATORS
         or name == "free"
         or name.startswith("__builtin_")
@@ -319,6 +321,60 @@ def _call(src: CSource, node: Node, known: dict[str, Alias], found: Body) -> Non
             found.accesses.append(Access(target.base, index, True, True, node))
             return
     found.opaque.append(name or src.text(node))
+
+
+_MEMORY = frozenset({"subscript_expression", "pointer_expression", "field_expression"})
+
+
+@functools.lru_cache(maxsize=64)
+def pure_functions(text: str) -> frozenset[str]:
+    """The functions of the file (`text`) a loop may call as freely as the maths library's:
+    scalar parameters only, and a body that touches no memory (no subscript, dereference,
+    address or field), declares no static or extern, assigns only its parameters and its
+    own locals, and calls only the maths library and other such functions (a clamp or an
+    activation the user wrote as a helper)."""
+    src = CSource(text)
+    found = {
+        name: fn
+        for name, fn in src.functions().items()
+        if name != "kernel" and not any(p.pointer for p in src.params(fn))
+    }
+    pure = set(found)
+    while True:
+        impure = {name for name in pure if not _touches_nothing(src, found[name], pure)}
+        if not impure:
+            return frozenset(pure)
+        pure -= impure
+
+
+def _touches_nothing(src: CSource, fn: Node, pure: set[str]) -> bool:
+    own = {p.name for p in src.params(fn)}
+    for node in walk(fn):
+        if node.type in _MEMORY:
+            return False
+        in_body = node.parent is not None and node.parent.type == "declaration"
+        if node.type == "storage_class_specifier" and in_body:
+            return False  # a static (state kept across calls) or an extern (a global)
+        if node.type == "declaration":
+            for declared in node.children_by_field_name("declarator"):
+                if declared.type == "init_declarator":
+                    declared = declared.child_by_field_name("declarator") or declared
+                if declared.type != "identifier":
+                    return False  # an array or pointer local
+                own.add(src.text(declared))
+        if node.type == "call_expression":
+            callee = node.child_by_field_name("function")
+            name = "" if callee is None else src.text(callee)
+            if not (name in PURE_CALLS or name in pure or name.startswith("__builtin_")):
+                return False
+    return assigned_names(src, fn) <= own and not _assigns_other(src, fn)
+
+
+def _assigns_other(src: CSource, fn: Node) -> bool:
+    """Whether something other than a plain name is assigned in `fn`."""
+    return any(
+        (target := _assigned(n)) is not None and target.type != "identifier" for n in walk(fn)
+    )
 
 
 # reductions -------------------------------------------------------------------------
@@ -355,6 +411,9 @@ def reduction_kind(src: CSource, assign: Node, var: str) -> str | None:
     uses = [n for n in walk(right) if n.type == "identifier" and src.text(n) == var]
     if op in ("+=", "-=", "*="):
         return None if uses else ("*" if op == "*=" else "+")
+    guard = guard_of(assign)
+    if op == "=" and not uses and guard is not None:
+        return _guarded_kind(src, guard, right, var)
     if op != "=" or len(uses) != _expected_uses(right):
         return None
     right = _unparen(right)
@@ -385,6 +444,39 @@ def reduction_kind(src: CSource, assign: Node, var: str) -> str | None:
         return None
     if right.type == "conditional_expression":
         return _select_kind(src, right, var)
+    return None
+
+
+def guard_of(assign: Node) -> Node | None:
+    """The if statement whose only effect is this assignment (`if (c) m = e;`, no else)."""
+    statement = assign.parent
+    if statement is None or statement.type != "expression_statement":
+        return None
+    node = statement.parent
+    if node is not None and node.type == "compound_statement" and node.named_child_count == 1:
+        node = node.parent
+    if node is None or node.type != "if_statement":
+        return None
+    if node.child_by_field_name("alternative") is not None:
+        return None
+    return node
+
+
+def _guarded_kind(src: CSource, guard: Node, value: Node, var: str) -> str | None:
+    """`if (e > m) m = e;` is a max (and `m < e`; min with the other comparisons)."""
+    cond = guard.child_by_field_name("condition")
+    if cond is None:
+        return None
+    cond = _unparen(cond)
+    a, b = cond.child_by_field_name("left"), cond.child_by_field_name("right")
+    op = _operator(src, cond) if cond.type == "binary_expression" else ""
+    if a is None or b is None or op not in _COMPARE:
+        return None
+    e = src.text(_unparen(value))
+    if _is(src, b, var) and src.text(_unparen(a)) == e:
+        return _COMPARE[op]
+    if _is(src, a, var) and src.text(_unparen(b)) == e:
+        return "min" if _COMPARE[op] == "max" else "max"
     return None
 
 
@@ -461,11 +553,17 @@ def reductions(src: CSource, loop: Loop, outside: set[str]) -> tuple[list[Reduct
 
 
 def _uses_in(src: CSource, assign: Node, var: str) -> int:
-    right = assign.child_by_field_name("right")
-    return (
-        0
-        if right is None
-        else sum(1 for n in walk(right) if n.type == "identifier" and src.text(n) == var)
+    """Uses of `var` in the assignment's right side, and in the condition guarding it."""
+    guard = guard_of(assign)
+    parts = [assign.child_by_field_name("right")]
+    if guard is not None:
+        parts.append(guard.child_by_field_name("condition"))
+    return sum(
+        1
+        for part in parts
+        if part is not None
+        for n in walk(part)
+        if n.type == "identifier" and src.text(n) == var
     )
 
 

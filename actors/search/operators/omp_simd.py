@@ -5,9 +5,10 @@ Every innermost loop of the kernel that `dependence.independence` proves free of
 dependences gets `#pragma omp simd` (with `simdlen(N)` when asked, and a reduction clause
 for each scalar it reduces into); a loop that is already `omp parallel for` becomes `omp
 parallel for simd`. With `minmax = "select"`, a max or min reduction written with
-fmaxf/fminf is rewritten as `m = e > m ? e : m` (or <), which the compiler vectorises
-(x86's MAXPS) and fmaxf it does not without -ffinite-math-only: the two agree wherever the
-running value starts as a number, since a NaN element never replaces it in either. The
+fmaxf/fminf, or as `if (e > m) m = e;`, is rewritten as `m = e > m ? e : m` (or <), which
+the compiler vectorises (x86's MAXPS) and fmaxf it does not without -ffinite-math-only:
+the two agree wherever the running value starts as a number, since a NaN element never
+replaces it in either. The
 child is built with -fopenmp-simd (or the -fopenmp it has).
 
 Parameters: simdlen (0: the compiler's), minmax ("keep", "select").
@@ -26,6 +27,7 @@ from actors.search.operators.c_ast import CSource, Edit, innermost
 from actors.search.operators.dependence import (
     Independence,
     Reduction,
+    guard_of,
     independence,
     reduction_clauses,
 )
@@ -80,10 +82,16 @@ class OmpSimd(SourceOperator):
 
 
 def _as_select(src: CSource, reduction: Reduction) -> list[Edit]:
-    """`m = fmaxf(m, e)` as `m = e > m ? e : m` (and fminf with <)."""
+    """`m = fmaxf(m, e)` and `if (e > m) m = e;` as `m = e > m ? e : m` (and min with <)."""
     edits: list[Edit] = []
     for assign in reduction.statements:
         right = assign.child_by_field_name("right")
+        guard = guard_of(assign)
+        if guard is not None and right is not None and reduction.op in _SELECT:
+            e, m = _operand(src, right), reduction.var
+            select = f"{m} = {e} {_SELECT[reduction.op]} {m} ? {e} : {m};"
+            edits.append(Edit(guard.start_byte, guard.end_byte, select))
+            continue
         if right is None or right.type != "call_expression" or reduction.op not in _SELECT:
             continue
         args = right.child_by_field_name("arguments")

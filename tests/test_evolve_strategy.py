@@ -18,10 +18,17 @@ from actors.records.best_kernels import kernel_text
 from actors.roles.kernel_writer import MAX_DIFF_CHARS, bounded_diff, decide_operator
 from actors.runtime import Reactions
 from actors.search.evolve_strategy import EvolveStrategy
-from actors.search.lineage import EVOLVE_TEMPLATE, context_for, lineage_of
+from actors.search.lineage import (
+    EVOLVE_TEMPLATE,
+    context_for,
+    lineage_of,
+    parent_kernel,
+    template_point_of,
+)
 from actors.search.operator_bandit import PREFERENCE, REJECTED_PENALTY, Bandit, reward
+from actors.search.operators.protocol import ParentKernel, Refusal
 from actors.search.operators.registry import OPERATORS
-from actors.search.strategy import Filled, GenerationInputs, Stalled
+from actors.search.strategy import Filled, GenerationInputs, Planned, Stalled
 from eventstore.events import (
     CandidateProposed,
     GenerationClosed,
@@ -29,6 +36,7 @@ from eventstore.events import (
     KernelRejected,
     KernelWritten,
 )
+from kernels.templates import TEMPLATES
 from ops.progress import Progress
 from tests.evolve_history import ACTOR, CAMPAIGN, Log
 
@@ -183,3 +191,54 @@ def test_a_campaign_at_another_shape_starts_from_what_paid_and_may_time_the_same
     assert again.candidates[0].param_key == child.param_key
     arms = Bandit.of(second.history, list(second.history.candidates.values()), list(OPERATORS))
     assert arms.summary()[child.operator] == (1, pytest.approx(math.log(4)))
+
+
+def test_templates_are_one_operator_among_the_others(tmp_path: Path) -> None:
+    """A template kernel's point moves one step at a time, and renders again, through the
+    writer; a source edit of it leaves the space, so its child has no point."""
+    log = Log(tmp_path)
+    template = TEMPLATES["softmax_rows"]
+    root = f"{CAMPAIGN}:g0:c0"
+    log.add(GenerationOpened, generation=0, planned=1)
+    point = dict(template.best_known)
+    log.add(
+        CandidateProposed,
+        template=template.name,
+        params=point,
+        param_key="t",
+        **log.work(root, 0),
+    )
+    rendered = template.render(point)
+    log.written(root, 0, rendered.source, list(rendered.flags))
+    log.timed(root, 0, 30_000.0)
+    log.add(GenerationClosed, generation=0, settled=1, evaluated=1)
+    names = sorted(template.space())
+    k = next(i for i, n in enumerate(names) if template.space()[n].index(point[n]) > 0)
+    step = Planned(EVOLVE_TEMPLATE, {"parameter": k, "step": -1}, "k1", "template", [root])
+    edit = Planned(EVOLVE_TEMPLATE, {"restrict": True, "align": 64}, "k2", "restrict", [root])
+    moved_p, edited_p = log.propose(1, [step, edit])
+    written = log.write(moved_p)[0]
+    assert isinstance(written, KernelWritten) and written.operator == "template"
+    choices = template.space()[names[k]]
+    expected = {**point, names[k]: choices[choices.index(point[names[k]]) - 1]}
+    assert written.source == template.render(expected).source
+    child = log.history.candidates[moved_p.candidate_id]
+    assert template_point_of(log.history, child) == (template.name, tuple(sorted(expected.items())))
+    assert isinstance(log.write(edited_p)[0], KernelWritten)
+    assert template_point_of(log.history, log.history.candidates[edited_p.candidate_id]) is None
+    seed = OPERATORS["template"].apply([parent_kernel_of(log, edited_p)], {}, context_for(log.spec))
+    assert isinstance(seed, Refusal) and seed.reason == "no_template"
+    edge = {"parameter": k, "step": -1}
+    bottom = parent_kernel_of(log, moved_p)
+    while True:  # walk down that parameter's choices to the end
+        out = OPERATORS["template"].apply([bottom], edge, context_for(log.spec))
+        if isinstance(out, Refusal):
+            break
+        bottom = out.as_parent("next")
+    assert out.reason in ("edge", "invalid_point")
+
+
+def parent_kernel_of(log: Log, proposal: CandidateProposed) -> ParentKernel:
+    kernel = parent_kernel(log.history, log.history.candidates[proposal.candidate_id])
+    assert kernel is not None
+    return kernel

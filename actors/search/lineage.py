@@ -14,10 +14,19 @@ from collections.abc import Sequence
 
 from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Candidate, History
-from actors.search.operators.protocol import Context, Evidence, ParentKernel, Step
+from actors.search.operators.protocol import (
+    Context,
+    Evidence,
+    ParentKernel,
+    Step,
+    TemplatePoint,
+)
 from actors.search.operators.registry import OPERATORS
+from actors.search.operators.template_point import TemplateStep, point_after
 from kernels.loading import load_problem
+from kernels.templates import TEMPLATES
 
+TEMPLATE_STEP = TemplateStep.name
 EVOLVE_TEMPLATE = "evolve"
 """The template of a candidate a variation operator writes from its parents."""
 
@@ -75,7 +84,33 @@ def parent_kernel(history: History, candidate: Candidate) -> ParentKernel | None
         tuple(written.flags),
         lineage_of(history, candidate),
         evidence_of(candidate),
+        template_point_of(history, candidate),
     )
+
+
+def template_point_of(history: History, candidate: Candidate) -> TemplatePoint | None:
+    """The built-in template point the candidate's kernel renders: a template proposal's, or
+    its root's moved by each `template` step after it (None once another operator edited
+    the source)."""
+    moves: list[Candidate] = []
+    seen: set[str] = set()
+    current: Candidate | None = candidate
+    while current is not None and is_operator_proposal(current):
+        if current.proposal.operator != TEMPLATE_STEP or current.candidate_id in seen:
+            return None
+        seen.add(current.candidate_id)
+        moves.append(current)
+        parents = current.proposal.parents
+        current = history.candidates.get(parents[0]) if parents else None
+    if current is None or current.proposal.template not in TEMPLATES:
+        return None
+    point: TemplatePoint | None = (
+        current.proposal.template,
+        tuple(sorted(current.proposal.params.items())),
+    )
+    for step in reversed(moves):
+        point = point_after(point, step.proposal.params)
+    return point
 
 
 def parents_of(history: History, candidate_ids: Sequence[str]) -> list[ParentKernel] | None:
@@ -96,4 +131,5 @@ def context_for(spec: CampaignSpec, lessons: Sequence[str] = ()) -> Context:
         target=spec.target,
         lessons=tuple(lessons),
         rtol=tolerance.rtol if tolerance is not None else None,
+        dtype=spec.dtype,
     )

@@ -32,6 +32,7 @@ PREFERENCE = (
     "approx_math",
     "restrict",
     "compiler_flags",
+    "template",
     "unroll",
     "hoist",
     "fuse",

@@ -23,6 +23,7 @@ from actors.search.operators.protocol import (
     ParentKernel,
     Refusal,
     Refuse,
+    TemplatePoint,
     Variation,
     variation,
 )
@@ -61,10 +62,12 @@ class Job:
 
 @dataclass(frozen=True)
 class Change:
-    """What an operator does to its first parent: edits of its bytes, and the child's flags."""
+    """What an operator does to its first parent: edits of its bytes, the child's flags, and
+    the template point the child renders (only a template step's child has one)."""
 
     edits: tuple[Edit, ...]
     flags: tuple[str, ...]
+    point: TemplatePoint | None = None
 
 
 class SourceOperator:
@@ -95,7 +98,7 @@ class SourceOperator:
         refused_flags = bad_flags(change.flags)
         if refused_flags:
             return Refusal(self.name, "bad_flags", f"flags outside the policy: {refused_flags}")
-        return variation(self.name, parents, point, child, change.flags)
+        return variation(self.name, parents, point, child, change.flags, change.point)
 
     def change(self, job: Job) -> Change:
         """The edits of the first parent and the child's flags, or raise `Refuse`."""

@@ -54,28 +54,35 @@ class Step:
     parents: tuple[str, ...]
 
 
+TemplatePoint = tuple[str, tuple[tuple[str, ParamValue], ...]]
+"""A template's name and a point of its space (its items in name order)."""
+
+
 @dataclass(frozen=True)
 class ParentKernel:
     """A kernel an operator varies: the candidate's id, its C source and compiler flags, the
-    steps that made it from its root (earliest first) and the evidence on it."""
+    steps that made it from its root (earliest first), the evidence on it, and the template
+    point it is a rendering of (None: its source is no template's rendering)."""
 
     candidate_id: str
     source: str
     flags: tuple[str, ...]
     lineage: tuple[Step, ...] = ()
     evidence: Evidence | None = None
+    point: TemplatePoint | None = None
 
 
 @dataclass(frozen=True)
 class Context:
     """The campaign around an application: its problem and target, the lessons learned for
-    them, and the problem's relative tolerance (None: unknown) for operators that trade
-    accuracy for speed."""
+    them, the problem's relative tolerance (None: unknown) for operators that trade
+    accuracy for speed, and the element type."""
 
     problem: str = ""
     target: str = "cpu"
     lessons: tuple[str, ...] = ()
     rtol: float | None = None
+    dtype: str = "fp32"
 
 
 @dataclass(frozen=True)
@@ -91,10 +98,14 @@ class Variation:
     diff: str
     lineage: tuple[Step, ...] = field(default=())
     """The first parent's lineage and this step."""
+    point: TemplatePoint | None = None
+    """The template point the child renders, if it is one (`template`'s children)."""
 
     def as_parent(self, candidate_id: str, evidence: Evidence | None = None) -> ParentKernel:
         """The child as a parent of the next generation, once it has a candidate id."""
-        return ParentKernel(candidate_id, self.source, self.flags, self.lineage, evidence)
+        return ParentKernel(
+            candidate_id, self.source, self.flags, self.lineage, evidence, self.point
+        )
 
 
 @dataclass(frozen=True)
@@ -151,6 +162,7 @@ def variation(
     params: Params,
     source: str,
     flags: tuple[str, ...],
+    rendered: TemplatePoint | None = None,
 ) -> Variation:
     ids = tuple(p.candidate_id for p in parents)
     point = dict(params)
@@ -163,4 +175,5 @@ def variation(
         flags=flags,
         diff=unified_diff(parents[0], source, operator),
         lineage=(*parents[0].lineage, step),
+        point=rendered,
     )

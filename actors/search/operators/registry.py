@@ -3,7 +3,8 @@
 Each is a `VariationOperator`: its `space()` (name -> values, first the default) is searched
 like a template's, and `apply(parents, params, context)` gives a `Variation` or a `Refusal`.
 `crossover` takes two parents, the others one; `chain` applies several of the others in one
-child.
+child; `template` moves a template kernel's point (templates are one operator among the
+others).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from actors.search.operators.omp_parallel import OmpParallel
 from actors.search.operators.omp_simd import OmpSimd
 from actors.search.operators.protocol import VariationOperator
 from actors.search.operators.restrict import Restrict
+from actors.search.operators.template_point import TemplateStep
 from actors.search.operators.tile import Tile
 from actors.search.operators.unroll import Unroll
 
@@ -37,5 +39,6 @@ OPERATORS: dict[str, VariationOperator] = {
         CompilerFlags(),
         Crossover(),
         Chain(),
+        TemplateStep(),
     )
 }

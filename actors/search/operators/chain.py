@@ -53,6 +53,7 @@ SEQUENCES: dict[str, tuple[Link, ...]] = {
     "threads_simd_math": (_THREADS, _SIMD, _MATH, _RESTRICT, _FLAGS),
     "simd_math": (_SIMD, _MATH, _RESTRICT, _FLAGS),
     "threads_simd_math_hoist": (_THREADS, _SIMD, _MATH, _HOIST, _RESTRICT, _FLAGS),
+    "threads_simd": (_THREADS, _SIMD, _RESTRICT, _FLAGS),  # where the maths' error costs
 }
 
 

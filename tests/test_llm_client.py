@@ -203,5 +203,5 @@ async def test_the_key_from_the_environment_is_sent(
 async def test_messages_with_an_unknown_role_are_refused(server: FakeOpenAI) -> None:
     async with client(server) as llm:
         with pytest.raises(ValueError, match="role"):
-            await llm.complete([{"role": "tool", "content": "x"}])
+            await llm.complete([{"role": "robot", "content": "x"}])
     assert server.requests == []

@@ -4,7 +4,10 @@ Template proposals are rendered from their jinja2 template; fusion plans are gen
 from the fusion IR; operator proposals (`writer.kind = "evolve"`) apply an offline
 variation operator to their parents as the history holds them (`decide_operator`: the
 child with its operator, parents and diff, or the refusal as the write stage's rejection);
-LLM variations (improve, fix, crossover) are asked of the campaign's
+the `agent` operator (`actors.search.agent`) is awaited here, and every item of its trail
+(replies, tool calls with their bounded results, a give-up) is an AgentStep, so a
+redelivered proposal emits the recorded trail again and reuses its end instead of asking
+the endpoint; LLM variations (improve, fix, crossover) are asked of the campaign's
 OpenAI-compatible endpoint, and every exchange is recorded as LlmExchanged, so a
 redelivered proposal reuses the recorded reply instead of asking again. A kernel whose
 exact source was settled before in the same dedupe scope is not evaluated again: the
@@ -20,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from actors.campaign.campaign_file import Writer
+from actors.campaign.campaign_file import CampaignSpec, Writer
 from actors.campaign.history import Candidate, History
 from actors.campaign.replayer import HistoryReader
 from actors.roles.messages import ask_lessons
@@ -31,14 +34,15 @@ from actors.search.lineage import EVOLVE_TEMPLATE, context_for, parents_of
 from actors.search.llm import prompts
 from actors.search.llm.extract import NoCodeFound, extract_kernel
 from actors.search.llm.prompts import RejectionEvidence
-from actors.search.operators.protocol import Context, Refusal
-from actors.search.operators.registry import OPERATORS
+from actors.search.operators.protocol import Context, ParentKernel, Refusal, Variation
+from actors.search.operators.registry import AGENT, OPERATORS
 from actors.search.spaces import template_named
 from actors.search.variation import LLM_TEMPLATE, WRITE
 from bus.connection import Client
 from eventstore.events import (
     MAX_DIFF_CHARS,
     ActorRef,
+    AgentStep,
     CandidateDeduplicated,
     CandidateProposed,
     Event,
@@ -58,6 +62,9 @@ from kernels.spec import Problem
 from kernels.templates import TEMPLATES
 from kernels.user_spaces import SpaceError
 
+if TYPE_CHECKING:  # the agent's modules import openai (~0.4 s): only agent campaigns need it
+    from actors.search.agent.loop import TrailItem
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -65,7 +72,7 @@ class Kernel:
 
     source: str
     flags: list[str]
-    writer: str  # template | fuser | llm | operator
+    writer: str  # template | fuser | llm | operator | agent
     params: dict[str, object] = field(default_factory=dict)
     operator: str = ""
     parents: list[str] = field(default_factory=list)
@@ -117,13 +124,32 @@ def decide_operator(
     """Apply a variation operator to the proposal's parents: its child is written (or
     deduplicated); a refusal is the write stage's rejection, with the operator named."""
     operator = OPERATORS.get(event.operator)
+    if operator is None:
+        raise PoisonMessage(f"{event.candidate_id}: no operator {event.operator!r}")
+    child = operator.apply(recorded_parents(history, event), event.params, context)
+    decide_child(history, event, out, child, "operator")
+
+
+def recorded_parents(history: History, event: CandidateProposed) -> list[ParentKernel]:
+    """The proposal's parents as the history holds them; a poison message without them."""
     parents = parents_of(history, event.parents)
-    if operator is None or not parents:
+    if not parents:
         raise PoisonMessage(
             f"{event.candidate_id}: operator {event.operator!r} on parents {event.parents} "
             "with no recorded kernel"
         )
-    child = operator.apply(parents, event.params, context)
+    return parents
+
+
+def decide_child(
+    history: History,
+    event: CandidateProposed,
+    out: Reactions,
+    child: Variation | Refusal,
+    writer: str,
+) -> None:
+    """An operator's child is written (or deduplicated) as `writer`'s; a refusal is the
+    write stage's rejection, with the operator named."""
     if isinstance(child, Refusal):
         out.emit(
             KernelRejected,
@@ -137,7 +163,7 @@ def decide_operator(
     kernel = Kernel(
         child.source,
         list(child.flags),
-        "operator",
+        writer,
         dict(child.params),
         operator=child.operator,
         parents=list(child.parents),
@@ -253,6 +279,23 @@ def decide_reply(
     decide_written(history, event, out, Kernel(kernel.source, flags, "llm", event.params))
 
 
+def agent_step_fields(item: TrailItem | AgentStep) -> dict[str, Any]:
+    """An AgentStep's own fields, from a trail item or a recorded step."""
+    return {
+        "step": item.step,
+        "kind": item.kind,
+        "content": item.content,
+        "tool": item.tool,
+        "call_id": item.call_id,
+        "arguments": item.arguments,
+        "result": item.result,
+        "tool_calls": list(item.tool_calls),
+        "usage": dict(item.usage),
+        "latency_s": item.latency_s,
+        "model": item.model,
+    }
+
+
 # --- the actor: I/O at the edges --------------------------------------------------------
 
 
@@ -296,7 +339,53 @@ class KernelWriter(Actor):
             )
         lessons = [x.statement for x in await ask_lessons(self._nc, event.campaign_id)]
         context = await asyncio.to_thread(context_for, campaign.spec, lessons)
-        decide_operator(history, event, out, context)
+        if event.operator == AGENT:
+            await self._run_agent(history, event, out, campaign.spec, context)
+        else:
+            decide_operator(history, event, out, context)
+
+    async def _run_agent(
+        self,
+        history: History,
+        event: CandidateProposed,
+        out: Reactions,
+        spec: CampaignSpec,
+        context: Context,
+    ) -> None:
+        """The agent operator's variation, every item of its trail an AgentStep; a trail
+        recorded by an earlier delivery is emitted again as it was (the same event ids)
+        and its end reused: the endpoint is not asked again."""
+        # Imported here: openai takes ~0.4 s to import, and only agent campaigns need it.
+        from actors.search.agent.operator import AgentOperator, outcome, recorded_outcome
+
+        parents = recorded_parents(history, event)
+        trail = await self._recorded_trail(event)
+        ended = recorded_outcome(trail, parents[0].flags)
+        if ended is not None:
+            for step in trail:
+                out.emit(AgentStep, **agent_step_fields(step), **event.work())
+            child = outcome(parents, event.params, ended)
+        else:
+            problem = await asyncio.to_thread(load_problem, event.problem)
+            shape = dict(zip(problem.dims, spec.shapes[0], strict=True)) if spec.shapes else None
+
+            def record(item: TrailItem) -> None:
+                out.emit(AgentStep, **agent_step_fields(item), **event.work())
+
+            agent = AgentOperator(spec.writer, problem, event.dtype, shape, record)
+            child = await agent.apply(parents, event.params, context)
+        decide_child(history, event, out, child, AGENT)
+
+    async def _recorded_trail(self, event: CandidateProposed) -> list[AgentStep]:
+        """The AgentSteps recorded for this candidate by an earlier delivery, in order."""
+        assert self._nc is not None
+        return [
+            recorded
+            for _, recorded in await replay(
+                self._nc, campaign_id=event.campaign_id, types=["AgentStep"]
+            )
+            if isinstance(recorded, AgentStep) and recorded.candidate_id == event.candidate_id
+        ]
 
     async def _vary(self, history: History, event: CandidateProposed, out: Reactions) -> None:
         assert self._nc is not None

@@ -15,8 +15,11 @@ point it refuses, a (parent source, operator, params) already proposed in the de
 scope (its `param_key`) or a child whose exact kernel the scope already holds is never
 proposed; the slot tries again, up to `TRIES` times. The bandit learns from every campaign
 of the problem, target and dtype; what counts as proposed is the dedupe scope's (the same
-shapes too: at another shape the same edit is worth timing again). A pure function of the
-history.
+shapes too: at another shape the same edit is worth timing again). Where the campaign's
+writer has an endpoint (`base_url` and `model`) the LLM agent (`agent`,
+`actors.search.agent`) is one more arm; it cannot be tried here (it needs the endpoint and
+the sandbox), so any (parent, agent, attempt) not proposed before is. A pure function of
+the history.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from actors.campaign.history import Campaign, History, param_key
 from actors.campaign.leaderboard import campaign_leaderboard
 from actors.search.lineage import EVOLVE_TEMPLATE, context_for, parent_kernel
 from actors.search.operator_bandit import Bandit
-from actors.search.operators.protocol import Context, ParentKernel, Refusal, VariationOperator
-from actors.search.operators.registry import OPERATORS
+from actors.search.operators.protocol import Context, ParentKernel, Refusal, Searched
+from actors.search.operators.registry import OPERATORS, searched
 from actors.search.spaces import kernel_templates, seed_points
 from actors.search.strategy import Filled, GenerationInputs, Planned, Stalled, fresh_points
 from actors.search.template_search import Proposal, Space
@@ -89,7 +92,8 @@ def _vary(
 ) -> list[Planned]:
     spec = campaign.spec
     problem = history.scope_candidates(spec.problem, spec.target, spec.dtype)
-    bandit = Bandit.of(history, problem, list(OPERATORS))  # every campaign of the problem
+    operators = searched(spec.writer.has_endpoint)
+    bandit = Bandit.of(history, problem, list(operators))  # every campaign of the problem
     context = context_for(spec)
     scope = [
         c for c in problem if history.campaigns[c.proposal.campaign_id].scope == campaign.scope
@@ -99,7 +103,7 @@ def _vary(
     chosen: list[Planned] = []
     for slot in range(inputs.count):
         rng = random.Random(_seed(spec.search.seed, generation, slot))
-        planned = _slot(rng, bandit, pool, context, taken, hashes)
+        planned = _slot(rng, bandit, operators, pool, context, taken, hashes)
         if planned is None:
             continue
         chosen.append(planned)
@@ -110,21 +114,23 @@ def _vary(
 def _slot(
     rng: random.Random,
     bandit: Bandit,
+    operators: dict[str, Searched],
     pool: list[ParentKernel],
     context: Context,
     taken: set[str],
     hashes: set[str],
 ) -> Planned | None:
     """One slot's candidate: the bandit's operator on drawn parents at a drawn point, the
-    first that gives a new child; None after `TRIES` draws."""
+    first that gives a new child (the agent's child is not known before it runs: any new
+    point of it counts); None after `TRIES` draws."""
     excluded: set[str] = set()
     tried: dict[str, int] = {}
     for _ in range(TRIES):
-        allowed = [n for n in OPERATORS if n not in excluded and _fits(OPERATORS[n], pool)]
+        allowed = [n for n in operators if n not in excluded and _fits(operators[n], pool)]
         name = bandit.choose(allowed)
         if name is None:
             return None
-        operator = OPERATORS[name]
+        operator = operators[name]
         parents = _draw_parents(rng, operator, pool)
         params = _draw_params(rng, operator, first=tried.get(name, 0) == 0)
         tried[name] = tried.get(name, 0) + 1
@@ -133,7 +139,10 @@ def _slot(
         key = _key(name, parents, params)
         if key in taken:
             continue
-        child = operator.apply(parents, params, context)
+        if name not in OPERATORS:  # the agent: run by the kernel writer
+            taken.add(key)
+            return Planned(EVOLVE_TEMPLATE, dict(params), key, name, [parents[0].candidate_id])
+        child = OPERATORS[name].apply(parents, params, context)
         if isinstance(child, Refusal):
             excluded.add(name)  # its precondition does not hold on these parents
             continue
@@ -146,12 +155,12 @@ def _slot(
     return None
 
 
-def _fits(operator: VariationOperator, pool: list[ParentKernel]) -> bool:
+def _fits(operator: Searched, pool: list[ParentKernel]) -> bool:
     return operator.arity <= len({(p.source, p.flags) for p in pool})
 
 
 def _draw_parents(
-    rng: random.Random, operator: VariationOperator, pool: list[ParentKernel]
+    rng: random.Random, operator: Searched, pool: list[ParentKernel]
 ) -> list[ParentKernel]:
     """One parent, the better the likelier; a crossover's two: the best and a different."""
     weights = [1.0 / (rank + 1) for rank in range(len(pool))]
@@ -162,9 +171,7 @@ def _draw_parents(
     return [first, rng.choices(others, weights[: len(others)])[0]]
 
 
-def _draw_params(
-    rng: random.Random, operator: VariationOperator, first: bool
-) -> dict[str, ParamValue]:
+def _draw_params(rng: random.Random, operator: Searched, first: bool) -> dict[str, ParamValue]:
     space = operator.space()
     if first:
         return {name: values[0] for name, values in space.items()}

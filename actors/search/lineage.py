@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Candidate, History
 from actors.search.operators.protocol import Context, Evidence, ParentKernel, Step
-from actors.search.operators.registry import OPERATORS
+from actors.search.operators.registry import AGENT, OPERATORS
 from kernels.loading import load_problem
 
 EVOLVE_TEMPLATE = "evolve"
@@ -25,7 +25,9 @@ EVOLVE_TEMPLATE = "evolve"
 def is_operator_proposal(candidate: Candidate) -> bool:
     """Whether a variation operator writes this candidate (its proposal names one)."""
     proposal = candidate.proposal
-    return proposal.template == EVOLVE_TEMPLATE and proposal.operator in OPERATORS
+    return proposal.template == EVOLVE_TEMPLATE and (
+        proposal.operator in OPERATORS or proposal.operator == AGENT
+    )
 
 
 def lineage_of(history: History, candidate: Candidate) -> tuple[Step, ...]:

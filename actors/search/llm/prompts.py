@@ -1,4 +1,6 @@
-"""Chat prompts for the LLM writer: write (from the problem alone), improve, fix, crossover.
+"""Chat prompts for the LLM writer: write (from the problem alone), improve, fix, crossover;
+and the agent operator's opening (a parent to improve with tools: compile, verify, time,
+submit).
 
 Every prompt states the problem exactly (signature, calling convention, shapes,
 tolerances), shows the source it starts from, and lists the lessons the history holds.
@@ -56,6 +58,28 @@ Answer with exactly one complete C source file in a single ```c fenced block, de
     {{ signature }}
 with external linkage. No main() and no I/O. No global, static or thread-local variables \
 (constant tables are fine): each call starts from its arguments alone."""
+
+_AGENT_SYSTEM = """\
+You are an expert performance engineer who improves compute kernels in C, step by step, \
+with tools.
+{% if llm_brief -%}
+{{ llm_brief }}
+{%- else -%}
+Kernels target {{ target }}.
+{%- endif %}
+Flags: pass them as the tools' `flags` argument (the parent's by default; the target's \
+default is `{{ default_flags }}`).
+Every submitted kernel is verified element by element against a float64 reference on fresh \
+inputs from several distributions and on shapes that are not multiples of any tile; NaN \
+never passes, inputs must stay unchanged, and every output element must be written. Only \
+then is it timed. A kernel defines
+    {{ signature }}
+with external linkage. No main() and no I/O. No global, static or thread-local variables \
+(constant tables are fine).
+Tools: `read_lineage` and `read_lessons` tell what is known; `compile` runs the compile \
+and static checks; `verify` checks the kernel at small shapes; `time` times a few calls at \
+the timed shape (advice only: the swarm times it again); `submit` hands the final kernel \
+in and ends your turn. You have at most {{ max_steps }} replies."""
 
 _PROBLEM = """\
 ## Problem: {{ problem.name }}
@@ -194,10 +218,29 @@ class HostCeilings:
     peak_gflops: float
 
 
+_AGENT = (
+    _PROBLEM
+    + """
+## The kernel to improve (flags: `{{ parent_flags }}`)
+```c
+{{ parent_source }}
+```
+
+"""
+    + _LESSONS
+    + """
+## Task
+Make this kernel faster while keeping it correct within the tolerance. Edit it, compile \
+it, verify it and time it with the tools, repair what fails, then submit the full source.
+"""
+)
+
 _ENV = jinja2.Environment(
     loader=jinja2.DictLoader(
         {
             "system": _SYSTEM,
+            "agent_system": _AGENT_SYSTEM,
+            "agent": _AGENT,
             "write": _WRITE,
             "improve": _IMPROVE,
             "fix": _FIX,
@@ -239,7 +282,12 @@ def _evidence_items(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def _messages(
-    name: str, problem: Problem, target: str, dtype: str, **context: Any
+    name: str,
+    problem: Problem,
+    target: str,
+    dtype: str,
+    system_name: str = "system",
+    **context: Any,
 ) -> list[dict[str, str]]:
     signature = problem.c_signature(dtype)
     device = target_of(target)
@@ -257,7 +305,7 @@ def _messages(
         if problem.error_scale is None
         else "a per-element magnitude the problem defines (see its description)",
     }
-    system = _ENV.get_template("system").render(**common)
+    system = _ENV.get_template(system_name).render(**common, **context)
     user = _ENV.get_template(name).render(**common, **context)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -357,4 +405,28 @@ def crossover(
         source_a=cap(source_a.rstrip(), MAX_SOURCE_CHARS // 2),
         source_b=cap(source_b.rstrip(), MAX_SOURCE_CHARS // 2),
         lessons=_lessons(lessons),
+    )
+
+
+def agent(
+    problem: Problem,
+    parent_source: str,
+    parent_flags: Sequence[str],
+    lessons: Sequence[str],
+    *,
+    max_steps: int,
+    target: str = "cpu",
+    dtype: str = "fp32",
+) -> list[dict[str, str]]:
+    """The agent operator's opening: the problem, the parent to improve and the lessons."""
+    return _messages(
+        "agent",
+        problem,
+        target,
+        dtype,
+        system_name="agent_system",
+        parent_source=cap(parent_source.rstrip(), MAX_SOURCE_CHARS),
+        parent_flags=" ".join(parent_flags),
+        lessons=_lessons(lessons),
+        max_steps=max_steps,
     )

@@ -15,17 +15,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from actors.campaign.campaign_file import Agent, Writer
-from actors.roles.kernel_writer import agent_step_fields
+from actors.roles.kernel_writer import agent_step_fields, decide_agent
+from actors.runtime import Reactions
 from actors.search.agent.loop import TrailItem
 from actors.search.agent.operator import FAILED, AgentOperator, outcome, recorded_outcome
-from actors.search.lineage import context_for
+from actors.search.lineage import EVOLVE_TEMPLATE, context_for
 from actors.search.operators.protocol import ParentKernel, Refusal, Variation
+from actors.search.strategy import Filled, Planned
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
-from eventstore.events import AgentStep
+from eventstore.events import AgentStep, KernelWritten
 from eventstore.store import Recorded
 from kernels.loading import load_problem
 from tests.evolve_history import ACTOR, SEED, Log
@@ -261,3 +264,57 @@ def test_the_agent_steps_view_shows_the_trail(tmp_path: Path) -> None:
          "REJECTED at compile: compile_error", [], None),
         ("evolve-test:g1:c0", 1, "gave_up", "", "", "", [], None),
     ]  # fmt: skip
+
+
+def test_a_redelivered_proposal_emits_the_recorded_trail_again_and_asks_nothing(
+    tmp_path: Path,
+) -> None:
+    script = [
+        ToolCalls((("compile", {"source": FIXED}),)),
+        ToolCalls((("submit", {"source": FIXED}),)),
+    ]
+    with FakeOpenAI(script) as server:
+        log = Log(tmp_path, writer=_writer(server.base_url))
+        seed = log.timed_seed()
+        (proposal,) = log.propose(
+            1, [Planned(EVOLVE_TEMPLATE, {"attempt": 0}, "agent-key", "agent", [seed])]
+        )
+        context = context_for(log.spec)
+        first = Reactions(proposal, ACTOR)
+        asyncio.run(decide_agent(log.history, proposal, first, log.spec, context, []))
+        assert len(server.requests) == 2
+        trail = [e for e in first.events if isinstance(e, AgentStep)]
+        again = Reactions(proposal, ACTOR)
+        asyncio.run(decide_agent(log.history, proposal, again, log.spec, context, trail))
+        assert len(server.requests) == 2  # the endpoint was not asked again
+    assert [e.type for e in first.events] == ["AgentStep"] * 4 + ["KernelWritten"]
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    assert [msgspec.structs.replace(e, ts=when) for e in again.events] == [
+        msgspec.structs.replace(e, ts=when) for e in first.events
+    ]
+    written = first.events[-1]
+    assert isinstance(written, KernelWritten)
+    assert (written.writer, written.operator, written.source) == ("agent", "agent", FIXED)
+    assert written.parents == [seed] and "/* fixed */" in written.diff
+
+
+def test_the_agent_is_an_arm_only_where_the_writer_has_an_endpoint(tmp_path: Path) -> None:
+    (tmp_path / "offline").mkdir()
+    (tmp_path / "online").mkdir()
+    offline = Log(tmp_path / "offline")
+    offline.timed_seed()
+    without = offline.fill(1)
+    assert isinstance(without, Filled)
+    assert "agent" not in [p.operator for p in without.candidates]
+
+    online = Log(tmp_path / "online", writer=_writer("http://127.0.0.1:9/v1"))
+    seed = online.timed_seed()
+    filled = online.fill(1)
+    assert isinstance(filled, Filled)
+    operators = [p.operator for p in filled.candidates]
+    assert operators[0] == "agent" and operators.count("agent") == 1  # tried first, once
+    agent = filled.candidates[0]
+    assert (agent.params, agent.parents) == ({"attempt": 0}, [seed])
+    assert [p.param_key for p in filled.candidates[1:]] == [
+        p.param_key for p in without.candidates[:3]
+    ]  # the offline operators fill the other slots as they would without the agent

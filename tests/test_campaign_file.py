@@ -26,6 +26,14 @@ DEMO = Path(__file__).parent.parent / "campaigns" / "demo.toml"
         ("[search]\nper_generation = -1", "search.per_generation = -1: must be at least 1"),
         ("[writer]\nattempts = 0", "writer: timeout_s must be > 0, attempts >= 1"),
         ('[writer]\nkind = "genetic"', "Invalid enum value 'genetic' - at `$.writer.kind`"),
+        ("[writer.agent]\nmax_steps = 0", "writer.agent: max_steps and max_tokens must be at"),
+        ("[writer.agent]\nmax_tokens = -5", "writer.agent: max_steps and max_tokens must be at"),
+        ('[writer.agent]\nwall_time = "later"', "writer.agent.wall_time 'later' is not a dura"),
+        ('[writer.agent]\nwall_time = "0m"', "writer.agent.wall_time '0m' must be longer"),
+        (
+            "[writer.agent]\nsteps = 3",
+            "Object contains unknown field `steps` - at `$.writer.agent`",
+        ),
     ],
 )
 def test_a_bad_field_is_refused_at_load_in_one_line(
@@ -37,6 +45,25 @@ def test_a_bad_field_is_refused_at_load_in_one_line(
         load_campaign(path)
     assert message in str(caught.value) and str(path) in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_the_agents_bounds_have_defaults_and_are_read_from_writer_agent(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('problem = "softmax"\n')
+    default = load_campaign(path).writer
+    assert not default.has_endpoint
+    assert (default.agent.max_steps, default.agent.wall_seconds()) == (12, 600)
+    path.write_text(
+        'problem = "softmax"\n[writer]\nkind = "evolve"\nbase_url = "http://127.0.0.1:8000/v1"\n'
+        'model = "m"\n[writer.agent]\nmax_steps = 5\nmax_tokens = 9000\nwall_time = "90s"\n'
+    )
+    writer = load_campaign(path).writer
+    assert writer.has_endpoint
+    assert (writer.agent.max_steps, writer.agent.max_tokens, writer.agent.wall_seconds()) == (
+        5,
+        9000,
+        90,
+    )
 
 
 def test_flags_override_the_file() -> None:

@@ -14,7 +14,8 @@ exact source was settled before in the same dedupe scope is not evaluated again:
 writer records CandidateDeduplicated instead.
 
 The decisions (`decide_written`, `decide_template`, `decide_fusion`, `decide_operator`,
-`variation_prompt`, `decide_reply`) are functions of the history and the event;
+`variation_prompt`, `decide_reply`) are functions of the history and the event
+(`decide_agent` also of the recorded trail, and it runs the agent when that has no end);
 `KernelWriter.handle` does the I/O around them: catching up with the store, the
 librarian's lessons, the LLM.
 """
@@ -279,6 +280,39 @@ def decide_reply(
     decide_written(history, event, out, Kernel(kernel.source, flags, "llm", event.params))
 
 
+async def decide_agent(
+    history: History,
+    event: CandidateProposed,
+    out: Reactions,
+    spec: CampaignSpec,
+    context: Context,
+    trail: list[AgentStep],
+) -> None:
+    """The agent operator's variation, every item of its trail an AgentStep, its child
+    written as the agent's (or its give-up the write stage's rejection). A `trail` recorded
+    by an earlier delivery that has an end is emitted again as it was (so with the same
+    event ids) and that end is reused: the endpoint is not asked again."""
+    # Imported here: openai takes ~0.4 s to import, and only agent campaigns need it.
+    from actors.search.agent.operator import AgentOperator, outcome, recorded_outcome
+
+    parents = recorded_parents(history, event)
+    ended = recorded_outcome(trail, parents[0].flags)
+    if ended is not None:
+        for step in trail:
+            out.emit(AgentStep, **agent_step_fields(step), **event.work())
+        child = outcome(parents, event.params, ended)
+    else:
+        problem = await asyncio.to_thread(load_problem, event.problem)
+        shape = dict(zip(problem.dims, spec.shapes[0], strict=True)) if spec.shapes else None
+
+        def record(item: TrailItem) -> None:
+            out.emit(AgentStep, **agent_step_fields(item), **event.work())
+
+        agent = AgentOperator(spec.writer, problem, event.dtype, shape, record)
+        child = await agent.apply(parents, event.params, context)
+    decide_child(history, event, out, child, AGENT)
+
+
 def agent_step_fields(item: TrailItem | AgentStep) -> dict[str, Any]:
     """An AgentStep's own fields, from a trail item or a recorded step."""
     return {
@@ -340,41 +374,10 @@ class KernelWriter(Actor):
         lessons = [x.statement for x in await ask_lessons(self._nc, event.campaign_id)]
         context = await asyncio.to_thread(context_for, campaign.spec, lessons)
         if event.operator == AGENT:
-            await self._run_agent(history, event, out, campaign.spec, context)
+            trail = await self._recorded_trail(event)
+            await decide_agent(history, event, out, campaign.spec, context, trail)
         else:
             decide_operator(history, event, out, context)
-
-    async def _run_agent(
-        self,
-        history: History,
-        event: CandidateProposed,
-        out: Reactions,
-        spec: CampaignSpec,
-        context: Context,
-    ) -> None:
-        """The agent operator's variation, every item of its trail an AgentStep; a trail
-        recorded by an earlier delivery is emitted again as it was (the same event ids)
-        and its end reused: the endpoint is not asked again."""
-        # Imported here: openai takes ~0.4 s to import, and only agent campaigns need it.
-        from actors.search.agent.operator import AgentOperator, outcome, recorded_outcome
-
-        parents = recorded_parents(history, event)
-        trail = await self._recorded_trail(event)
-        ended = recorded_outcome(trail, parents[0].flags)
-        if ended is not None:
-            for step in trail:
-                out.emit(AgentStep, **agent_step_fields(step), **event.work())
-            child = outcome(parents, event.params, ended)
-        else:
-            problem = await asyncio.to_thread(load_problem, event.problem)
-            shape = dict(zip(problem.dims, spec.shapes[0], strict=True)) if spec.shapes else None
-
-            def record(item: TrailItem) -> None:
-                out.emit(AgentStep, **agent_step_fields(item), **event.work())
-
-            agent = AgentOperator(spec.writer, problem, event.dtype, shape, record)
-            child = await agent.apply(parents, event.params, context)
-        decide_child(history, event, out, child, AGENT)
 
     async def _recorded_trail(self, event: CandidateProposed) -> list[AgentStep]:
         """The AgentSteps recorded for this candidate by an earlier delivery, in order."""

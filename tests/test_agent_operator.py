@@ -13,15 +13,15 @@ import socket
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
 import pytest
 
 from actors.campaign.campaign_file import Agent, Writer
-from actors.roles.kernel_writer import agent_step_fields, decide_agent
+from actors.roles.kernel_writer import decide_agent
 from actors.runtime import Reactions
-from actors.search.agent.loop import TrailItem
 from actors.search.agent.operator import FAILED, AgentOperator, outcome, recorded_outcome
 from actors.search.lineage import EVOLVE_TEMPLATE, context_for
 from actors.search.operators.protocol import ParentKernel, Refusal, Variation
@@ -53,14 +53,34 @@ def _writer(base_url: str, **agent: Any) -> Writer:
     )
 
 
+class Item(SimpleNamespace):
+    """One item of the trail as the agent recorded it (an AgentStep's own fields)."""
+
+    step: int
+    kind: str
+    content: str
+    tool: str
+    arguments: str
+    result: str
+    tool_calls: list[str]
+    usage: dict[str, int]
+
+
+BLANK: dict[str, Any] = {"content": "", "tool": "", "arguments": "", "result": ""}
+
+
 def _vary(
     tmp_path: Path, writer: Writer, lessons: tuple[str, ...] = ()
-) -> tuple[Variation | Refusal, list[TrailItem]]:
+) -> tuple[Variation | Refusal, list[Item]]:
     log = Log(tmp_path)
     problem = load_problem(log.spec.problem)
     parent = ParentKernel(PARENT_ID, SEED, ("-O3",))
-    trail: list[TrailItem] = []
-    operator = AgentOperator(writer, problem, "fp32", SHAPE, trail.append)
+    trail: list[Item] = []
+
+    def record(**item: Any) -> None:
+        trail.append(Item(**{**BLANK, "tool_calls": [], "usage": {}, **item}))
+
+    operator = AgentOperator(writer, problem, "fp32", SHAPE, record)
     context = replace(context_for(log.spec), lessons=lessons)
     child = asyncio.run(operator.apply([parent], {"attempt": 0}, context))
     return child, trail
@@ -127,7 +147,7 @@ def test_the_agent_repairs_a_compile_error_then_verifies_times_and_submits(
         (6, "tool", "submit"),
     ]
     assert trail[4].result == compile_error and trail[-1].result == "submitted"
-    assert trail[-2].content == "Fixed the loop start." and trail[-2].tool_calls == ("submit",)
+    assert trail[-2].content == "Fixed the loop start." and trail[-2].tool_calls == ["submit"]
     assert trail[0].usage == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
     assert json.loads(trail[-1].arguments) == {"source": FIXED}
 
@@ -138,7 +158,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _gave_up(child: Variation | Refusal, trail: list[TrailItem], cause: str) -> str:
+def _gave_up(child: Variation | Refusal, trail: list[Item], cause: str) -> str:
     assert isinstance(child, Refusal), child
     assert (child.operator, child.reason) == ("agent", FAILED)
     assert child.message.startswith(f"{cause}: ")
@@ -209,7 +229,7 @@ def test_the_token_bound_ends_the_variation(tmp_path: Path) -> None:
     assert "no submission within 1000 tokens (1100 used)" in _gave_up(child, trail, "max_tokens")
 
 
-def _steps(trail: list[TrailItem], candidate: str = "evolve-test:g1:c0") -> list[AgentStep]:
+def _steps(trail: list[Any], candidate: str = "evolve-test:g1:c0") -> list[AgentStep]:
     return [
         AgentStep(
             event_id=f"s{n}",
@@ -220,7 +240,7 @@ def _steps(trail: list[TrailItem], candidate: str = "evolve-test:g1:c0") -> list
             target="cpu",
             candidate_id=candidate,
             generation=1,
-            **agent_step_fields(item),
+            **vars(item),
         )
         for n, item in enumerate(trail)
     ]
@@ -243,10 +263,11 @@ def test_a_recorded_trail_gives_the_same_child_without_the_endpoint(tmp_path: Pa
 
 def test_the_agent_steps_view_shows_the_trail(tmp_path: Path) -> None:
     trail = [
-        TrailItem(1, "reply", "try", tool_calls=("compile",), usage={"total_tokens": 30}),
-        TrailItem(1, "tool", tool="compile", call_id="c1", arguments='{"source": "x"}',
-                  result="REJECTED at compile: compile_error", latency_s=0.2),
-        TrailItem(1, "gave_up", "max_steps: no submission within 1 replies"),
+        Item(step=1, kind="reply", content="try", tool_calls=["compile"],
+             usage={"total_tokens": 30}),
+        Item(step=1, kind="tool", tool="compile", call_id="c1", arguments='{"source": "x"}',
+             result="REJECTED at compile: compile_error", latency_s=0.2),
+        Item(step=1, kind="gave_up", content="max_steps: no submission within 1 replies"),
     ]  # fmt: skip
     events = _steps(trail)
     store = DuckDBEventStore(tmp_path / "events.duckdb")

@@ -23,8 +23,9 @@ librarian's lessons, the LLM.
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from actors.campaign.campaign_file import CampaignSpec, Writer
 from actors.campaign.history import Candidate, History
@@ -62,9 +63,6 @@ from kernels.loading import load_problem
 from kernels.spec import Problem
 from kernels.templates import TEMPLATES
 from kernels.user_spaces import SpaceError
-
-if TYPE_CHECKING:  # the agent's modules import openai (~0.4 s): only agent campaigns need it
-    from actors.search.agent.loop import TrailItem
 
 
 @dataclass(frozen=True)
@@ -305,29 +303,16 @@ async def decide_agent(
         problem = await asyncio.to_thread(load_problem, event.problem)
         shape = dict(zip(problem.dims, spec.shapes[0], strict=True)) if spec.shapes else None
 
-        def record(item: TrailItem) -> None:
-            out.emit(AgentStep, **agent_step_fields(item), **event.work())
-
+        record = functools.partial(out.emit, AgentStep, **event.work())
         agent = AgentOperator(spec.writer, problem, event.dtype, shape, record)
         child = await agent.apply(parents, event.params, context)
     decide_child(history, event, out, child, AGENT)
 
 
-def agent_step_fields(item: TrailItem | AgentStep) -> dict[str, Any]:
-    """An AgentStep's own fields, from a trail item or a recorded step."""
-    return {
-        "step": item.step,
-        "kind": item.kind,
-        "content": item.content,
-        "tool": item.tool,
-        "call_id": item.call_id,
-        "arguments": item.arguments,
-        "result": item.result,
-        "tool_calls": list(item.tool_calls),
-        "usage": dict(item.usage),
-        "latency_s": item.latency_s,
-        "model": item.model,
-    }
+def agent_step_fields(step: AgentStep) -> dict[str, Any]:
+    """A recorded AgentStep's own fields (not the envelope, not the work's)."""
+    shared = set(Event.__struct_fields__) | set(step.work())
+    return {name: getattr(step, name) for name in AgentStep.__struct_fields__ if name not in shared}
 
 
 # --- the actor: I/O at the edges --------------------------------------------------------
@@ -415,14 +400,7 @@ class KernelWriter(Actor):
         # Imported here: openai takes ~0.4 s to import, and only LLM campaigns need it.
         from actors.search.llm.client import LlmClient, LlmConfig, LlmConfigError, LlmFailed
 
-        config = LlmConfig(
-            base_url=writer.base_url or "",
-            model=writer.model or "",
-            api_key_env=writer.api_key_env,
-            timeout_s=writer.timeout_s,
-            max_attempts=writer.attempts,
-            backoff_base_s=writer.backoff_s,
-        )
+        config = LlmConfig.of(writer)
         exchange: dict[str, Any] = {
             **event.work(),
             "operator": event.operator,

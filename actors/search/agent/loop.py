@@ -5,12 +5,13 @@ Each turn is one chat completion with the tools offered (`tools.TOOLS`); each of
 calls runs (the readers at once, the others in a thread: they compile and run in the
 sandbox) and is answered with a `role: "tool"` message of bounded text. A reply without
 tool calls is answered with a reminder to use them. Every reply, tool call and give-up is
-handed to `record` as a `TrailItem` as it happens, so the caller records the whole trail.
+handed to `record` as it happens (its keyword arguments are an AgentStep's own fields), so
+the caller records the whole trail.
 
 It ends with the `Draft` the agent submitted, or `GaveUp` with a reason: the endpoint
 failed (down, slow beyond `timeout_s` on every attempt, a reply that is not a chat
 completion), a tool the agent called does not exist or got arguments it cannot take, or
-a bound was reached (`Bounds`: replies, tokens, wall time).
+a bound was reached (`[writer.agent]`: replies, tokens, wall time).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from actors.campaign.campaign_file import Agent
 from actors.search.agent.tools import (
     MAX_ARGUMENT_CHARS,
     READ_LESSONS,
@@ -42,32 +44,6 @@ NUDGE = "Use the tools: compile, verify and time your kernel, then call submit w
 
 
 @dataclass(frozen=True)
-class Bounds:
-    """What one variation may spend."""
-
-    max_steps: int
-    max_tokens: int
-    wall_seconds: float
-
-
-@dataclass(frozen=True)
-class TrailItem:
-    """One item of the trail (an `AgentStep` event's payload)."""
-
-    step: int
-    kind: str  # reply | tool | gave_up
-    content: str = ""
-    tool: str = ""
-    call_id: str = ""
-    arguments: str = ""
-    result: str = ""
-    tool_calls: tuple[str, ...] = ()
-    usage: Mapping[str, int] = field(default_factory=dict)
-    latency_s: float = 0.0
-    model: str = ""
-
-
-@dataclass(frozen=True)
 class GaveUp:
     """Why the variation ended without a submission: a cause code and a message."""
 
@@ -80,7 +56,10 @@ class GaveUp:
         return f"{self.cause}: {self.message}"
 
 
-Record = Callable[[TrailItem], None]
+Record = Callable[..., object]
+"""Takes one item of the trail as keyword arguments: an AgentStep's own fields (`step`,
+`kind`: reply | tool | gave_up, `content`, `tool`, `call_id`, `arguments`, `result`,
+`tool_calls`, `usage`, `latency_s`, `model`)."""
 
 
 class _Stop(Exception):
@@ -93,24 +72,24 @@ async def run_agent(
     client: LlmClient,
     opening: Sequence[Mapping[str, Any]],
     bench: Workbench,
-    bounds: Bounds,
+    bounds: Agent,
     record: Record,
 ) -> Draft | GaveUp:
     """The loop (see the module); `opening` is the system and user messages."""
     messages: list[Mapping[str, Any]] = list(opening)
     state = _State()
     try:
-        async with asyncio.timeout(bounds.wall_seconds):
+        async with asyncio.timeout(bounds.wall_seconds()):
             return await _turns(client, messages, bench, bounds, record, state)
     except TimeoutError:
         ended = GaveUp(
             "wall_time",
-            f"no submission within the wall time of {bounds.wall_seconds:g} s "
+            f"no submission within the wall time of {bounds.wall_seconds():g} s "
             f"({state.steps} replies)",
         )
     except _Stop as stop:
         ended = stop.gave_up
-    record(TrailItem(step=state.steps, kind="gave_up", content=ended.text))
+    record(step=state.steps, kind="gave_up", content=ended.text)
     return ended
 
 
@@ -124,7 +103,7 @@ async def _turns(
     client: LlmClient,
     messages: list[Mapping[str, Any]],
     bench: Workbench,
-    bounds: Bounds,
+    bounds: Agent,
     record: Record,
     state: _State,
 ) -> Draft:
@@ -133,15 +112,13 @@ async def _turns(
         reply = await _ask(client, messages)
         state.tokens += _tokens(reply)
         record(
-            TrailItem(
-                step=state.steps,
-                kind="reply",
-                content=bounded(reply.text, MAX_TEXT_CHARS),
-                tool_calls=tuple(c.name for c in reply.tool_calls),
-                usage=dict(reply.usage),
-                latency_s=reply.latency_s,
-                model=reply.model,
-            )
+            step=state.steps,
+            kind="reply",
+            content=bounded(reply.text, MAX_TEXT_CHARS),
+            tool_calls=[c.name for c in reply.tool_calls],
+            usage=dict(reply.usage),
+            latency_s=reply.latency_s,
+            model=reply.model,
         )
         if not reply.tool_calls:
             messages += [{"role": "assistant", "content": reply.text}, _user(NUDGE)]
@@ -186,15 +163,13 @@ async def _call(
 
     def done(result: str) -> None:
         record(
-            TrailItem(
-                step=step,
-                kind="tool",
-                tool=call.name,
-                call_id=call.id,
-                arguments=arguments,
-                result=result,
-                latency_s=time.monotonic() - started,
-            )
+            step=step,
+            kind="tool",
+            tool=call.name,
+            call_id=call.id,
+            arguments=arguments,
+            result=result,
+            latency_s=time.monotonic() - started,
         )
         messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
 

@@ -3,7 +3,7 @@ chat API with tool calls: it reads the parent's lineage and the lessons, edits t
 compiles, verifies and times it, repairs it, and submits a child.
 
 It is an `AsyncVariationOperator`: one more operator name to the planner and its bandit,
-awaited by the kernel writer, which records its trail (`TrailItem`s, as AgentStep events).
+awaited by the kernel writer, which records each item of its trail as an AgentStep event.
 Its child is a `Variation` like any other (operator "agent", the parent, the diff against
 it) and goes through the same verifier and benchmarker; a variation that ends without a
 submission is a `Refusal` (`agent_failed`) with the cause. `recorded_outcome` reads the
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from actors.campaign.campaign_file import Writer
-from actors.search.agent.loop import Bounds, GaveUp, Record, TrailItem, run_agent
+from actors.search.agent.loop import GaveUp, Record, run_agent
 from actors.search.agent.tools import SUBMIT, BadArguments, Draft, Workbench, parse_draft
 from actors.search.llm import prompts
 from actors.search.llm.client import LlmClient, LlmConfig, LlmConfigError
@@ -66,8 +66,7 @@ class AgentOperator:
         if len(parents) != 1:
             return Refusal(AGENT, "arity", f"the agent takes 1 parent, not {len(parents)}")
         parent = parents[0]
-        agent = self.writer.agent
-        bounds = Bounds(agent.max_steps, agent.max_tokens, agent.wall_seconds())
+        bounds = self.writer.agent
         bench = Workbench(
             self.problem, context.target, self.dtype, self.shape, parent, context.lessons
         )
@@ -76,30 +75,19 @@ class AgentOperator:
             parent.source,
             parent.flags,
             context.lessons,
-            max_steps=agent.max_steps,
+            max_steps=bounds.max_steps,
             target=context.target,
             dtype=self.dtype,
         )
         try:
-            client = LlmClient(self._config())
+            client = LlmClient(LlmConfig.of(self.writer))
         except LlmConfigError as exc:
             gave_up = GaveUp("config", str(exc))
-            self.record(TrailItem(step=0, kind="gave_up", content=gave_up.text))
+            self.record(step=0, kind="gave_up", content=gave_up.text)
             return outcome(parents, params, gave_up)
         async with client:
             ended = await run_agent(client, opening, bench, bounds, self.record)
         return outcome(parents, params, ended)
-
-    def _config(self) -> LlmConfig:
-        w = self.writer
-        return LlmConfig(
-            base_url=w.base_url or "",
-            model=w.model or "",
-            api_key_env=w.api_key_env,
-            timeout_s=w.timeout_s,
-            max_attempts=w.attempts,
-            backoff_base_s=w.backoff_s,
-        )
 
 
 def outcome(

@@ -30,6 +30,8 @@ from openai.types.chat import (
     ChatCompletionUserMessageParam,
 )
 
+from actors.campaign.campaign_file import Writer
+
 LOCAL_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 LOCAL_PLACEHOLDER_KEY: Final = "kfactory-local-no-key"
 """Sent to a local endpoint when no key is configured; local servers ignore it."""
@@ -67,6 +69,18 @@ class LlmConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Each wait is stretched by a random fraction in [0, jitter)."""
     temperature: float | None = None
     max_tokens: int | None = None
+
+    @classmethod
+    def of(cls, writer: Writer) -> LlmConfig:
+        """The campaign's `[writer]` endpoint and its patience."""
+        return cls(
+            base_url=writer.base_url or "",
+            model=writer.model or "",
+            api_key_env=writer.api_key_env,
+            timeout_s=writer.timeout_s,
+            max_attempts=writer.attempts,
+            backoff_base_s=writer.backoff_s,
+        )
 
 
 class ToolCall(msgspec.Struct, frozen=True):

@@ -41,45 +41,54 @@ class RejectionEvidence:
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
 
-_SYSTEM = """\
-You are an expert performance engineer who writes fast, correct compute kernels in C.
+_BRIEF = """
 {% if llm_brief -%}
 {{ llm_brief }}
 {%- else -%}
 Kernels target {{ target }}.
 {%- endif %}
-Flags: the default is `{{ default_flags }}`. To choose others, make the first line of the \
-source `// kfactory-flags: <flags>`.
-Every kernel is verified element by element against a float64 reference on fresh inputs \
+"""
+_JUDGED = """\
+verified element by element against a float64 reference on fresh inputs \
 from several distributions (normal, uniform, large magnitude ~1e4, tiny ~1e-15, exact ties) \
 and on shapes that are not multiples of any tile; NaN never passes, inputs must stay \
 unchanged, and every output element must be written. Only then is it timed.
-Answer with exactly one complete C source file in a single ```c fenced block, defining
+"""
+_LINKAGE = """
     {{ signature }}
 with external linkage. No main() and no I/O. No global, static or thread-local variables \
-(constant tables are fine): each call starts from its arguments alone."""
+(constant tables are fine)"""
 
-_AGENT_SYSTEM = """\
-You are an expert performance engineer who improves compute kernels in C, step by step, \
-with tools.
-{% if llm_brief -%}
-{{ llm_brief }}
-{%- else -%}
-Kernels target {{ target }}.
-{%- endif %}
+_SYSTEM = (
+    "You are an expert performance engineer who writes fast, correct compute kernels in C."
+    + _BRIEF
+    + """\
+Flags: the default is `{{ default_flags }}`. To choose others, make the first line of the \
+source `// kfactory-flags: <flags>`.
+Every kernel is """
+    + _JUDGED
+    + "Answer with exactly one complete C source file in a single ```c fenced block, defining"
+    + _LINKAGE
+    + ": each call starts from its arguments alone."
+)
+
+_AGENT_SYSTEM = (
+    "You are an expert performance engineer who improves compute kernels in C, step by step, "
+    "with tools."
+    + _BRIEF
+    + """\
 Flags: pass them as the tools' `flags` argument (the parent's by default; the target's \
 default is `{{ default_flags }}`).
-Every submitted kernel is verified element by element against a float64 reference on fresh \
-inputs from several distributions and on shapes that are not multiples of any tile; NaN \
-never passes, inputs must stay unchanged, and every output element must be written. Only \
-then is it timed. A kernel defines
-    {{ signature }}
-with external linkage. No main() and no I/O. No global, static or thread-local variables \
-(constant tables are fine).
+Every submitted kernel is """
+    + _JUDGED
+    + "A kernel defines"
+    + _LINKAGE
+    + """.
 Tools: `read_lineage` and `read_lessons` tell what is known; `compile` runs the compile \
 and static checks; `verify` checks the kernel at small shapes; `time` times a few calls at \
 the timed shape (advice only: the swarm times it again); `submit` hands the final kernel \
 in and ends your turn. You have at most {{ max_steps }} replies."""
+)
 
 _PROBLEM = """\
 ## Problem: {{ problem.name }}
@@ -110,21 +119,31 @@ _LESSONS = """\
 (none yet)
 {% endfor %}"""
 
-_IMPROVE = (
-    _PROBLEM
-    + """
-## The current kernel (verified)
+
+def _from_parent(heading: str, task: str) -> str:
+    """A prompt that shows the problem, one parent kernel under `heading`, the lessons and
+    the task."""
+    return (
+        _PROBLEM
+        + f"""
+## {heading}
 ```c
-{{ parent_source }}
+{{{{ parent_source }}}}
 ```
 
 """
-    + _LESSONS
-    + """
+        + _LESSONS
+        + f"""
 ## Task
-Write a faster kernel for this problem. Keep it exactly correct within the tolerance. \
+{task}"""
+    )
+
+
+_IMPROVE = _from_parent(
+    "The current kernel (verified)",
+    """Write a faster kernel for this problem. Keep it exactly correct within the tolerance. \
 Explain your idea in at most three sentences, then give the full source.
-"""
+""",
 )
 
 _FIX = (
@@ -218,21 +237,11 @@ class HostCeilings:
     peak_gflops: float
 
 
-_AGENT = (
-    _PROBLEM
-    + """
-## The kernel to improve (flags: `{{ parent_flags }}`)
-```c
-{{ parent_source }}
-```
-
-"""
-    + _LESSONS
-    + """
-## Task
-Make this kernel faster while keeping it correct within the tolerance. Edit it, compile \
+_AGENT = _from_parent(
+    "The kernel to improve (flags: `{{ parent_flags }}`)",
+    """Make this kernel faster while keeping it correct within the tolerance. Edit it, compile \
 it, verify it and time it with the tools, repair what fails, then submit the full source.
-"""
+""",
 )
 
 _ENV = jinja2.Environment(

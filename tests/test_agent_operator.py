@@ -8,8 +8,10 @@ each ending the variation with its cause; the trail read back for a redelivery; 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,7 +72,7 @@ BLANK: dict[str, Any] = {"content": "", "tool": "", "arguments": "", "result": "
 
 
 def _vary(
-    tmp_path: Path, writer: Writer, lessons: tuple[str, ...] = ()
+    tmp_path: Path, writer: Writer, lessons: tuple[str, ...] = (), held: list[str] | None = None
 ) -> tuple[Variation | Refusal, list[Item]]:
     log = Log(tmp_path)
     problem = load_problem(log.spec.problem)
@@ -80,7 +82,13 @@ def _vary(
     def record(**item: Any) -> None:
         trail.append(Item(**{**BLANK, "tool_calls": [], "usage": {}, **item}))
 
-    operator = AgentOperator(writer, problem, "fp32", SHAPE, record)
+    @contextlib.asynccontextmanager
+    async def hold() -> AsyncIterator[None]:
+        if held is not None:
+            held.append(f"held at {len(trail)}")
+        yield
+
+    operator = AgentOperator(writer, problem, "fp32", SHAPE, record, hold)
     context = replace(context_for(log.spec), lessons=lessons)
     child = asyncio.run(operator.apply([parent], {"attempt": 0}, context))
     return child, trail
@@ -101,8 +109,9 @@ def test_the_agent_repairs_a_compile_error_then_verifies_times_and_submits(
         ToolCalls((("time", {"source": FIXED}),)),
         ToolCalls((("submit", {"source": FIXED}),), text="Fixed the loop start."),
     ]
+    held: list[str] = []
     with FakeOpenAI(script) as server:
-        child, trail = _vary(tmp_path, _writer(server.base_url), ("halving pays",))
+        child, trail = _vary(tmp_path, _writer(server.base_url), ("halving pays",), held)
         requests = list(server.requests)
 
     assert isinstance(child, Variation), child
@@ -146,6 +155,9 @@ def test_the_agent_repairs_a_compile_error_then_verifies_times_and_submits(
         (6, "reply", ""),
         (6, "tool", "submit"),
     ]
+    # compile, compile, verify and time ran holding a share of the device; readers and
+    # the submission did not
+    assert held == ["held at 4", "held at 6", "held at 8", "held at 10"]
     assert trail[4].result == compile_error and trail[-1].result == "submitted"
     assert trail[-2].content == "Fixed the loop start." and trail[-2].tool_calls == ["submit"]
     assert trail[0].usage == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}

@@ -23,9 +23,10 @@ librarian's lessons, the LLM.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.campaign.campaign_file import CampaignSpec, Writer
 from actors.campaign.history import Candidate, History
@@ -40,7 +41,8 @@ from actors.search.operators.protocol import Context, ParentKernel, Refusal, Var
 from actors.search.operators.registry import AGENT, OPERATORS
 from actors.search.spaces import template_named
 from actors.search.variation import LLM_TEMPLATE, WRITE
-from bus.connection import Client
+from bus.connection import Client, jetstream
+from bus.device_lease import DeviceLeases, device_key
 from eventstore.events import (
     MAX_DIFF_CHARS,
     ActorRef,
@@ -55,7 +57,7 @@ from eventstore.events import (
     LlmExchanged,
 )
 from eventstore.queries import replay
-from gpu_workers.targets import target_of
+from gpu_workers.targets import target_of, worker_device_index
 from kernels.design_space import InvalidParams, Template
 from kernels.fusion.plan import plan as fusion_plan
 from kernels.identity import source_hash
@@ -63,6 +65,9 @@ from kernels.loading import load_problem
 from kernels.spec import Problem
 from kernels.templates import TEMPLATES
 from kernels.user_spaces import SpaceError
+
+if TYPE_CHECKING:  # the agent's modules import openai (~0.4 s): only agent campaigns need it
+    from actors.search.agent.loop import Hold
 
 
 @dataclass(frozen=True)
@@ -285,8 +290,10 @@ async def decide_agent(
     spec: CampaignSpec,
     context: Context,
     trail: list[AgentStep],
+    hold: Hold | None = None,
 ) -> None:
-    """The agent operator's variation, every item of its trail an AgentStep, its child
+    """The agent operator's variation (its tools run while `hold` holds a share of the
+    device; None: no device is shared), every item of its trail an AgentStep, its child
     written as the agent's (or its give-up the write stage's rejection). A `trail` recorded
     by an earlier delivery that has an end is emitted again as it was (so with the same
     event ids) and that end is reused: the endpoint is not asked again."""
@@ -305,6 +312,8 @@ async def decide_agent(
 
         record = functools.partial(out.emit, AgentStep, **event.work())
         agent = AgentOperator(spec.writer, problem, event.dtype, shape, record)
+        if hold is not None:
+            agent = dataclasses.replace(agent, hold=hold)
         child = await agent.apply(parents, event.params, context)
     decide_child(history, event, out, child, AGENT)
 
@@ -324,10 +333,13 @@ class KernelWriter(Actor):
 
     def __init__(self) -> None:
         self._nc: Client | None = None
+        self._ref: ActorRef | None = None
         self._reader: HistoryReader | None = None
+        self._leases: DeviceLeases | None = None
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
         self._nc = nc
+        self._ref = ref
         self._reader = HistoryReader(nc)
 
     async def handle(self, event: Event, out: Reactions) -> None:
@@ -360,9 +372,20 @@ class KernelWriter(Actor):
         context = await asyncio.to_thread(context_for, campaign.spec, lessons)
         if event.operator == AGENT:
             trail = await self._recorded_trail(event)
-            await decide_agent(history, event, out, campaign.spec, context, trail)
+            hold = await self._device_share(event.target)
+            await decide_agent(history, event, out, campaign.spec, context, trail, hold)
         else:
             decide_operator(history, event, out, context)
+
+    async def _device_share(self, target: str) -> Hold:
+        """How the agent's tools hold a share of this host's `target` device, as a
+        verifier does (the leases are opened on first use)."""
+        assert self._nc is not None and self._ref is not None
+        if self._leases is None:
+            self._leases = await DeviceLeases.open(jetstream(self._nc), self._ref.instance)
+        leases = self._leases
+        device = device_key(target, self._ref.host, worker_device_index(target))
+        return lambda: leases.shared(device, self.status)
 
     async def _recorded_trail(self, event: CandidateProposed) -> list[AgentStep]:
         """The AgentSteps recorded for this candidate by an earlier delivery, in order."""

@@ -17,8 +17,10 @@ a bound was reached (`[writer.agent]`: replies, tokens, wall time).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +58,16 @@ class GaveUp:
         return f"{self.cause}: {self.message}"
 
 
+Hold = Callable[[], AbstractAsyncContextManager[object]]
+"""A share of the device for one tool run."""
+
+
+@contextlib.asynccontextmanager
+async def no_hold() -> AsyncIterator[None]:
+    """A tool run that needs no share of a device (tests with no bus)."""
+    yield
+
+
 Record = Callable[..., object]
 """Takes one item of the trail as keyword arguments: an AgentStep's own fields (`step`,
 `kind`: reply | tool | gave_up, `content`, `tool`, `call_id`, `arguments`, `result`,
@@ -74,13 +86,14 @@ async def run_agent(
     bench: Workbench,
     bounds: Agent,
     record: Record,
+    hold: Hold = no_hold,
 ) -> Draft | GaveUp:
     """The loop (see the module); `opening` is the system and user messages."""
     messages: list[Mapping[str, Any]] = list(opening)
     state = _State()
     try:
         async with asyncio.timeout(bounds.wall_seconds()):
-            return await _turns(client, messages, bench, bounds, record, state)
+            return await _turns(client, messages, bench, bounds, record, hold, state)
     except TimeoutError:
         ended = GaveUp(
             "wall_time",
@@ -105,6 +118,7 @@ async def _turns(
     bench: Workbench,
     bounds: Agent,
     record: Record,
+    hold: Hold,
     state: _State,
 ) -> Draft:
     while state.steps < bounds.max_steps:
@@ -127,7 +141,7 @@ async def _turns(
                 {"role": "assistant", "content": reply.text, "tool_calls": reply.tool_calls}
             )
         for call in reply.tool_calls:
-            submitted = await _call(call, bench, messages, record, state.steps)
+            submitted = await _call(call, bench, messages, record, hold, state.steps)
             if submitted is not None:
                 return submitted
         if state.tokens > bounds.max_tokens:
@@ -155,6 +169,7 @@ async def _call(
     bench: Workbench,
     messages: list[Mapping[str, Any]],
     record: Record,
+    hold: Hold,
     step: int,
 ) -> Draft | None:
     """Run one tool call and answer it; the submitted draft when it is `submit`."""
@@ -187,7 +202,9 @@ async def _call(
     if call.name == SUBMIT:
         done("submitted")
         return draft
-    done(await asyncio.to_thread(bench.run, call.name, draft))
+    async with hold():
+        answer = await asyncio.to_thread(bench.run, call.name, draft)
+    done(answer)
     return None
 
 

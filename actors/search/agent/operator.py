@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from actors.campaign.campaign_file import Writer
-from actors.search.agent.loop import GaveUp, Record, run_agent
+from actors.search.agent.loop import GaveUp, Hold, Record, no_hold, run_agent
 from actors.search.agent.tools import SUBMIT, BadArguments, Draft, Workbench, parse_draft
 from actors.search.llm import prompts
 from actors.search.llm.client import LlmClient, LlmConfig, LlmConfigError
@@ -43,14 +43,15 @@ FAILED = "agent_failed"
 @dataclass(frozen=True)
 class AgentOperator:
     """The agent, set up for one campaign: its endpoint and bounds (`[writer]`,
-    `[writer.agent]`), the problem at the campaign's dtype and timed shape, and where each
-    item of the trail goes."""
+    `[writer.agent]`), the problem at the campaign's dtype and timed shape, where each
+    item of the trail goes, and how a tool run holds a share of the device."""
 
     writer: Writer
     problem: Problem
     dtype: str
     shape: dict[str, int] | None
     record: Record
+    hold: Hold = no_hold
 
     name = AGENT
     arity = 1
@@ -86,7 +87,7 @@ class AgentOperator:
             self.record(step=0, kind="gave_up", content=gave_up.text)
             return outcome(parents, params, gave_up)
         async with client:
-            ended = await run_agent(client, opening, bench, bounds, self.record)
+            ended = await run_agent(client, opening, bench, bounds, self.record, self.hold)
         return outcome(parents, params, ended)
 
 

@@ -32,6 +32,9 @@ from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import AgentStep, KernelWritten
 from eventstore.store import Recorded
+from gpu_workers.probes import SMALL_SHAPES, probe_verify
+from gpu_workers.targets import backend_for
+from gpu_workers.verification import trial_shapes
 from kernels.loading import load_problem
 from tests.evolve_history import ACTOR, SEED, Log
 from tests.fake_openai import Delay, FakeOpenAI, Raw, Reply, ToolCalls
@@ -351,3 +354,26 @@ def test_the_agent_is_an_arm_only_where_the_writer_has_an_endpoint(tmp_path: Pat
     assert [p.param_key for p in filled.candidates[1:]] == [
         p.param_key for p in without.candidates[:3]
     ]  # the offline operators fill the other slots as they would without the agent
+
+
+def test_the_quick_verification_runs_the_smallest_test_shapes_in_the_sandbox(
+    tmp_path: Path,
+) -> None:
+    problem = load_problem(Log(tmp_path).spec.problem)
+    backend = backend_for("cpu")
+    verdict = probe_verify(problem, backend, FIXED, ("-O3",), "fp32")
+    assert verdict.verified and verdict.seed is not None
+    smallest = sorted(trial_shapes(problem, verdict.seed), key=problem.nbytes)[:SMALL_SHAPES]
+    assert {json.dumps(t.shape, sort_keys=True) for t in verdict.trials} == {
+        json.dumps(s, sort_keys=True) for s in smallest
+    }
+    wrong = probe_verify(problem, backend, SEED.replace("0.5f", "0.6f"), ("-O3",), "fp32")
+    assert wrong.rejection is not None and wrong.rejection.reason == "wrong_value"
+
+
+def test_a_submission_with_flags_outside_the_policy_is_refused(tmp_path: Path) -> None:
+    script = [ToolCalls((("submit", {"source": FIXED, "flags": ["-fplugin=/tmp/x.so"]}),))]
+    with FakeOpenAI(script) as server:
+        child, _ = _vary(tmp_path, _writer(server.base_url))
+    assert isinstance(child, Refusal) and child.reason == "bad_flags"
+    assert "-fplugin=/tmp/x.so" in child.message

@@ -5,7 +5,9 @@ stages), verification at the problem's smallest test shapes (the rules of
 end's own timing run (fresh inputs, caches flushed, its judged calls checked).
 
 Their figures are advice to the agent, never evidence: the verifier and the benchmarker
-judge every submitted kernel again from the start.
+judge every submitted kernel again from the start. Each runs on a back end of its own
+(`probe_backend`) whose every sandboxed run stays within `PROBE_LIMITS`, so a draft that
+spins ends soon.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 from gpu_workers.protocols import Backend, TimingRequest
 from gpu_workers.results import Rejection, Verdict
+from gpu_workers.sandbox import Limits
+from gpu_workers.targets import target_of
 from gpu_workers.verification import new_seed, precheck, trial_seed, verify
 from kernels.spec import Problem
 
@@ -23,6 +27,10 @@ SMALL_SHAPES = 3
 """The smallest test shapes a quick verification runs."""
 QUICK_RUNS = 5
 """Timed calls of a quick timing (after the back end's warm-up)."""
+PROBE_LIMITS = Limits(
+    cpu_seconds=60, address_space_bytes=4 << 30, wall_seconds=30.0, file_size_bytes=256 << 20
+)
+"""What a draft may use over one probe (verification or timing)."""
 ROTATE_BYTES = 512 * 1024 * 1024
 """Written between calls by a back end that cannot flush its caches (the cpu back end
 flushes them and ignores it): more than any last-level cache of today."""
@@ -36,6 +44,11 @@ class QuickTime:
     baseline_ns: float
     runs: int
     shape: dict[str, int]
+
+
+def probe_backend(target: str) -> Backend[Any]:
+    """A back end of `target` for probes, within `PROBE_LIMITS`."""
+    return target_of(target).probing_backend(PROBE_LIMITS)
 
 
 def probe_compile(

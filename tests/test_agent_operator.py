@@ -32,7 +32,8 @@ from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import AgentStep, KernelWritten
 from eventstore.store import Recorded
-from gpu_workers.probes import SMALL_SHAPES, probe_verify
+from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.probes import PROBE_LIMITS, SMALL_SHAPES, probe_backend, probe_verify
 from gpu_workers.targets import backend_for
 from gpu_workers.verification import trial_shapes
 from kernels.loading import load_problem
@@ -360,7 +361,9 @@ def test_the_quick_verification_runs_the_smallest_test_shapes_in_the_sandbox(
     tmp_path: Path,
 ) -> None:
     problem = load_problem(Log(tmp_path).spec.problem)
-    backend = backend_for("cpu")
+    backend = probe_backend("cpu")
+    assert isinstance(backend, CpuBackend) and backend is not backend_for("cpu")
+    assert backend.verify_limits == backend.bench_limits == PROBE_LIMITS  # a spinning draft ends
     verdict = probe_verify(problem, backend, FIXED, ("-O3",), "fp32")
     assert verdict.verified and verdict.seed is not None
     smallest = sorted(trial_shapes(problem, verdict.seed), key=problem.nbytes)[:SMALL_SHAPES]

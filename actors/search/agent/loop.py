@@ -203,7 +203,15 @@ async def _call(
         done("submitted")
         return draft
     async with hold():
-        answer = await asyncio.to_thread(bench.run, call.name, draft)
+        run = asyncio.ensure_future(asyncio.to_thread(bench.run, call.name, draft))
+        try:
+            answer = await asyncio.shield(run)
+        except asyncio.CancelledError:
+            # The wall time is up: the sandboxed run ends on its own limits, and the share
+            # of the device is held until it has, so no timed window overlaps it.
+            await asyncio.wait([run])
+            done("stopped: the variation's wall time ran out")
+            raise
     done(answer)
     return None
 

@@ -27,9 +27,14 @@ from typing import Any, Final
 from openai.types.chat import ChatCompletionFunctionToolParam
 
 from actors.search.operators.protocol import ParentKernel
-from gpu_workers.probes import QuickTime, probe_compile, probe_time, probe_verify
+from gpu_workers.probes import (
+    QuickTime,
+    probe_backend,
+    probe_compile,
+    probe_time,
+    probe_verify,
+)
 from gpu_workers.results import Rejection
-from gpu_workers.targets import backend_for
 from kernels.spec import Problem
 
 MAX_RESULT_CHARS: Final = 2_000
@@ -151,7 +156,7 @@ class Workbench:
 
     def run(self, name: str, draft: Draft) -> str:
         """A tool's answer on a draft (blocking: compiles and runs in the sandbox)."""
-        backend = backend_for(self.target)
+        backend = probe_backend(self.target)
         args = (self.problem, backend, draft.source, draft.flags, self.dtype)
         if name == COMPILE:
             rejection = probe_compile(*args)

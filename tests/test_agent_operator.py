@@ -125,6 +125,9 @@ def test_the_agent_repairs_a_compile_error_then_verifies_times_and_submits(
     offered = {t["function"]["name"] for t in requests[0]["tools"]}
     assert offered == {"read_lineage", "read_lessons", "compile", "verify", "time", "submit"}
     assert requests[0]["tool_choice"] == "auto"
+    system, opening = requests[0]["messages"]
+    assert "`submit` hands the final kernel in" in system["content"]
+    assert SEED.rstrip() in opening["content"] and "- halving pays" in opening["content"]
     lineage, lessons = _tool_answers(requests[1])
     assert PARENT_ID in lineage and "halving pays" in lessons
     (compile_error,) = _tool_answers(requests[2])[2:]

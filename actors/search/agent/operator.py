@@ -72,13 +72,7 @@ class AgentOperator:
             self.problem, context.target, self.dtype, self.shape, parent, context.lessons
         )
         opening = prompts.agent(
-            self.problem,
-            parent.source,
-            parent.flags,
-            context.lessons,
-            max_steps=bounds.max_steps,
-            target=context.target,
-            dtype=self.dtype,
+            self.problem, parent, context, dtype=self.dtype, max_steps=bounds.max_steps
         )
         try:
             client = LlmClient(LlmConfig.of(self.writer))

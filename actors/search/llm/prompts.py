@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import jinja2
 
+from actors.search.operators.protocol import Context, ParentKernel
 from gpu_workers.targets import target_of
 from kernels.spec import Problem
 
@@ -418,24 +419,18 @@ def crossover(
 
 
 def agent(
-    problem: Problem,
-    parent_source: str,
-    parent_flags: Sequence[str],
-    lessons: Sequence[str],
-    *,
-    max_steps: int,
-    target: str = "cpu",
-    dtype: str = "fp32",
+    problem: Problem, parent: ParentKernel, context: Context, *, dtype: str, max_steps: int
 ) -> list[dict[str, str]]:
-    """The agent operator's opening: the problem, the parent to improve and the lessons."""
+    """The agent operator's opening: the problem, the parent to improve and the context's
+    lessons, for its target."""
     return _messages(
         "agent",
         problem,
-        target,
+        context.target,
         dtype,
         system_name="agent_system",
-        parent_source=cap(parent_source.rstrip(), MAX_SOURCE_CHARS),
-        parent_flags=" ".join(parent_flags),
-        lessons=_lessons(lessons),
+        parent_source=cap(parent.source.rstrip(), MAX_SOURCE_CHARS),
+        parent_flags=" ".join(parent.flags),
+        lessons=_lessons(context.lessons),
         max_steps=max_steps,
     )

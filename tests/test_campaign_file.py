@@ -6,9 +6,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from actors.campaign.campaign_file import CampaignError, load_campaign, parse_shapes, with_overrides
+from actors.campaign.campaign_file import (
+    Agent,
+    CampaignError,
+    CampaignSpec,
+    Writer,
+    load_campaign,
+    parse_shapes,
+    with_overrides,
+)
 
 DEMO = Path(__file__).parent.parent / "campaigns" / "demo.toml"
 
@@ -99,3 +108,13 @@ def test_the_command_line_refuses_bad_flags_and_files_in_one_line(tmp_path: Path
         assert done.returncode == 2, (args, done.stderr)
         assert message in done.stderr, (args, done.stderr)
         assert done.stderr.strip().count("\n") == 0, done.stderr
+
+
+def test_a_request_without_writer_agent_keeps_the_id_it_had_before_the_table() -> None:
+    # the ids these requests were given before `[writer.agent]` existed: run again, they resume
+    assert CampaignSpec(problem="softmax").campaign_id == "softmax-cpu-94cc0d14"
+    endpoint = Writer(kind="evolve", base_url="http://x/v1", model="m")
+    spec = CampaignSpec(problem="rmsnorm", shapes=[[64, 128]], writer=endpoint)
+    assert spec.campaign_id == "rmsnorm-cpu-7b393927"
+    bounded = msgspec.structs.replace(endpoint, agent=Agent(max_steps=3))
+    assert msgspec.structs.replace(spec, writer=bounded).campaign_id != spec.campaign_id

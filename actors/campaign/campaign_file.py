@@ -3,7 +3,8 @@ structs, so that a wrong field is named in the error.
 
 A campaign's id (`CampaignSpec.campaign_id`) is its `name`, or else
 `<problem>-<target>-<digest>`, the digest the first 8 hex digits of the sha256 of the
-whole request: the same request always names the same campaign, so running the same
+whole request (less a `[writer.agent]` table at its defaults, so a request from before that
+table keeps its id): the same request always names the same campaign, so running the same
 command again resumes it (work in flight is redelivered by the bus, the planner goes on
 after the last closed generation, recorded LLM replies are reused). A campaign file's
 seed and space files, and a problem file beside it, are made absolute when it is loaded
@@ -112,7 +113,10 @@ class CampaignSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """The same request always names the same campaign, so running it again resumes."""
         if self.name:
             return check_campaign_id(self.name, "campaign name")
-        digest = hashlib.sha256(msgspec.json.encode(self)).hexdigest()[:8]
+        request = msgspec.to_builtins(self)
+        if self.writer.agent == Agent():  # as before the table was added: the same id
+            del request["writer"]["agent"]
+        digest = hashlib.sha256(msgspec.json.encode(request)).hexdigest()[:8]
         # A file's problem is named by NAME in path.py:NAME, so that the campaigns of the
         # problems of one file differ at a glance.
         named = self.problem.rpartition(":")[2] if ":" in self.problem else Path(self.problem).stem

@@ -30,7 +30,7 @@ from actors.search.operators.protocol import ParentKernel, Refusal, Variation
 from actors.search.strategy import Filled, Planned
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
-from eventstore.events import AgentStep, KernelWritten
+from eventstore.events import MAX_EVENT_BYTES, AgentStep, KernelWritten
 from eventstore.store import Recorded
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.probes import PROBE_LIMITS, SMALL_SHAPES, probe_backend, probe_verify
@@ -383,3 +383,20 @@ def test_a_submission_with_flags_outside_the_policy_is_refused(tmp_path: Path) -
         child, _ = _vary(tmp_path, _writer(server.base_url))
     assert isinstance(child, Refusal) and child.reason == "bad_flags"
     assert "-fplugin=/tmp/x.so" in child.message
+
+
+@pytest.mark.parametrize(
+    ("call", "cause"),
+    [
+        (("rm_rf", "\x01" * 200_000), "unknown_tool"),  # 6 bytes a character as JSON
+        (("submit", {"source": "é" * 70_000}), "bad_arguments"),
+    ],
+)
+def test_huge_arguments_are_recorded_within_the_event_cap(
+    tmp_path: Path, call: Any, cause: str
+) -> None:
+    with FakeOpenAI([ToolCalls((call,))]) as server:
+        child, trail = _vary(tmp_path, _writer(server.base_url))
+    _gave_up(child, trail, cause)
+    for step in _steps(trail):
+        assert len(encode(step)) < MAX_EVENT_BYTES  # encode refuses an event over the cap

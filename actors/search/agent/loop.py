@@ -26,7 +26,6 @@ from typing import Any
 
 from actors.campaign.campaign_file import Agent
 from actors.search.agent.tools import (
-    MAX_ARGUMENT_CHARS,
     READ_LESSONS,
     READ_LINEAGE,
     SUBMIT,
@@ -37,6 +36,7 @@ from actors.search.agent.tools import (
     Workbench,
     bounded,
     parse_draft,
+    recorded_arguments,
 )
 from actors.search.llm.client import LlmClient, LlmFailed, LlmReply, ToolCall
 
@@ -174,7 +174,7 @@ async def _call(
 ) -> Draft | None:
     """Run one tool call and answer it; the submitted draft when it is `submit`."""
     started = time.monotonic()
-    arguments = bounded(call.arguments, MAX_ARGUMENT_CHARS)
+    arguments = recorded_arguments(call.arguments)
 
     def done(result: str) -> None:
         record(

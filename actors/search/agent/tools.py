@@ -39,9 +39,10 @@ from kernels.spec import Problem
 
 MAX_RESULT_CHARS: Final = 2_000
 """A tool's answer, at most."""
-MAX_ARGUMENT_CHARS: Final = 100_000
-"""A tool call's arguments, at most: longer ones are refused, so the arguments recorded
-in an AgentStep are always whole (a submission is read back from them)."""
+MAX_ARGUMENT_BYTES: Final = 128 * 1024
+"""A tool call's arguments, at most, as JSON with every non-ASCII character escaped (more
+than any event encoding takes): larger ones are refused, so the arguments of a submission
+are recorded whole in its AgentStep (it is read back from them), well under the event cap."""
 MAX_FLAGS: Final = 32
 
 READ_LINEAGE = "read_lineage"
@@ -98,6 +99,19 @@ class Draft:
     flags: tuple[str, ...]
 
 
+def encoded_size(text: str) -> int:
+    """The bytes `text` takes as a JSON string, at most."""
+    return len(json.dumps(text))
+
+
+def recorded_arguments(arguments: str) -> str:
+    """A tool call's arguments as recorded: whole within `MAX_ARGUMENT_BYTES`, else cut to
+    what fits however they encode (6 bytes a character at most)."""
+    if encoded_size(arguments) <= MAX_ARGUMENT_BYTES:
+        return arguments
+    return bounded(arguments, MAX_ARGUMENT_BYTES // 6 - 100)
+
+
 def bounded(text: str, limit: int = MAX_RESULT_CHARS) -> str:
     """`text` cut at `limit` characters, with a line saying so."""
     if len(text) <= limit:
@@ -107,8 +121,8 @@ def bounded(text: str, limit: int = MAX_RESULT_CHARS) -> str:
 
 def parse_draft(arguments: str, default_flags: Sequence[str]) -> Draft:
     """The draft in a tool call's arguments (JSON text), or `BadArguments` saying why not."""
-    if len(arguments) > MAX_ARGUMENT_CHARS:
-        raise BadArguments(f"the arguments are longer than {MAX_ARGUMENT_CHARS} characters")
+    if encoded_size(arguments) > MAX_ARGUMENT_BYTES:
+        raise BadArguments(f"the arguments take more than {MAX_ARGUMENT_BYTES} bytes")
     try:
         found = json.loads(arguments or "{}")
     except json.JSONDecodeError as exc:

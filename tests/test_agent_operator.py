@@ -24,6 +24,7 @@ import pytest
 from actors.campaign.campaign_file import Agent, Writer
 from actors.roles.kernel_writer import decide_agent
 from actors.runtime import Reactions
+from actors.search.agent.loop import MAX_CALLS
 from actors.search.agent.operator import FAILED, AgentOperator, outcome, recorded_outcome
 from actors.search.lineage import EVOLVE_TEMPLATE, context_for
 from actors.search.operators.protocol import ParentKernel, Refusal, Variation
@@ -230,6 +231,14 @@ def test_garbage_from_the_endpoint_ends_the_variation(
     assert said in _gave_up(child, trail, cause)
 
 
+def test_a_reply_with_too_many_tool_calls_ends_the_variation(tmp_path: Path) -> None:
+    calls = tuple(("read_lessons", {}) for _ in range(MAX_CALLS + 1))
+    with FakeOpenAI([ToolCalls(calls)]) as server:
+        child, trail = _vary(tmp_path, _writer(server.base_url))
+    assert "a reply called 9 tools at once" in _gave_up(child, trail, "too_many_calls")
+    assert [i.kind for i in trail] == ["reply", "gave_up"]  # no tool ran
+
+
 def test_an_agent_that_never_submits_stops_at_max_steps(tmp_path: Path) -> None:
     script = [Reply("Let me think."), ToolCalls((("read_lessons", {}),)), Reply("unused")]
     with FakeOpenAI(script) as server:
@@ -390,6 +399,7 @@ def test_a_submission_with_flags_outside_the_policy_is_refused(tmp_path: Path) -
     [
         (("rm_rf", "\x01" * 200_000), "unknown_tool"),  # 6 bytes a character as JSON
         (("submit", {"source": "é" * 70_000}), "bad_arguments"),
+        (("x" * 300_000, "{}"), "unknown_tool"),
     ],
 )
 def test_huge_arguments_are_recorded_within_the_event_cap(

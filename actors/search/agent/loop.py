@@ -42,6 +42,10 @@ from actors.search.llm.client import LlmClient, LlmFailed, LlmReply, ToolCall
 
 MAX_TEXT_CHARS = 16_000
 """An assistant's text as recorded, at most."""
+MAX_CALLS = 8
+"""Tool calls in one reply, at most: more end the variation."""
+MAX_NAME_CHARS = 100
+"""A tool's or a model's name as recorded, at most."""
 NUDGE = "Use the tools: compile, verify and time your kernel, then call submit with it."
 
 
@@ -49,7 +53,8 @@ NUDGE = "Use the tools: compile, verify and time your kernel, then call submit w
 class GaveUp:
     """Why the variation ended without a submission: a cause code and a message."""
 
-    cause: str  # endpoint | wall_time | max_steps | max_tokens | unknown_tool | bad_arguments
+    cause: str  # endpoint | wall_time | max_steps | max_tokens | too_many_calls | unknown_tool
+    # | bad_arguments | config
     message: str
 
     @property
@@ -129,11 +134,13 @@ async def _turns(
             step=state.steps,
             kind="reply",
             content=bounded(reply.text, MAX_TEXT_CHARS),
-            tool_calls=[c.name for c in reply.tool_calls],
+            tool_calls=[c.name[:MAX_NAME_CHARS] for c in reply.tool_calls[:MAX_CALLS]],
             usage=dict(reply.usage),
             latency_s=reply.latency_s,
-            model=reply.model,
+            model=reply.model[:MAX_NAME_CHARS],
         )
+        if len(reply.tool_calls) > MAX_CALLS:
+            raise _Stop("too_many_calls", f"a reply called {len(reply.tool_calls)} tools at once")
         if not reply.tool_calls:
             messages += [{"role": "assistant", "content": reply.text}, _user(NUDGE)]
         else:
@@ -180,8 +187,8 @@ async def _call(
         record(
             step=step,
             kind="tool",
-            tool=call.name,
-            call_id=call.id,
+            tool=call.name[:MAX_NAME_CHARS],
+            call_id=call.id[:MAX_NAME_CHARS],
             arguments=arguments,
             result=result,
             latency_s=time.monotonic() - started,
@@ -189,8 +196,9 @@ async def _call(
         messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
 
     if call.name not in TOOL_NAMES:
-        done(f"unknown tool {call.name!r}")
-        raise _Stop("unknown_tool", f"the agent called an unknown tool {call.name!r}")
+        name = call.name[:MAX_NAME_CHARS]
+        done(f"unknown tool {name!r}")
+        raise _Stop("unknown_tool", f"the agent called an unknown tool {name!r}")
     if call.name in (READ_LINEAGE, READ_LESSONS):
         done(bench.read(call.name))
         return None

@@ -2,7 +2,8 @@
 or a bound is reached.
 
 Each turn is one chat completion with the tools offered (`tools.TOOLS`); each of its tool
-calls runs (the readers at once, the others in a thread: they compile and run in the
+calls (at most `MAX_CALLS`) runs (the readers at once; the others in a thread while `hold`
+holds a share of the device, as a verifier does, since they compile and run in the
 sandbox) and is answered with a `role: "tool"` message of bounded text. A reply without
 tool calls is answered with a reminder to use them. Every reply, tool call and give-up is
 handed to `record` as it happens (its keyword arguments are an AgentStep's own fields), so

@@ -37,6 +37,7 @@ _EMITS: dict[str, tuple[str, ...]] = {
         "CandidateDeduplicated",
         "KernelRejected",
         "LlmExchanged",
+        "AgentStep",
         *LIFECYCLE,
     ),
     "fuser": ("FusionPlanned", *LIFECYCLE),

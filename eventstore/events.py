@@ -168,6 +168,30 @@ class LlmExchanged(_Targeted, tag=True, frozen=True):
     latency_s: float = 0.0
 
 
+class AgentStep(_Targeted, tag=True, frozen=True):
+    """One item of an LLM agent's trail while it varies a candidate (the `agent` operator):
+    `kind` "reply" (the assistant's message: its text, the tool calls it asked for, the
+    tokens and latency of the call), "tool" (one tool call: its arguments and its bounded
+    result) or "gave_up" (the reason the variation ended without a submission). `step` is
+    the LLM turn, from 1. What the agent measured for itself is advice, never evidence."""
+
+    step: int
+    kind: str  # reply | tool | gave_up
+    content: str = ""
+    """The assistant's text (reply) or the reason (gave_up)."""
+    tool: str = ""
+    call_id: str = ""
+    arguments: str = ""
+    """The tool call's arguments as the model sent them (JSON text, bounded)."""
+    result: str = ""
+    """The tool's answer as the model read it (bounded)."""
+    tool_calls: list[str] = []
+    """The tools the reply asked for, in order."""
+    usage: dict[str, int] = {}
+    latency_s: float = 0.0
+    model: str = ""
+
+
 class KernelWritten(_Targeted, tag=True, frozen=True):
     """A candidate's kernel source and flags, and what wrote it: a template, the fuser, an
     LLM, or a variation operator from its parents (with the diff against the first)."""
@@ -175,7 +199,7 @@ class KernelWritten(_Targeted, tag=True, frozen=True):
     source_hash: str
     source: str
     flags: list[str]
-    writer: str  # template | fuser | llm | operator
+    writer: str  # template | fuser | llm | operator | agent
     template: str = ""
     params: dict[str, Any] = {}
     param_key: str = ""
@@ -343,6 +367,7 @@ AnyEvent = (
     | CandidateProposed
     | FusionPlanned
     | LlmExchanged
+    | AgentStep
     | KernelWritten
     | CandidateDeduplicated
     | KernelCompiled

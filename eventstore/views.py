@@ -18,6 +18,8 @@
   parameters, the parents' candidate ids, the diff against the first parent (kernels a
   variation operator wrote), its status, and its own median and speedup where the
   leaderboard has it;
+- `agent_steps`: an LLM agent's trail, one row per reply, tool call (with its arguments
+  and bounded result) and give-up, in the order recorded, with the candidate it varied;
 - `steps`: one row per event that has a cause, with the seconds from cause to effect
   and the role that produced it (time spent per actor).
 
@@ -34,7 +36,15 @@ import re
 
 import duckdb
 
-VIEW_NAMES = ("candidates", "leaderboard", "lessons", "rejections", "steps", "lineage")
+VIEW_NAMES = (
+    "candidates",
+    "leaderboard",
+    "lessons",
+    "rejections",
+    "steps",
+    "lineage",
+    "agent_steps",
+)
 
 _CANDIDATES = """
 SELECT
@@ -225,6 +235,27 @@ FROM {events} AS e
 JOIN {events} AS c ON c.event_id = e.causation_id
 """
 
+_AGENT_STEPS = """
+SELECT
+    e.campaign_id,
+    e.payload->>'candidate_id' AS candidate_id,
+    CAST(e.payload->>'generation' AS INTEGER) AS generation,
+    CAST(e.payload->>'step' AS INTEGER) AS step,
+    e.payload->>'kind' AS kind,
+    e.payload->>'tool' AS tool,
+    e.payload->>'arguments' AS arguments,
+    e.payload->>'result' AS result,
+    e.payload->>'content' AS content,
+    CAST(e.payload->'tool_calls' AS VARCHAR[]) AS tool_calls,
+    TRY_CAST(e.payload->'usage'->>'total_tokens' AS BIGINT) AS tokens,
+    CAST(e.payload->>'latency_s' AS DOUBLE) AS latency_s,
+    e.payload->>'model' AS model,
+    e.event_id,
+    e.position,
+    e.ts
+FROM {events} AS e
+WHERE e.type = 'AgentStep'
+"""
 
 _FIRST = re.compile(r"\{first\}\('(\w+)', '(\w+)'\)")
 
@@ -259,6 +290,7 @@ def view_statements(events: str = "events", temporary: bool = False) -> list[str
         "rejections": _expand(_REJECTIONS, events),
         "steps": _expand(_STEPS, events),
         "lineage": _expand(_LINEAGE, events),
+        "agent_steps": _expand(_AGENT_STEPS, events),
     }
     return [f"CREATE OR REPLACE {kind} {name} AS {body}" for name, body in bodies.items()]
 

@@ -52,6 +52,9 @@ class Target:
     """The workers' back end: made once per process, long-lived."""
     checking_backend: Callable[[Limits], Backend[Any]]
     """A back end of its own for one check, verifying under the given limits."""
+    probing_backend: Callable[[Limits], Backend[Any]]
+    """A back end of its own for an agent's probes: its verification and timing runs both
+    stay within the given limits."""
     verify_limits: Limits
     """What a kernel may use over a whole verification, unless told otherwise."""
     calibrate: Callable[..., HostCalibration]
@@ -110,6 +113,9 @@ CPU = Target(
     dtypes=TARGET_DTYPES["cpu"],
     backend=cpu_backend,
     checking_backend=lambda limits: CpuBackend(cache_dir=default_cache_dir(), verify_limits=limits),
+    probing_backend=lambda limits: CpuBackend(
+        cache_dir=default_cache_dir(), verify_limits=limits, bench_limits=limits
+    ),
     verify_limits=CPU_VERIFY_LIMITS,
     calibrate=calibrate_cpu,
     calibration_error=CpuCalibrationError,
@@ -133,6 +139,9 @@ CUDA = Target(
     dtypes=TARGET_DTYPES["cuda"],
     backend=cuda_backend,
     checking_backend=lambda limits: CudaBackend(cache_dir=cuda_cache_dir(), verify_limits=limits),
+    probing_backend=lambda limits: CudaBackend(
+        cache_dir=cuda_cache_dir(), verify_limits=limits, bench_limits=limits
+    ),
     verify_limits=CUDA_VERIFY_LIMITS,
     calibrate=calibrate_gpu,
     calibration_error=GpuCalibrationError,

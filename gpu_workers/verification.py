@@ -57,11 +57,16 @@ def trial_shapes(problem: Problem, seed: int) -> tuple[dict[str, int], ...]:
     return problem.trial_shapes(np.random.default_rng(trial_seed(seed, 0, "shapes")))
 
 
-def plan_trials(problem: Problem, dtype: str = "fp32", seed: int = 0) -> list[Trial]:
+def plan_trials(
+    problem: Problem, dtype: str = "fp32", seed: int = 0, smallest: int | None = None
+) -> list[Trial]:
     """Fresh inputs for every (shape, distribution) pair; `seed` makes them reproducible.
-    The largest shape is the race-stress shape: its first distribution runs STRESS_RUNS times."""
+    The largest shape is the race-stress shape: its first distribution runs STRESS_RUNS times.
+    `smallest`: only that many of the shapes, the smallest in bytes (a quick check)."""
     trials: list[Trial] = []
     shapes = trial_shapes(problem, seed)
+    if smallest is not None:
+        shapes = tuple(sorted(shapes, key=problem.nbytes)[:smallest])
     largest = max(range(len(shapes)), key=lambda i: problem.nbytes(shapes[i]))
     for number, shape in enumerate(shapes):
         for d, distribution in enumerate(problem.distributions):
@@ -521,10 +526,12 @@ def verify(
     *,
     dtype: str = "fp32",
     seed: int | None = None,
+    smallest: int | None = None,
 ) -> Verdict:
     """Run every stage; the first failure ends verification with its evidence. Without a
     `seed` a fresh secret one is drawn; the verdict records it, and the same seed replays
-    exactly the same shapes and inputs."""
+    exactly the same shapes and inputs. `smallest`: only that many test shapes, the
+    smallest (a quick check, never a verifier's verdict)."""
     check_seed = new_seed() if seed is None else seed
 
     def done(
@@ -555,7 +562,7 @@ def verify(
     compiled = precheck(problem, backend, source, flags, dtype)
     if compiled.rejection is not None or compiled.build is None:
         return done(compiled.rejection, cache_hit=compiled.cache_hit)
-    trials = plan_trials(problem, dtype, check_seed)
+    trials = plan_trials(problem, dtype, check_seed, smallest)
     outcome = backend.run_trials(problem, compiled.build, trials)
     if outcome.rejection is not None:
         return done(outcome.rejection, cache_hit=compiled.cache_hit, sandbox=outcome.sandbox)

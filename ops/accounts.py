@@ -12,8 +12,8 @@ on the hub's first start; `kfactory creds USER -o FILE` copies one to another ho
   (`kf.hb.<role>.*`); of the JetStream API, the stream's info and its own durable
   consumers (create, info, next, ack); subscribe to its own inbox
   (`_INBOX.<its public key>.>`) and `kf.hb.ping`. The librarian also answers its own
-  service (`kf.svc.kf-librarian.>`). The benchmarker and the verifier use the device
-  leases (`KF_DEVICE_LEASES`);
+  service (`kf.svc.kf-librarian.>`). The benchmarker, the verifier and the kernel writer
+  (the agent operator's tool runs) use the device leases (`KF_DEVICE_LEASES`);
 - `hub`: publish EventRejected and DeadLettered, ephemeral ordered consumers of the
   stream and its messages (for the dead-letter watcher), the recording lease
   (`KF_RECORDER_LEASE`) and, of `KF_DEVICE_LEASES`, only the stream info (to see that it
@@ -61,6 +61,7 @@ _SERVICES_OF_ACTORS = {"librarian": "kf-librarian"}
 _LEASES = {
     "benchmarker": (DEVICE_LEASES,),
     "verifier": (DEVICE_LEASES,),  # shares the device between timed windows
+    "kernel-writer": (DEVICE_LEASES,),  # so do the agent operator's tool runs
     HUB: (RECORDER_LEASES,),
 }
 

@@ -108,6 +108,8 @@ RUN_HELP = (
     "  \\[search] per_generation = 8, seed = 1\n\n"
     '  \\[writer] kind = "template", "evolve" (variation operators on the seeds), or "llm" '
     "with base_url, model, api_key_env\n\n"
+    '  \\[writer.agent] max_steps = 12, max_tokens = 200000, wall_time = "10m"   (the LLM '
+    "agent operator of an evolve campaign whose writer has a base_url and model)\n\n"
     '  \\[seed] sources = ["my_kernel.c"]   (verified and timed first, then tuned)\n\n'
     '  \\[\\[spaces]] file = "k.c.j2" (or macro C "k.c"), params = {BLOCK = [8, 16]},\n'
     '  restrictions = ["BLOCK * UNROLL <= 64"]   (files relative to the campaign file)\n\n'

@@ -88,6 +88,7 @@ class Log:
         shape: tuple[int, int] = (64, 512),
         history: History | None = None,
         events: list[Event] | None = None,
+        writer: Writer | None = None,
     ) -> None:
         problem, seed = write_problem(folder)
         self.name = name
@@ -96,7 +97,7 @@ class Log:
             name=name,
             shapes=[list(shape)],
             budget=Budget(candidates=40),
-            writer=Writer(kind="evolve"),
+            writer=writer or Writer(kind="evolve"),
             search=Search(per_generation=per_generation, seed=3),
             seed=Seed(sources=[str(seed)]),
         )

@@ -1,8 +1,10 @@
 """A local server that speaks the OpenAI chat-completions API over a real socket.
 
 It records every request body and answers from a scripted queue of behaviours:
-`Reply(text)`, `HttpError(status)`, `Delay(seconds)` (answers only after the client gave
-up), `Raw(body)` and `Drop()` (closes the connection without a response).
+`Reply(text)`, `ToolCalls(calls)` (an assistant message that calls tools; the client's
+`role: "tool"` answers arrive in the next request's messages), `HttpError(status)`,
+`Delay(seconds)` (answers only after the client gave up), `Raw(body)` and `Drop()`
+(closes the connection without a response).
 
     with FakeOpenAI([HttpError(500), Reply("```c ... ```")]) as server:
         LlmConfig(base_url=server.base_url, model="fake", ...)
@@ -27,6 +29,17 @@ class Reply:
     prompt_tokens: int = 11
     completion_tokens: int = 7
     finish_reason: str = "stop"
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """An assistant message calling tools: (name, arguments) pairs, the arguments a dict
+    (sent as JSON text) or any text as it is."""
+
+    calls: tuple[tuple[str, dict[str, Any] | str], ...]
+    text: str | None = None
+    prompt_tokens: int = 11
+    completion_tokens: int = 7
 
 
 @dataclass(frozen=True)
@@ -58,7 +71,7 @@ class Drop:
     """Close the connection without sending anything."""
 
 
-Behaviour = Reply | HttpError | Delay | Raw | Drop
+Behaviour = Reply | ToolCalls | HttpError | Delay | Raw | Drop
 
 
 class FakeOpenAI:
@@ -143,7 +156,7 @@ class FakeOpenAI:
                     self._json(404, _error(f"no route {self.path}", "not_found"))
                 elif behaviour is None:
                     self._json(599, _error("the fake server's script ran out", "unscripted"))
-                elif isinstance(behaviour, Reply):
+                elif isinstance(behaviour, Reply | ToolCalls):
                     self._json(200, _completion(behaviour, str(body.get("model", ""))))
                 elif isinstance(behaviour, HttpError):
                     payload = _error(behaviour.message, f"http_{behaviour.status}")
@@ -181,7 +194,23 @@ class FakeOpenAI:
         return Handler
 
 
-def _completion(reply: Reply, model: str) -> dict[str, Any]:
+def _completion(reply: Reply | ToolCalls, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    finish = "tool_calls"
+    if isinstance(reply, ToolCalls):
+        message["tool_calls"] = [
+            {
+                "id": f"call_{number}",
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+            for number, (name, arguments) in enumerate(reply.calls)
+        ]
+    else:
+        finish = reply.finish_reason
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
@@ -190,8 +219,8 @@ def _completion(reply: Reply, model: str) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": reply.text},
-                "finish_reason": reply.finish_reason,
+                "message": message,
+                "finish_reason": finish,
                 "logprobs": None,
             }
         ],

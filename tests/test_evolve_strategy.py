@@ -61,7 +61,9 @@ def test_later_generations_vary_the_best_kernel_with_the_bandits_operators(tmp_p
     assert isinstance(filled, Filled) and len(filled.candidates) == 4
     assert all(p.template == EVOLVE_TEMPLATE and p.parents == [seed] for p in filled.candidates)
     operators = [p.operator for p in filled.candidates]
-    assert operators[0] == PREFERENCE[0]  # untried arms first, in the preferred order
+    # untried arms first, in the preferred order; no endpoint: no agent
+    assert operators[0] == next(n for n in PREFERENCE if n in OPERATORS)
+    assert "agent" not in operators
     assert len(set(operators)) == 4  # a slot chosen counts as a pull: the slots spread
     assert len({p.param_key for p in filled.candidates}) == 4
     assert log.fill(1) == filled  # a pure function of the history

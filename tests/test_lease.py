@@ -179,8 +179,8 @@ async def test_bad_ttls_keys_and_buckets_are_refused(leases: LeaseBucket, nc: Cl
 
 @pytest.mark.asyncio
 async def test_only_the_users_given_a_bucket_may_use_it(tmp_path: Path) -> None:
-    """The benchmarker and the verifier hold device leases and the hub the recorder's; a
-    planner neither."""
+    """The benchmarker, the verifier and the kernel writer hold device leases and the hub
+    the recorder's; a planner neither."""
     async with running_hub(tmp_path / "home") as hub:  # credentials on
         await _check_bucket_permissions(hub)
         assert hub.server is not None
@@ -190,7 +190,12 @@ async def test_only_the_users_given_a_bucket_may_use_it(tmp_path: Path) -> None:
 
 
 async def _check_bucket_permissions(hub: Hub) -> None:
-    granted = {"benchmarker": DEVICE_LEASES, "verifier": DEVICE_LEASES, "hub": RECORDER_LEASES}
+    granted = {
+        "benchmarker": DEVICE_LEASES,
+        "verifier": DEVICE_LEASES,
+        "kernel-writer": DEVICE_LEASES,  # the agent operator's tool runs share the device
+        "hub": RECORDER_LEASES,
+    }
     for user, bucket in granted.items():
         client = await connect(hub.url, user, auth=hub.auth(user))
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import msgspec
 import pytest
@@ -15,9 +16,10 @@ from actors.search.llm.client import (
     LlmConfig,
     LlmConfigError,
     LlmFailed,
+    ToolCall,
     resolve_api_key,
 )
-from tests.fake_openai import Delay, Drop, FakeOpenAI, HttpError, Raw, Reply
+from tests.fake_openai import Delay, Drop, FakeOpenAI, HttpError, Raw, Reply, ToolCalls
 
 MESSAGES = [
     {"role": "system", "content": "You write kernels."},
@@ -200,8 +202,49 @@ async def test_the_key_from_the_environment_is_sent(
 
 
 @pytest.mark.asyncio
+async def test_a_body_labelled_json_that_is_not_json_is_a_malformed_reply(
+    server: FakeOpenAI,
+) -> None:
+    server.push(Raw(b"this is not JSON"), Reply("fine"))
+    async with client(server) as llm:
+        reply = await llm.complete(MESSAGES)
+    assert (reply.text, reply.attempts) == ("fine", 2)
+
+
+@pytest.mark.asyncio
+async def test_tool_calls_come_back_and_their_answers_go_out(server: FakeOpenAI) -> None:
+    server.push(ToolCalls((("compile", {"source": "int x;"}), ("read_lessons", "{}"))))
+    server.push(Reply("done"))
+    tools: list[Any] = [
+        {"type": "function", "function": {"name": "compile", "parameters": {"type": "object"}}}
+    ]
+    async with client(server) as llm:
+        first = await llm.complete(MESSAGES, tools)
+        assert first.tool_calls == (
+            ToolCall("call_0", "compile", '{"source": "int x;"}'),
+            ToolCall("call_1", "read_lessons", "{}"),
+        )
+        answers = [
+            {"role": "tool", "tool_call_id": c.id, "content": f"answer to {c.name}"}
+            for c in first.tool_calls
+        ]
+        assistant = {"role": "assistant", "content": None, "tool_calls": first.tool_calls}
+        await llm.complete([*MESSAGES, assistant, *answers], tools)
+    sent = server.requests[1]
+    assert sent["tools"] == tools and sent["tool_choice"] == "auto"
+    assert sent["messages"][-3]["tool_calls"][0]["function"] == {
+        "name": "compile",
+        "arguments": '{"source": "int x;"}',
+    }
+    assert sent["messages"][-2:] == [
+        {"role": "tool", "tool_call_id": "call_0", "content": "answer to compile"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "answer to read_lessons"},
+    ]
+
+
+@pytest.mark.asyncio
 async def test_messages_with_an_unknown_role_are_refused(server: FakeOpenAI) -> None:
     async with client(server) as llm:
         with pytest.raises(ValueError, match="role"):
-            await llm.complete([{"role": "tool", "content": "x"}])
+            await llm.complete([{"role": "robot", "content": "x"}])
     assert server.requests == []

@@ -3,7 +3,8 @@ structs, so that a wrong field is named in the error.
 
 A campaign's id (`CampaignSpec.campaign_id`) is its `name`, or else
 `<problem>-<target>-<digest>`, the digest the first 8 hex digits of the sha256 of the
-whole request: the same request always names the same campaign, so running the same
+whole request (less a `[writer.agent]` table at its defaults, so a request from before that
+table keeps its id): the same request always names the same campaign, so running the same
 command again resumes it (work in flight is redelivered by the bus, the planner goes on
 after the last closed generation, recorded LLM replies are reused). A campaign file's
 seed and space files, and a problem file beside it, are made absolute when it is loaded
@@ -36,11 +37,26 @@ class Budget(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     stop_at_roofline: float = 0.95
 
     def wall_seconds(self) -> float:
-        return parse_duration(self.wall_time)
+        return parse_duration(self.wall_time, "budget.wall_time")
 
 
 WriterKind = Literal["template", "llm", "evolve"]
 WRITER_KINDS: tuple[str, ...] = get_args(WriterKind)
+
+
+class Agent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """`[writer.agent]`: the bounds of one variation by the LLM agent operator (evolve
+    campaigns whose writer has an endpoint)."""
+
+    max_steps: int = 12
+    """LLM turns before it gives up without a submission."""
+    max_tokens: int = 200_000
+    """Tokens (prompt and completion, as the endpoint counts them) over the whole variation."""
+    wall_time: str = "10m"
+    """Wall time of the whole variation, tool calls included."""
+
+    def wall_seconds(self) -> float:
+        return parse_duration(self.wall_time, "writer.agent.wall_time")
 
 
 class Writer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -51,6 +67,12 @@ class Writer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeout_s: float = 120.0
     attempts: int = 4
     backoff_s: float = 1.0
+    agent: Agent = Agent()
+
+    @property
+    def has_endpoint(self) -> bool:
+        """Whether an LLM can be asked: a `base_url` and a `model`."""
+        return bool(self.base_url and self.model)
 
 
 class Search(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -91,7 +113,10 @@ class CampaignSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """The same request always names the same campaign, so running it again resumes."""
         if self.name:
             return check_campaign_id(self.name, "campaign name")
-        digest = hashlib.sha256(msgspec.json.encode(self)).hexdigest()[:8]
+        request = msgspec.to_builtins(self)
+        if self.writer.agent == Agent():  # as before the table was added: the same id
+            del request["writer"]["agent"]
+        digest = hashlib.sha256(msgspec.json.encode(request)).hexdigest()[:8]
         # A file's problem is named by NAME in path.py:NAME, so that the campaigns of the
         # problems of one file differ at a glance.
         named = self.problem.rpartition(":")[2] if ":" in self.problem else Path(self.problem).stem
@@ -107,14 +132,14 @@ class CampaignSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, field: str = "budget.wall_time") -> float:
     match = _DURATION.match(text)
     if match is None:
-        raise CampaignError(f"budget.wall_time {text!r} is not a duration like 90s, 30m or 2h")
+        raise CampaignError(f"{field} {text!r} is not a duration like 90s, 30m or 2h")
     value, unit = float(match.group(1)), match.group(2) or "s"
     seconds = value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
     if seconds <= 0:
-        raise CampaignError(f"budget.wall_time {text!r} must be longer than 0 s")
+        raise CampaignError(f"{field} {text!r} must be longer than 0 s")
     return seconds
 
 
@@ -183,6 +208,13 @@ def validate(spec: CampaignSpec) -> CampaignSpec:
             "writer: timeout_s must be > 0, attempts >= 1 and backoff_s >= 0 "
             f"(got {spec.writer.timeout_s}, {spec.writer.attempts}, {spec.writer.backoff_s})"
         )
+    agent = spec.writer.agent
+    if agent.max_steps < 1 or agent.max_tokens < 1:
+        raise CampaignError(
+            "writer.agent: max_steps and max_tokens must be at least 1 "
+            f"(got {agent.max_steps}, {agent.max_tokens})"
+        )
+    agent.wall_seconds()
     if spec.target not in TARGET_MAP:
         raise CampaignError(f"target {spec.target!r} is unknown; use one of {list(TARGETS)}")
     target = target_of(spec.target)
@@ -201,7 +233,7 @@ def validate(spec: CampaignSpec) -> CampaignSpec:
             f"writer.kind = 'evolve' varies C kernels (cpu) only so far; {spec.target} "
             "campaigns search the templates (writer.kind = 'template')"
         )
-    if spec.writer.kind == "llm" and not (spec.writer.base_url and spec.writer.model):
+    if spec.writer.kind == "llm" and not spec.writer.has_endpoint:
         raise CampaignError("writer.base_url and writer.model are needed for writer.kind = 'llm'")
     try:
         spec.campaign_id  # noqa: B018 - validates the name

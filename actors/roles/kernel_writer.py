@@ -4,14 +4,18 @@ Template proposals are rendered from their jinja2 template; fusion plans are gen
 from the fusion IR; operator proposals (`writer.kind = "evolve"`) apply an offline
 variation operator to their parents as the history holds them (`decide_operator`: the
 child with its operator, parents and diff, or the refusal as the write stage's rejection);
-LLM variations (improve, fix, crossover) are asked of the campaign's
+the `agent` operator (`actors.search.agent`) is awaited here, and every item of its trail
+(replies, tool calls with their bounded results, a give-up) is an AgentStep, so a
+redelivered proposal emits the recorded trail again and reuses its end instead of asking
+the endpoint; LLM variations (improve, fix, crossover) are asked of the campaign's
 OpenAI-compatible endpoint, and every exchange is recorded as LlmExchanged, so a
 redelivered proposal reuses the recorded reply instead of asking again. A kernel whose
 exact source was settled before in the same dedupe scope is not evaluated again: the
 writer records CandidateDeduplicated instead.
 
 The decisions (`decide_written`, `decide_template`, `decide_fusion`, `decide_operator`,
-`variation_prompt`, `decide_reply`) are functions of the history and the event;
+`variation_prompt`, `decide_reply`) are functions of the history and the event
+(`decide_agent` also of the recorded trail, and it runs the agent when that has no end);
 `KernelWriter.handle` does the I/O around them: catching up with the store, the
 librarian's lessons, the LLM.
 """
@@ -19,10 +23,12 @@ librarian's lessons, the LLM.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from actors.campaign.campaign_file import Writer
+from actors.campaign.campaign_file import CampaignSpec, Writer
 from actors.campaign.history import Candidate, History
 from actors.campaign.replayer import HistoryReader
 from actors.roles.messages import ask_lessons
@@ -31,14 +37,16 @@ from actors.search.lineage import EVOLVE_TEMPLATE, context_for, parents_of
 from actors.search.llm import prompts
 from actors.search.llm.extract import NoCodeFound, extract_kernel
 from actors.search.llm.prompts import RejectionEvidence
-from actors.search.operators.protocol import Context, Refusal
-from actors.search.operators.registry import OPERATORS
+from actors.search.operators.protocol import Context, ParentKernel, Refusal, Variation
+from actors.search.operators.registry import AGENT, OPERATORS
 from actors.search.spaces import template_named
 from actors.search.variation import LLM_TEMPLATE, WRITE
-from bus.connection import Client
+from bus.connection import Client, jetstream
+from bus.device_lease import DeviceLeases, device_key
 from eventstore.events import (
     MAX_DIFF_CHARS,
     ActorRef,
+    AgentStep,
     CandidateDeduplicated,
     CandidateProposed,
     Event,
@@ -49,7 +57,7 @@ from eventstore.events import (
     LlmExchanged,
 )
 from eventstore.queries import replay
-from gpu_workers.targets import target_of
+from gpu_workers.targets import target_of, worker_device_index
 from kernels.design_space import InvalidParams, Template
 from kernels.fusion.plan import plan as fusion_plan
 from kernels.identity import source_hash
@@ -58,6 +66,9 @@ from kernels.spec import Problem
 from kernels.templates import TEMPLATES
 from kernels.user_spaces import SpaceError
 
+if TYPE_CHECKING:  # the agent's modules import openai (~0.4 s): only agent campaigns need it
+    from actors.search.agent.loop import Hold
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -65,7 +76,7 @@ class Kernel:
 
     source: str
     flags: list[str]
-    writer: str  # template | fuser | llm | operator
+    writer: str  # template | fuser | llm | operator | agent
     params: dict[str, object] = field(default_factory=dict)
     operator: str = ""
     parents: list[str] = field(default_factory=list)
@@ -117,13 +128,32 @@ def decide_operator(
     """Apply a variation operator to the proposal's parents: its child is written (or
     deduplicated); a refusal is the write stage's rejection, with the operator named."""
     operator = OPERATORS.get(event.operator)
+    if operator is None:
+        raise PoisonMessage(f"{event.candidate_id}: no operator {event.operator!r}")
+    child = operator.apply(recorded_parents(history, event), event.params, context)
+    decide_child(history, event, out, child, "operator")
+
+
+def recorded_parents(history: History, event: CandidateProposed) -> list[ParentKernel]:
+    """The proposal's parents as the history holds them; a poison message without them."""
     parents = parents_of(history, event.parents)
-    if operator is None or not parents:
+    if not parents:
         raise PoisonMessage(
             f"{event.candidate_id}: operator {event.operator!r} on parents {event.parents} "
             "with no recorded kernel"
         )
-    child = operator.apply(parents, event.params, context)
+    return parents
+
+
+def decide_child(
+    history: History,
+    event: CandidateProposed,
+    out: Reactions,
+    child: Variation | Refusal,
+    writer: str,
+) -> None:
+    """An operator's child is written (or deduplicated) as `writer`'s; a refusal is the
+    write stage's rejection, with the operator named."""
     if isinstance(child, Refusal):
         out.emit(
             KernelRejected,
@@ -137,7 +167,7 @@ def decide_operator(
     kernel = Kernel(
         child.source,
         list(child.flags),
-        "operator",
+        writer,
         dict(child.params),
         operator=child.operator,
         parents=list(child.parents),
@@ -253,6 +283,47 @@ def decide_reply(
     decide_written(history, event, out, Kernel(kernel.source, flags, "llm", event.params))
 
 
+async def decide_agent(
+    history: History,
+    event: CandidateProposed,
+    out: Reactions,
+    spec: CampaignSpec,
+    context: Context,
+    trail: list[AgentStep],
+    hold: Hold | None = None,
+) -> None:
+    """The agent operator's variation (its tools run while `hold` holds a share of the
+    device; None: no device is shared), every item of its trail an AgentStep, its child
+    written as the agent's (or its give-up the write stage's rejection). A `trail` recorded
+    by an earlier delivery that has an end is emitted again as it was (so with the same
+    event ids) and that end is reused: the endpoint is not asked again."""
+    # Imported here: openai takes ~0.4 s to import, and only agent campaigns need it.
+    from actors.search.agent.operator import AgentOperator, outcome, recorded_outcome
+
+    parents = recorded_parents(history, event)
+    ended = recorded_outcome(trail, parents[0].flags)
+    if ended is not None:
+        for step in trail:
+            out.emit(AgentStep, **agent_step_fields(step), **event.work())
+        child = outcome(parents, event.params, ended)
+    else:
+        problem = await asyncio.to_thread(load_problem, event.problem)
+        shape = dict(zip(problem.dims, spec.shapes[0], strict=True)) if spec.shapes else None
+
+        record = functools.partial(out.emit, AgentStep, **event.work())
+        agent = AgentOperator(spec.writer, problem, event.dtype, shape, record)
+        if hold is not None:
+            agent = dataclasses.replace(agent, hold=hold)
+        child = await agent.apply(parents, event.params, context)
+    decide_child(history, event, out, child, AGENT)
+
+
+def agent_step_fields(step: AgentStep) -> dict[str, Any]:
+    """A recorded AgentStep's own fields (not the envelope, not the work's)."""
+    shared = set(Event.__struct_fields__) | set(step.work())
+    return {name: getattr(step, name) for name in AgentStep.__struct_fields__ if name not in shared}
+
+
 # --- the actor: I/O at the edges --------------------------------------------------------
 
 
@@ -262,10 +333,13 @@ class KernelWriter(Actor):
 
     def __init__(self) -> None:
         self._nc: Client | None = None
+        self._ref: ActorRef | None = None
         self._reader: HistoryReader | None = None
+        self._leases: DeviceLeases | None = None
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
         self._nc = nc
+        self._ref = ref
         self._reader = HistoryReader(nc)
 
     async def handle(self, event: Event, out: Reactions) -> None:
@@ -296,7 +370,33 @@ class KernelWriter(Actor):
             )
         lessons = [x.statement for x in await ask_lessons(self._nc, event.campaign_id)]
         context = await asyncio.to_thread(context_for, campaign.spec, lessons)
-        decide_operator(history, event, out, context)
+        if event.operator == AGENT:
+            trail = await self._recorded_trail(event)
+            hold = await self._device_share(event.target)
+            await decide_agent(history, event, out, campaign.spec, context, trail, hold)
+        else:
+            decide_operator(history, event, out, context)
+
+    async def _device_share(self, target: str) -> Hold:
+        """How the agent's tools hold a share of this host's `target` device, as a
+        verifier does (the leases are opened on first use)."""
+        assert self._nc is not None and self._ref is not None
+        if self._leases is None:
+            self._leases = await DeviceLeases.open(jetstream(self._nc), self._ref.instance)
+        leases = self._leases
+        device = device_key(target, self._ref.host, worker_device_index(target))
+        return lambda: leases.shared(device, self.status)
+
+    async def _recorded_trail(self, event: CandidateProposed) -> list[AgentStep]:
+        """The AgentSteps recorded for this candidate by an earlier delivery, in order."""
+        assert self._nc is not None
+        return [
+            recorded
+            for _, recorded in await replay(
+                self._nc, campaign_id=event.campaign_id, types=["AgentStep"]
+            )
+            if isinstance(recorded, AgentStep) and recorded.candidate_id == event.candidate_id
+        ]
 
     async def _vary(self, history: History, event: CandidateProposed, out: Reactions) -> None:
         assert self._nc is not None
@@ -323,14 +423,7 @@ class KernelWriter(Actor):
         # Imported here: openai takes ~0.4 s to import, and only LLM campaigns need it.
         from actors.search.llm.client import LlmClient, LlmConfig, LlmConfigError, LlmFailed
 
-        config = LlmConfig(
-            base_url=writer.base_url or "",
-            model=writer.model or "",
-            api_key_env=writer.api_key_env,
-            timeout_s=writer.timeout_s,
-            max_attempts=writer.attempts,
-            backoff_base_s=writer.backoff_s,
-        )
+        config = LlmConfig.of(writer)
         exchange: dict[str, Any] = {
             **event.work(),
             "operator": event.operator,

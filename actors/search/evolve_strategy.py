@@ -17,10 +17,13 @@ first try of an operator in a slot), all from a generator seeded by the campaign
 the generation and the slot. The operator is applied here first, as the kernel writer
 will apply it: a point it refuses, a (parent source, operator, params) already proposed in
 the dedupe scope (its `param_key`) or a child whose exact kernel the scope already holds
-is never proposed; the slot tries again, up to `TRIES` times. The bandit learns from every campaign
-of the problem, target and dtype; what counts as proposed is the dedupe scope's (the same
-shapes too: at another shape the same edit is worth timing again). A pure function of the
-history.
+is never proposed; the slot tries again, up to `TRIES` times. The bandit learns from every
+campaign of the problem, target and dtype; what counts as proposed is the dedupe scope's
+(the same shapes too: at another shape the same edit is worth timing again). Where the
+campaign's writer has an endpoint (`base_url` and `model`) the LLM agent (`agent`,
+`actors.search.agent`) is one more arm; it cannot be tried here (it needs the endpoint and
+the sandbox), so any (parent, agent, attempt) not proposed before is. A pure function of
+the history.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from actors.campaign.history import Campaign, Candidate, History, param_key
 from actors.campaign.leaderboard import campaign_leaderboard
 from actors.search.lineage import EVOLVE_TEMPLATE, context_for, parent_kernel
 from actors.search.operator_bandit import Bandit
-from actors.search.operators.protocol import Context, ParentKernel, Refusal, VariationOperator
-from actors.search.operators.registry import OPERATORS
+from actors.search.operators.protocol import Context, ParentKernel, Refusal, Searched
+from actors.search.operators.registry import OPERATORS, searched
 from actors.search.spaces import kernel_templates, seed_points
 from actors.search.strategy import Filled, GenerationInputs, Planned, Stalled, fresh_points
 from actors.search.template_search import Proposal, Space
@@ -94,7 +97,8 @@ def _vary(
 ) -> list[Planned]:
     spec = campaign.spec
     problem = history.scope_candidates(spec.problem, spec.target, spec.dtype)
-    bandit = Bandit.of(history, problem, list(OPERATORS))  # every campaign of the problem
+    operators = searched(spec.writer.has_endpoint)
+    bandit = Bandit.of(history, problem, list(operators))  # every campaign of the problem
     context = context_for(spec)
     scope = [
         c for c in problem if history.campaigns[c.proposal.campaign_id].scope == campaign.scope
@@ -104,7 +108,7 @@ def _vary(
     tried = _tried(history, scope)
     chosen: list[Planned] = []
     for slot in range(inputs.count):
-        draw = _Draw(bandit, pool, context, taken, hashes)
+        draw = _Draw(bandit, operators, pool, context, taken, hashes)
         planned = draw.on_best(tried) or draw.anywhere(
             random.Random(_seed(spec.search.seed, generation, slot))
         )
@@ -134,6 +138,7 @@ class _Draw:
     child the scope already holds is passed over."""
 
     bandit: Bandit
+    operators: dict[str, Searched]
     pool: list[ParentKernel]
     context: Context
     taken: set[str]
@@ -145,8 +150,8 @@ class _Draw:
         operator (what paid on its ancestors may pay again) before the search wanders."""
         best = self.pool[0]
         done = tried.get(_digest(best), set())
-        for name in self.bandit.ranked([n for n in OPERATORS if n not in done]):
-            operator = OPERATORS[name]
+        for name in self.bandit.ranked([n for n in self.operators if n not in done]):
+            operator = self.operators[name]
             if not _fits(operator, self.pool):
                 continue
             others = [p for p in self.pool[1:] if _digest(p) != _digest(best)]
@@ -162,11 +167,15 @@ class _Draw:
         excluded: set[str] = set()
         tried: dict[str, int] = {}
         for _ in range(TRIES):
-            allowed = [n for n in OPERATORS if n not in excluded and _fits(OPERATORS[n], self.pool)]
+            allowed = [
+                n
+                for n in self.operators
+                if n not in excluded and _fits(self.operators[n], self.pool)
+            ]
             name = self.bandit.choose(allowed)
             if name is None:
                 return None
-            operator = OPERATORS[name]
+            operator = self.operators[name]
             parents = _draw_parents(rng, operator, self.pool)
             params = _draw_params(rng, operator, first=tried.get(name, 0) == 0)
             tried[name] = tried.get(name, 0) + 1
@@ -186,6 +195,9 @@ class _Draw:
         key = _key(name, parents, params)
         if key in self.taken:
             return "taken"
+        if name not in OPERATORS:  # the agent: run by the kernel writer
+            self.taken.add(key)
+            return Planned(EVOLVE_TEMPLATE, dict(params), key, name, [parents[0].candidate_id])
         child = OPERATORS[name].apply(parents, params, self.context)
         if isinstance(child, Refusal):
             return "refused"
@@ -197,12 +209,12 @@ class _Draw:
         return Planned(EVOLVE_TEMPLATE, dict(params), key, name, [p.candidate_id for p in parents])
 
 
-def _fits(operator: VariationOperator, pool: list[ParentKernel]) -> bool:
+def _fits(operator: Searched, pool: list[ParentKernel]) -> bool:
     return operator.arity <= len({(p.source, p.flags) for p in pool})
 
 
 def _draw_parents(
-    rng: random.Random, operator: VariationOperator, pool: list[ParentKernel]
+    rng: random.Random, operator: Searched, pool: list[ParentKernel]
 ) -> list[ParentKernel]:
     """One parent, the better the likelier; a crossover's two: the best and a different."""
     weights = [1.0 / (rank + 1) for rank in range(len(pool))]
@@ -213,9 +225,7 @@ def _draw_parents(
     return [first, rng.choices(others, weights[: len(others)])[0]]
 
 
-def _draw_params(
-    rng: random.Random, operator: VariationOperator, first: bool
-) -> dict[str, ParamValue]:
+def _draw_params(rng: random.Random, operator: Searched, first: bool) -> dict[str, ParamValue]:
     space = operator.space()
     if first:
         return {name: values[0] for name, values in space.items()}

@@ -21,7 +21,7 @@ from actors.search.operators.protocol import (
     Step,
     TemplatePoint,
 )
-from actors.search.operators.registry import OPERATORS
+from actors.search.operators.registry import AGENT, OPERATORS
 from actors.search.operators.template_point import TemplateStep, point_after
 from kernels.loading import load_problem
 from kernels.templates import TEMPLATES
@@ -34,7 +34,9 @@ EVOLVE_TEMPLATE = "evolve"
 def is_operator_proposal(candidate: Candidate) -> bool:
     """Whether a variation operator writes this candidate (its proposal names one)."""
     proposal = candidate.proposal
-    return proposal.template == EVOLVE_TEMPLATE and proposal.operator in OPERATORS
+    return proposal.template == EVOLVE_TEMPLATE and (
+        proposal.operator in OPERATORS or proposal.operator == AGENT
+    )
 
 
 def lineage_of(history: History, candidate: Candidate) -> tuple[Step, ...]:

@@ -26,6 +26,7 @@ from actors.campaign.history import Candidate, History
 from actors.search.lineage import is_operator_proposal
 
 PREFERENCE = (
+    "agent",  # only where the campaign's writer has an endpoint: tried first there
     "chain",
     "omp_parallel",
     "omp_simd",

@@ -2,6 +2,9 @@
 
 The SDK's own retries are off (`max_retries=0`): every attempt is made and counted here,
 so the attempts recorded in an event are the requests the endpoint really received.
+With `tools` (function definitions as the API takes them) the reply may carry tool calls
+(`LlmReply.tool_calls`), and the messages may hold the assistant's earlier calls and the
+`role: "tool"` answers to them.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -19,10 +22,15 @@ import msgspec
 import openai
 from openai.types.chat import (
     ChatCompletionAssistantMessageParam,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageFunctionToolCallParam,
     ChatCompletionMessageParam,
     ChatCompletionSystemMessageParam,
+    ChatCompletionToolMessageParam,
     ChatCompletionUserMessageParam,
 )
+
+from actors.campaign.campaign_file import Writer
 
 LOCAL_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
 LOCAL_PLACEHOLDER_KEY: Final = "kfactory-local-no-key"
@@ -62,6 +70,27 @@ class LlmConfig(msgspec.Struct, frozen=True, kw_only=True):
     temperature: float | None = None
     max_tokens: int | None = None
 
+    @classmethod
+    def of(cls, writer: Writer) -> LlmConfig:
+        """The campaign's `[writer]` endpoint and its patience."""
+        return cls(
+            base_url=writer.base_url or "",
+            model=writer.model or "",
+            api_key_env=writer.api_key_env,
+            timeout_s=writer.timeout_s,
+            max_attempts=writer.attempts,
+            backoff_base_s=writer.backoff_s,
+        )
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """A tool call in a reply: its id, the function's name and its arguments (JSON text as
+    the model wrote it: not checked here)."""
+
+    id: str
+    name: str
+    arguments: str
+
 
 class LlmReply(msgspec.Struct, frozen=True, kw_only=True):
     text: str
@@ -73,6 +102,7 @@ class LlmReply(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     """The model the endpoint says answered."""
     finish_reason: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 def is_local(base_url: str) -> bool:
@@ -94,9 +124,23 @@ def resolve_api_key(config: LlmConfig, api_key: str | None = None) -> str:
     )
 
 
-def _typed_message(message: Mapping[str, str]) -> ChatCompletionMessageParam:
+def _typed_message(message: Mapping[str, Any]) -> ChatCompletionMessageParam:
     role, content = message.get("role"), message.get("content")
-    if content is None:
+    calls = message.get("tool_calls") or ()
+    if role == "assistant" and calls:
+        return ChatCompletionAssistantMessageParam(
+            role="assistant",
+            content=content if isinstance(content, str) else None,
+            tool_calls=[
+                ChatCompletionMessageFunctionToolCallParam(
+                    id=call.id,
+                    type="function",
+                    function={"name": call.name, "arguments": call.arguments},
+                )
+                for call in calls
+            ],
+        )
+    if not isinstance(content, str):
         raise ValueError(f"chat message without content: {dict(message)}")
     if role == "system":
         return ChatCompletionSystemMessageParam(role="system", content=content)
@@ -104,7 +148,11 @@ def _typed_message(message: Mapping[str, str]) -> ChatCompletionMessageParam:
         return ChatCompletionUserMessageParam(role="user", content=content)
     if role == "assistant":
         return ChatCompletionAssistantMessageParam(role="assistant", content=content)
-    raise ValueError(f"chat message role must be system, user or assistant, got {role!r}")
+    if role == "tool":
+        return ChatCompletionToolMessageParam(
+            role="tool", content=content, tool_call_id=str(message.get("tool_call_id", ""))
+        )
+    raise ValueError(f"chat message role must be system, user, assistant or tool, got {role!r}")
 
 
 class _Retryable(Exception):
@@ -167,14 +215,20 @@ class LlmClient:
             wait = max(wait, min(retry_after_s, c.backoff_max_s))
         return wait
 
-    async def complete(self, messages: list[dict[str, str]]) -> LlmReply:
+    async def complete(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[ChatCompletionFunctionToolParam] = (),
+    ) -> LlmReply:
+        """The reply to `messages` (an assistant message may carry `tool_calls`, a list of
+        `ToolCall`; a tool's answer is `{"role": "tool", "tool_call_id", "content"}`)."""
         typed = [_typed_message(m) for m in messages]
         started = time.monotonic()
         errors: list[str] = []
         last_reason = last_detail = ""
         for attempt in range(1, self.config.max_attempts + 1):
             try:
-                reply = await self._attempt(typed)
+                reply = await self._attempt(typed, list(tools))
             except _Retryable as failure:
                 errors.append(f"attempt {attempt}: {failure.reason}: {failure.detail}")
                 last_reason, last_detail = failure.reason, failure.detail
@@ -187,7 +241,7 @@ class LlmClient:
                 raise LlmFailed(
                     f"http_{error.status_code}", detail, attempt, tuple(errors)
                 ) from error
-            text, usage, model, finish = reply
+            text, usage, model, finish, calls = reply
             return LlmReply(
                 text=text,
                 usage=usage,
@@ -195,14 +249,20 @@ class LlmClient:
                 latency_s=time.monotonic() - started,
                 model=model,
                 finish_reason=finish,
+                tool_calls=calls,
             )
         raise LlmFailed(last_reason, last_detail, self.config.max_attempts, tuple(errors))
 
     async def _attempt(
-        self, messages: list[ChatCompletionMessageParam]
-    ) -> tuple[str, dict[str, int], str, str]:
+        self,
+        messages: list[ChatCompletionMessageParam],
+        tools: list[ChatCompletionFunctionToolParam],
+    ) -> tuple[str, dict[str, int], str, str, tuple[ToolCall, ...]]:
         c = self.config
         extra: dict[str, Any] = {}
+        if tools:
+            extra["tools"] = tools
+            extra["tool_choice"] = "auto"
         if c.temperature is not None:
             extra["temperature"] = c.temperature
         if c.max_tokens is not None:
@@ -223,11 +283,15 @@ class LlmClient:
             raise
         except openai.APIError as error:  # e.g. a body the SDK could not validate
             raise _Retryable("malformed_reply", str(error).splitlines()[0][:500]) from error
+        except ValueError as error:  # a body that claims to be JSON and is not
+            raise _Retryable("malformed_reply", f"the body is not JSON: {error}") from error
         return _parse(completion, c.model)
 
 
-def _parse(completion: object, asked_model: str) -> tuple[str, dict[str, int], str, str]:
-    """Text, usage, model and finish reason of a reply, checked field by field.
+def _parse(
+    completion: object, asked_model: str
+) -> tuple[str, dict[str, int], str, str, tuple[ToolCall, ...]]:
+    """Text, usage, model, finish reason and tool calls of a reply, checked field by field.
 
     The SDK builds its objects without validation, so an endpoint that answers 200 with
     something else gives strings or dicts in odd places; that is a malformed reply.
@@ -252,4 +316,24 @@ def _parse(completion: object, asked_model: str) -> tuple[str, dict[str, int], s
         usage,
         model if isinstance(model, str) and model else asked_model,
         finish if isinstance(finish, str) else "",
+        _tool_calls(getattr(message, "tool_calls", None)),
     )
+
+
+def _tool_calls(found: object) -> tuple[ToolCall, ...]:
+    """The reply's tool calls; a call without an id, a function name or text arguments
+    makes the reply malformed."""
+    if found is None:
+        return ()
+    if not isinstance(found, list):
+        raise _Retryable("malformed_reply", f"tool_calls is not a list: {found!r:.200}")
+    calls = []
+    for call in found:
+        function = getattr(call, "function", None)
+        ident = getattr(call, "id", None)
+        name = getattr(function, "name", None)
+        arguments = getattr(function, "arguments", None)
+        if not (isinstance(ident, str) and isinstance(name, str) and isinstance(arguments, str)):
+            raise _Retryable("malformed_reply", f"a tool call is malformed: {call!r:.200}")
+        calls.append(ToolCall(ident, name, arguments))
+    return tuple(calls)

@@ -1,4 +1,6 @@
-"""Chat prompts for the LLM writer: write (from the problem alone), improve, fix, crossover.
+"""Chat prompts for the LLM writer: write (from the problem alone), improve, fix, crossover;
+and the agent operator's opening (a parent to improve with tools: compile, verify, time,
+submit).
 
 Every prompt states the problem exactly (signature, calling convention, shapes,
 tolerances), shows the source it starts from, and lists the lessons the history holds.
@@ -19,6 +21,7 @@ from typing import Any, Final
 
 import jinja2
 
+from actors.search.operators.protocol import Context, ParentKernel
 from gpu_workers.targets import target_of
 from kernels.spec import Problem
 
@@ -39,23 +42,54 @@ class RejectionEvidence:
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
 
-_SYSTEM = """\
-You are an expert performance engineer who writes fast, correct compute kernels in C.
+_BRIEF = """
 {% if llm_brief -%}
 {{ llm_brief }}
 {%- else -%}
 Kernels target {{ target }}.
 {%- endif %}
-Flags: the default is `{{ default_flags }}`. To choose others, make the first line of the \
-source `// kfactory-flags: <flags>`.
-Every kernel is verified element by element against a float64 reference on fresh inputs \
+"""
+_JUDGED = """\
+verified element by element against a float64 reference on fresh inputs \
 from several distributions (normal, uniform, large magnitude ~1e4, tiny ~1e-15, exact ties) \
 and on shapes that are not multiples of any tile; NaN never passes, inputs must stay \
 unchanged, and every output element must be written. Only then is it timed.
-Answer with exactly one complete C source file in a single ```c fenced block, defining
+"""
+_LINKAGE = """
     {{ signature }}
 with external linkage. No main() and no I/O. No global, static or thread-local variables \
-(constant tables are fine): each call starts from its arguments alone."""
+(constant tables are fine)"""
+
+_SYSTEM = (
+    "You are an expert performance engineer who writes fast, correct compute kernels in C."
+    + _BRIEF
+    + """\
+Flags: the default is `{{ default_flags }}`. To choose others, make the first line of the \
+source `// kfactory-flags: <flags>`.
+Every kernel is """
+    + _JUDGED
+    + "Answer with exactly one complete C source file in a single ```c fenced block, defining"
+    + _LINKAGE
+    + ": each call starts from its arguments alone."
+)
+
+_AGENT_SYSTEM = (
+    "You are an expert performance engineer who improves compute kernels in C, step by step, "
+    "with tools."
+    + _BRIEF
+    + """\
+Flags: pass them as the tools' `flags` argument (the parent's by default; the target's \
+default is `{{ default_flags }}`).
+Every submitted kernel is """
+    + _JUDGED
+    + "A kernel defines"
+    + _LINKAGE
+    + """.
+Tools: `read_lineage` and `read_lessons` tell what is known; `compile` runs the compile \
+and static checks; `verify` checks the kernel at small shapes; `time` times a few calls at \
+the timed shape (advice only: the swarm times it again); `submit` hands the final kernel \
+in and ends your turn. You have at most {{ max_steps }} replies."""
+)
 
 _PROBLEM = """\
 ## Problem: {{ problem.name }}
@@ -86,21 +120,31 @@ _LESSONS = """\
 (none yet)
 {% endfor %}"""
 
-_IMPROVE = (
-    _PROBLEM
-    + """
-## The current kernel (verified)
+
+def _from_parent(heading: str, task: str) -> str:
+    """A prompt that shows the problem, one parent kernel under `heading`, the lessons and
+    the task."""
+    return (
+        _PROBLEM
+        + f"""
+## {heading}
 ```c
-{{ parent_source }}
+{{{{ parent_source }}}}
 ```
 
 """
-    + _LESSONS
-    + """
+        + _LESSONS
+        + f"""
 ## Task
-Write a faster kernel for this problem. Keep it exactly correct within the tolerance. \
+{task}"""
+    )
+
+
+_IMPROVE = _from_parent(
+    "The current kernel (verified)",
+    """Write a faster kernel for this problem. Keep it exactly correct within the tolerance. \
 Explain your idea in at most three sentences, then give the full source.
-"""
+""",
 )
 
 _FIX = (
@@ -194,10 +238,19 @@ class HostCeilings:
     peak_gflops: float
 
 
+_AGENT = _from_parent(
+    "The kernel to improve (flags: `{{ parent_flags }}`)",
+    """Make this kernel faster while keeping it correct within the tolerance. Edit it, compile \
+it, verify it and time it with the tools, repair what fails, then submit the full source.
+""",
+)
+
 _ENV = jinja2.Environment(
     loader=jinja2.DictLoader(
         {
             "system": _SYSTEM,
+            "agent_system": _AGENT_SYSTEM,
+            "agent": _AGENT,
             "write": _WRITE,
             "improve": _IMPROVE,
             "fix": _FIX,
@@ -239,7 +292,12 @@ def _evidence_items(evidence: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def _messages(
-    name: str, problem: Problem, target: str, dtype: str, **context: Any
+    name: str,
+    problem: Problem,
+    target: str,
+    dtype: str,
+    system_name: str = "system",
+    **context: Any,
 ) -> list[dict[str, str]]:
     signature = problem.c_signature(dtype)
     device = target_of(target)
@@ -257,7 +315,7 @@ def _messages(
         if problem.error_scale is None
         else "a per-element magnitude the problem defines (see its description)",
     }
-    system = _ENV.get_template("system").render(**common)
+    system = _ENV.get_template(system_name).render(**common, **context)
     user = _ENV.get_template(name).render(**common, **context)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
@@ -357,4 +415,22 @@ def crossover(
         source_a=cap(source_a.rstrip(), MAX_SOURCE_CHARS // 2),
         source_b=cap(source_b.rstrip(), MAX_SOURCE_CHARS // 2),
         lessons=_lessons(lessons),
+    )
+
+
+def agent(
+    problem: Problem, parent: ParentKernel, context: Context, *, dtype: str, max_steps: int
+) -> list[dict[str, str]]:
+    """The agent operator's opening: the problem, the parent to improve and the context's
+    lessons, for its target."""
+    return _messages(
+        "agent",
+        problem,
+        context.target,
+        dtype,
+        system_name="agent_system",
+        parent_source=cap(parent.source.rstrip(), MAX_SOURCE_CHARS),
+        parent_flags=" ".join(parent.flags),
+        lessons=_lessons(context.lessons),
+        max_steps=max_steps,
     )

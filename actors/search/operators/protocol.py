@@ -127,9 +127,9 @@ class Refuse(Exception):
         self.message = message
 
 
-class VariationOperator(Protocol):
-    """An operator of the search: `name` (the registry's key), `arity` (how many parents
-    it takes), `space()` and `apply()`."""
+class Searched(Protocol):
+    """What the planner knows of an operator: `name` (the registry's key), `arity` (how
+    many parents it takes) and `space()`."""
 
     @property
     def name(self) -> str: ...
@@ -139,7 +139,21 @@ class VariationOperator(Protocol):
 
     def space(self) -> ParamSpace: ...
 
+
+class VariationOperator(Searched, Protocol):
+    """An operator of the search: `Searched`, and `apply()`."""
+
     def apply(
+        self, parents: Sequence[ParentKernel], params: Params, context: Context
+    ) -> Variation | Refusal: ...
+
+
+class AsyncVariationOperator(Searched, Protocol):
+    """An operator that needs I/O to vary its parents (an LLM, the compiler, the sandbox):
+    `VariationOperator` with an awaitable `apply`. The planner sees only what it is
+    `Searched` by; the kernel writer awaits it."""
+
+    async def apply(
         self, parents: Sequence[ParentKernel], params: Params, context: Context
     ) -> Variation | Refusal: ...
 

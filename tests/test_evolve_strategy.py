@@ -14,12 +14,20 @@ import msgspec
 import pytest
 
 from actors.campaign.campaign_file import CampaignError, validate
+from actors.campaign.history import History
 from actors.records.best_kernels import kernel_text
 from actors.roles.kernel_writer import MAX_DIFF_CHARS, bounded_diff, decide_operator
 from actors.runtime import Reactions
 from actors.search.evolve_strategy import EvolveStrategy
 from actors.search.lineage import EVOLVE_TEMPLATE, context_for, lineage_of
-from actors.search.operator_bandit import PREFERENCE, REJECTED_PENALTY, Bandit, reward
+from actors.search.operator_bandit import (
+    PREFERENCE,
+    PRIOR_WEIGHT,
+    REJECTED_PENALTY,
+    Bandit,
+    family_prior,
+    reward,
+)
 from actors.search.operators.registry import OPERATORS
 from actors.search.strategy import Filled, GenerationInputs, Stalled
 from eventstore.events import (
@@ -30,7 +38,8 @@ from eventstore.events import (
     KernelWritten,
 )
 from ops.progress import Progress
-from tests.evolve_history import ACTOR, CAMPAIGN, Log
+from tests.evolve_history import ACTOR, CAMPAIGN, ROWFLIP, VECSCALE, Log
+from tests.evolve_recording import record_campaign
 
 
 def test_generation_0_is_the_seed_as_it_is_and_nothing_to_start_from_stalls(
@@ -183,3 +192,69 @@ def test_a_campaign_at_another_shape_starts_from_what_paid_and_may_time_the_same
     assert again.candidates[0].param_key == child.param_key
     arms = Bandit.of(second.history, list(second.history.candidates.values()), list(OPERATORS))
     assert arms.summary()[child.operator] == (1, pytest.approx(math.log(4)))
+
+
+# --- the family's record: a new problem of a family already searched starts from it -----
+
+
+def earned(history: History, problem: str) -> dict[str, float]:
+    """Each operator's mean reward over the problem's operator children."""
+    rewards: dict[str, list[float]] = {}
+    for child in history.scope_candidates(problem, "cpu", "fp32"):
+        paid = reward(history, child) if child.proposal.template == EVOLVE_TEMPLATE else None
+        if paid is not None:
+            rewards.setdefault(child.proposal.operator, []).append(paid)
+    return {name: sum(paid) / len(paid) for name, paid in rewards.items()}
+
+
+def test_a_new_problem_of_the_family_starts_from_what_paid_on_the_first(tmp_path: Path) -> None:
+    first = record_campaign(tmp_path)
+    record = earned(first.history, first.spec.problem)
+    flip = first.then("flip", (64, 512), ROWFLIP)  # another row-wise operation
+    flip.timed_seed()
+    filled = flip.fill(1)
+    assert isinstance(filled, Filled)
+    operators = [p.operator for p in filled.candidates]
+    (tmp_path / "alone").mkdir()
+    alone = Log(tmp_path / "alone", name="flip", problem_files=ROWFLIP)  # nothing searched
+    alone.timed_seed()
+    default = alone.fill(1)
+    assert isinstance(default, Filled)
+    assert default.candidates[0].operator == PREFERENCE[0]
+    # The first slots go to what earned most on the first problem, best first; what was
+    # rejected there every time comes after what was never tried.
+    best = sorted((name for name in record if record[name] > 0), key=lambda n: -record[n])
+    assert operators[:3] == best[:3] and operators != [p.operator for p in default.candidates]
+    assert not {n for n in record if record[n] == REJECTED_PENALTY} & set(operators)
+    prior = family_prior(flip.history, flip.spec.problem, "cpu", "fp32")
+    assert set(prior) == set(record) and all(p.pulls > 0 for p in prior.values())
+    assert flip.fill(1) == filled  # a pure function of the history
+
+
+def test_a_problem_of_another_family_starts_from_the_untried_default(tmp_path: Path) -> None:
+    first = record_campaign(tmp_path)
+    vec = first.then("vec", (4096,), VECSCALE)  # element-wise: dims n, another family
+    vec.timed_seed()
+    assert family_prior(vec.history, vec.spec.problem, "cpu", "fp32") == {}
+    (tmp_path / "alone").mkdir()
+    alone = Log(tmp_path / "alone", name="vec", shape=(4096,), problem_files=VECSCALE)
+    alone.timed_seed()
+    filled = vec.fill(1)
+    assert isinstance(filled, Filled) and filled.candidates[0].operator == PREFERENCE[0]
+    assert filled == alone.fill(1)
+
+
+def test_the_family_prior_counts_each_child_as_a_fraction_of_a_pull(tmp_path: Path) -> None:
+    first = record_campaign(tmp_path)
+    record = earned(first.history, first.spec.problem)
+    flip = first.then("flip", (64, 512), ROWFLIP)
+    flip.timed_seed()
+    prior = family_prior(flip.history, flip.spec.problem, "cpu", "fp32")
+    scope = flip.history.scope_candidates(flip.spec.problem, "cpu", "fp32")
+    arms = Bandit.of(flip.history, scope, [*OPERATORS, "agent"], prior)
+    for name, (pulls, mean) in arms.summary().items():
+        assert pulls == 0  # none of its own yet
+        assert mean == pytest.approx(record.get(name, 0.0))
+        assert arms.arms[name].weight == pytest.approx(prior[name].pulls if name in prior else 0)
+    assert {p.pulls / PRIOR_WEIGHT for p in prior.values()} <= set(range(1, 20))
+    assert "agent" in arms.ranked([*OPERATORS, "agent"])  # an arm of any name

@@ -34,7 +34,7 @@ from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Campaign, Candidate, History, param_key
 from actors.campaign.leaderboard import campaign_leaderboard
 from actors.search.lineage import EVOLVE_TEMPLATE, context_for, parent_kernel
-from actors.search.operator_bandit import Bandit
+from actors.search.operator_bandit import Bandit, family_prior
 from actors.search.operators.protocol import Context, ParentKernel, Refusal, VariationOperator
 from actors.search.operators.registry import OPERATORS
 from actors.search.spaces import kernel_templates, seed_points
@@ -94,7 +94,8 @@ def _vary(
 ) -> list[Planned]:
     spec = campaign.spec
     problem = history.scope_candidates(spec.problem, spec.target, spec.dtype)
-    bandit = Bandit.of(history, problem, list(OPERATORS))  # every campaign of the problem
+    prior = family_prior(history, spec.problem, spec.target, spec.dtype)
+    bandit = Bandit.of(history, problem, list(OPERATORS), prior)  # and the family's record
     context = context_for(spec)
     scope = [
         c for c in problem if history.campaigns[c.proposal.campaign_id].scope == campaign.scope

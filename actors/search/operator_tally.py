@@ -1,6 +1,7 @@
 """What each variation operator's children came to, per problem scope, kept as the
-history grows, each of a fixed size; the operator lessons (`actors.search.lessons`) are
-drawn from them.
+history grows, each of a fixed size; the operator lessons (`actors.search.lessons`) and
+the bandit's family prior (`actors.search.operator_bandit.family_prior`) are drawn from
+them.
 
 An `OperatorBook` belongs to one `History` (`OperatorBook.of`) and, like the lessons'
 `LessonBook` (both an `actors.search.lesson_tally.Book`), reads its outcome log on from
@@ -12,8 +13,8 @@ where it stopped, into one `OperatorTally` per scope (problem, target, dtype). P
 - how many children were judged (verified, or rejected beyond the write stage: a refusal
   wrote no kernel) and how many were rejected, by stage and reason, with a bounded sample
   of the rejections.
-The scopes of one family (`actors.search.problem_family`) are merged when a lesson is
-drawn: a problem's family is known only once one of its kernels was timed, and
+The scopes of one family (`actors.search.problem_family`) are merged when a lesson or a
+prior is drawn: a problem's family is known only once one of its kernels was timed, and
 its children judged before that count all the same. An event is counted where it stands
 in the log (its index there orders the samples), so every reader computes the same floats.
 """

@@ -252,7 +252,7 @@ def test_lessons_under_rule_two_after_rule_three_ones_differ(campaign: Log) -> N
 # --- where users see lessons ---------------------------------------------------------------
 
 
-def test_users_see_the_operator_lessons_in_the_report_the_replay_and_sql(
+def test_users_see_the_operator_lessons_in_the_report_the_replay_sql_and_lessons(
     campaign: Log, tmp_path: Path
 ) -> None:
     store = DuckDBEventStore(tmp_path / "events.duckdb")
@@ -276,3 +276,19 @@ def test_users_see_the_operator_lessons_in_the_report_the_replay_and_sql(
     rows = json.loads(done.stdout)
     assert {"statement": latest.statement, "operator": latest.data["operator"]} in rows
     assert len(rows) == len(operator_lessons(campaign.history))
+    done = kfactory("lessons", NAME, *home, "--kind", "operator", "--latest", "--json")
+    assert done.returncode == 0, done.stderr
+    listed = json.loads(done.stdout)
+    assert {x["kind"] for x in listed} == {"operator"} and latest.statement in {
+        x["statement"] for x in listed
+    }
+    # --latest: one lesson per operator, parameter value and host, each its last word.
+    subjects = {
+        (x.data["operator"], x.data["param"], repr(x.data["value"]), x.data["device"]): x.statement
+        for x in operator_lessons(campaign.history)
+    }
+    assert sorted(x["statement"] for x in listed) == sorted(subjects.values())
+    done = kfactory("lessons", NAME, *home, "--kind", "operator")
+    assert done.returncode == 0 and latest.statement in done.stdout.replace("\n", " ")
+    missing = kfactory("lessons", "no-such-campaign", *home)
+    assert missing.returncode != 0 and "no campaign 'no-such-campaign'" in missing.stderr

@@ -62,7 +62,7 @@ from actors.search.lesson_stats import (
     wilson_interval,
 )
 from actors.search.lesson_tally import Feature, LessonBook, ScopeTally, Spread, feature_words
-from actors.search.operator_tally import Arm, OperatorBook, Outcomes, Timed
+from actors.search.operator_tally import OperatorArm, OperatorBook, Outcomes, Timed
 from actors.search.problem_family import Family
 
 RULE = 3
@@ -374,7 +374,7 @@ def _regions(tally: ScopeTally) -> list[Lesson]:
     return lessons
 
 
-def operator_lessons(family: Family, arms: dict[Arm, Outcomes]) -> list[Lesson]:
+def operator_lessons(family: Family, arms: dict[OperatorArm, Outcomes]) -> list[Lesson]:
     """What each operator, and each parameter value of it that not all its children
     shared, paid on the family (see the module's docstring)."""
     lessons = []
@@ -390,7 +390,9 @@ def operator_lessons(family: Family, arms: dict[Arm, Outcomes]) -> list[Lesson]:
     return lessons
 
 
-def _operator_lesson(family: Family, arm: Arm, outcomes: Outcomes, device: str | None) -> Lesson:
+def _operator_lesson(
+    family: Family, arm: OperatorArm, outcomes: Outcomes, device: str | None
+) -> Lesson:
     operator, name, value = arm
     who = f"{operator} with {name}={value!r}" if name else operator
     timed = outcomes.timed[device] if device is not None else Timed()

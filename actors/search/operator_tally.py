@@ -5,8 +5,8 @@ them.
 
 An `OperatorBook` belongs to one `History` (`OperatorBook.of`) and, like the lessons'
 `LessonBook` (both an `actors.search.lesson_tally.Book`), reads its outcome log on from
-where it stopped, into one `OperatorTally` per scope (problem, target, dtype). Per `Arm`
-(an operator, or one value of one of its parameters) it keeps:
+where it stopped, into one `OperatorTally` per scope (problem, target, dtype). Per
+`OperatorArm` (an operator, or one value of one of its parameters) it keeps:
 - per device that timed them, the moments of `log(parent median / child median)` over
   the children whose first parent was timed, a `Spread` of them and the shapes they were
   timed at;
@@ -34,7 +34,7 @@ from actors.search.lineage import is_operator_proposal
 from actors.search.problem_family import Family
 from eventstore.events import BenchmarkCompleted, Event, KernelRejected, KernelVerified
 
-Arm = tuple[str, str, Any]
+OperatorArm = tuple[str, str, Any]
 """An operator with one of its parameter values, (operator, name, value), or the operator
 itself, (operator, "", None)."""
 Shape = tuple[tuple[str, int], ...]
@@ -52,7 +52,7 @@ def log_ratio(history: History, child: Candidate) -> float | None:
     return math.log(parent.benchmark.median_ns / child.benchmark.median_ns)
 
 
-def arms_of(candidate: Candidate) -> list[Arm]:
+def arms_of(candidate: Candidate) -> list[OperatorArm]:
     """The operator's arm, and one per parameter value (a scalar: a recorded list or
     mapping names no value an operator's space offers)."""
     proposal = candidate.proposal
@@ -141,7 +141,7 @@ class Outcomes:
 class OperatorTally:
     """One scope's operator children, per arm (see the module's docstring)."""
 
-    arms: dict[Arm, Outcomes] = field(default_factory=dict)
+    arms: dict[OperatorArm, Outcomes] = field(default_factory=dict)
 
     def _outcomes(self, candidate: Candidate) -> list[Outcomes]:
         found = []
@@ -199,7 +199,7 @@ class OperatorBook(Book):
         dims = self.dims.get(scope)
         return None if dims is None else Family(scope[1], scope[2], dims)
 
-    def arms(self, family: Family, besides: Scope | None = None) -> dict[Arm, Outcomes]:
+    def arms(self, family: Family, besides: Scope | None = None) -> dict[OperatorArm, Outcomes]:
         """The arms of the family's problems (less `besides`) as one, in a fixed order."""
         tallies = [
             tally

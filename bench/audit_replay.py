@@ -12,6 +12,12 @@ the final summary. Only the measurements are invented (speedups drawn from a see
 random model of the parameters), so no kernel is compiled. The figures are the wall time
 of the real commands, `kfactory replay C --json` and `kfactory audit C --json` (no
 --reverify), each in a fresh process, best of --repeat.
+
+With --operators SHARE, that share of the candidates are variation operators' children
+of an earlier timed kernel (an offline operator and a point of its space, a gain over
+the parent drawn per operator), timed at a shape, so that each generation's lessons
+include the operator lessons of their family: `--operators 0.5` measures the audit with
+them.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from actors.campaign.history import History, param_key
 from actors.campaign.ranking import best_of
 from actors.campaign.summary import summary
 from actors.records.audit import lessons_due
+from actors.search.lineage import EVOLVE_TEMPLATE
+from actors.search.operators.registry import OPERATORS
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
@@ -70,6 +78,7 @@ SPACE: dict[str, list[Any]] = {  # the size of a real template's space (softmax:
     "streaming": [False, True],
 }
 TEMPLATES = ("rows_a", "rows_b", "rows_c")
+SHAPE = {"rows": 512, "cols": 2048}
 
 
 def actor(role: str) -> ActorRef:
@@ -98,7 +107,9 @@ class Recorder:
         self.pending = []
 
 
-def record_campaign(path: Path, events: int, per_generation: int, seed: int) -> int:
+def record_campaign(
+    path: Path, events: int, per_generation: int, seed: int, operators: float = 0.0
+) -> int:
     rng = random.Random(seed)
     store = DuckDBEventStore(path)
     out = Recorder(store)
@@ -121,6 +132,7 @@ def record_campaign(path: Path, events: int, per_generation: int, seed: int) -> 
         )
     )
     sources: list[tuple[str, Event]] = []  # (source, the event that settled it)
+    timed: list[tuple[str, float]] = []  # (candidate id, median) of the timed kernels
     generation = 0
     while out.count < events:
         opened = out.emit(
@@ -134,7 +146,7 @@ def record_campaign(path: Path, events: int, per_generation: int, seed: int) -> 
             )
         )
         for index in range(per_generation):
-            _candidate(out, rng, opened, generation, index, sources)
+            _candidate(out, rng, opened, generation, index, sources, timed, operators)
         lessons = lessons_due(out.history, CAMPAIGN)
         for number, lesson in enumerate(lessons):
             out.emit(
@@ -193,9 +205,18 @@ def _candidate(
     generation: int,
     index: int,
     sources: list[tuple[str, Event]],
+    timed: list[tuple[str, float]],
+    operators: float,
 ) -> None:
     template = rng.choice(TEMPLATES)
     params: dict[str, Any] = {name: rng.choice(values) for name, values in SPACE.items()}
+    operator, parents, parent_median = "sample", [], 0.0
+    if operators and timed and rng.random() < operators:
+        template, operator = EVOLVE_TEMPLATE, rng.choice(sorted(OPERATORS))
+        space = OPERATORS[operator].space()
+        params = {name: rng.choice(values) for name, values in sorted(space.items())}
+        parent, parent_median = rng.choice(timed)
+        parents = [parent]
     work: dict[str, Any] = {
         "problem": "softmax",
         "target": "cpu",
@@ -211,6 +232,8 @@ def _candidate(
             template=template,
             params=params,
             param_key=param_key(template, params),
+            operator=operator,
+            parents=parents,
             **work,
         )
     )
@@ -240,15 +263,17 @@ def _candidate(
             source_hash=identity,
             source=source,
             flags=["-O3"],
-            writer="template",
+            writer="operator" if parents else "template",
             template=template,
             params=params,
             param_key=param_key(template, params),
+            operator=operator if parents else "",
+            parents=parents,
             **work,
         )
     )
     outcome: Event
-    if (params["tile"] == 128 and params["unroll"] == 8) or rng.random() < 0.3:
+    if (params.get("tile") == 128 and params.get("unroll") == 8) or rng.random() < 0.3:
         outcome = out.emit(
             new_event(
                 KernelRejected,
@@ -275,13 +300,16 @@ def _candidate(
                 **work,
             )
         )
-        speed = math.exp(
-            0.3 * math.log2(params["tile"] / 16)
-            - 0.1 * params["unroll"]
-            + 0.2 * params["threads"]
-            + rng.gauss(0, 0.2)
-        )
-        median = 4e6 / speed
+        if parents:  # each operator's own mean gain over the parent, from -0.2 to +0.5
+            gain = 0.7 * sorted(OPERATORS).index(operator) / len(OPERATORS) - 0.2
+            median = parent_median / math.exp(gain + rng.gauss(0, 0.2))
+        else:
+            median = 4e6 / math.exp(
+                0.3 * math.log2(params["tile"] / 16)
+                - 0.1 * params["unroll"]
+                + 0.2 * params["threads"]
+                + rng.gauss(0, 0.2)
+            )
         outcome = out.emit(
             new_event(
                 BenchmarkCompleted,
@@ -297,10 +325,13 @@ def _candidate(
                 roofline_fraction=1e6 / median,
                 device="bench-host",
                 roofline_ns=1e6,
+                shape=SHAPE if operators else {},
                 **work,
             )
         )
     sources.append((source, outcome))
+    if isinstance(outcome, BenchmarkCompleted):
+        timed.append((work["candidate_id"], outcome.median_ns))
 
 
 def timed(args: list[str], repeat: int) -> tuple[float, float, subprocess.CompletedProcess[str]]:
@@ -325,12 +356,15 @@ def main() -> None:
     parser.add_argument("--per-generation", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--operators", type=float, default=0.0, help="the share of operator children"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kf-bench-audit-") as tmp:
         home = Path(tmp)
         began = time.perf_counter()
         stored = record_campaign(
-            home / "events.duckdb", args.events, args.per_generation, args.seed
+            home / "events.duckdb", args.events, args.per_generation, args.seed, args.operators
         )
         setup = time.perf_counter() - began
         startup_s, startup_cpu, _ = timed(["--help"], args.repeat)
@@ -350,6 +384,8 @@ def main() -> None:
         "candidates": story["proposed"],
         "generations": len(story["generations"]),
         "lessons": len(story["lessons"]),
+        "operator_share": args.operators,
+        "operator_lessons": sum(1 for x in story["lessons"] if x["kind"] == "operator"),
         "per_generation": args.per_generation,
         "record_seconds": setup,
         "cli_startup_seconds": startup_s,

@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "ops.new_cmd",
     "ops.gpu_check_cmd",
     "ops.replay_cmd",
+    "ops.lessons_cmd",
     "ops.audit_cmd",
     "ops.best_cmd",
     "ops.campaigns_cmd",

@@ -1,9 +1,12 @@
 """A small evolve campaign's history written by hand, for the decision tests of the evolve
 strategy and the kernel writer's operators: a user problem (y = x / 2 + 1 over rows) in a
-temp folder, its plain scalar seed verified and timed in generation 0."""
+temp folder, its plain scalar seed verified and timed in generation 0. Two other user
+problems, for the tests of what carries over a problem family: another row-wise operation
+(y = 3 - x over rows, the same family) and an element-wise one (y = x / 2 + 1 over n)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -65,15 +68,79 @@ void kernel(const float *x, float *y, int64_t rows, int64_t cols) {
 }
 """
 
+ROWFLIP_PROBLEM = (
+    PROBLEM.replace("ROWSCALE", "ROWFLIP")
+    .replace('"rowscale"', '"rowflip"')
+    .replace("y = x / 2 + 1", "y = 3 - x")
+    .replace('a["x"].astype(np.float64) * 0.5 + 1.0', '3.0 - a["x"].astype(np.float64)')
+    .replace('a["x"] * np.float32(0.5) + np.float32(1.0)', 'np.float32(3.0) - a["x"]')
+)
+
+ROWFLIP_SEED = SEED.replace("x[r * cols + j] * 0.5f + 1.0f", "3.0f - x[r * cols + j]")
+
+VECSCALE_PROBLEM = """
+import numpy as np
+from kernels.spec import Arg, Cost, Problem
+
+
+def _scale(a):
+    return {"y": a["x"].astype(np.float64) * 0.5 + 1.0}
+
+
+def _numpy(a):
+    return {"y": a["x"] * np.float32(0.5) + np.float32(1.0)}
+
+
+VECSCALE = Problem(
+    name="vecscale",
+    description="y = x / 2 + 1, element by element",
+    dims=("n",),
+    args=(Arg("x", ("n",)), Arg("y", ("n",), output=True)),
+    reference=_scale,
+    baseline=_numpy,
+    test_shapes=({"n": 37}, {"n": 1}, {"n": 320}),
+    default_shape={"n": 32768},
+    cost=lambda s: Cost(bytes_moved=8 * s["n"], flops=2 * s["n"]),
+)
+"""
+
+VECSCALE_SEED = """\
+#include <stdint.h>
+void kernel(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        y[i] = x[i] * 0.5f + 1.0f;
+    }
+}
+"""
+
+
+@dataclass(frozen=True)
+class UserProblem:
+    """A problem file, its object's name, its seed and the names of its dimensions."""
+
+    file: str
+    name: str
+    text: str
+    seed: str
+    dims: tuple[str, ...]
+
+
+ROWSCALE = UserProblem("rowscale.py", "ROWSCALE", PROBLEM, SEED, ("rows", "cols"))
+ROWFLIP = UserProblem("rowflip.py", "ROWFLIP", ROWFLIP_PROBLEM, ROWFLIP_SEED, ("rows", "cols"))
+VECSCALE = UserProblem("vecscale.py", "VECSCALE", VECSCALE_PROBLEM, VECSCALE_SEED, ("n",))
+
 ACTOR = ActorRef("test", "test-0", "test")
+HOST = "test-host"
+"""The device every kernel is timed on."""
 CAMPAIGN = "evolve-test"
 
 
-def write_problem(folder: Path) -> tuple[str, Path]:
-    """The problem (`path.py:ROWSCALE`) and the seed's file, written into `folder`."""
-    (folder / "rowscale.py").write_text(PROBLEM)
-    (folder / "seed.c").write_text(SEED)
-    return f"{folder / 'rowscale.py'}:ROWSCALE", folder / "seed.c"
+def write_problem(folder: Path, problem: UserProblem = ROWSCALE) -> tuple[str, Path]:
+    """The problem (`path.py:NAME`) and the seed's file, written into `folder`."""
+    (folder / problem.file).write_text(problem.text)
+    seed = folder / f"{problem.file.removesuffix('.py')}-seed.c"
+    seed.write_text(problem.seed)
+    return f"{folder / problem.file}:{problem.name}", seed
 
 
 class Log:
@@ -85,12 +152,14 @@ class Log:
         folder: Path,
         per_generation: int = 4,
         name: str = CAMPAIGN,
-        shape: tuple[int, int] = (64, 512),
+        shape: tuple[int, ...] = (64, 512),
         history: History | None = None,
         events: list[Event] | None = None,
         writer: Writer | None = None,
+        problem_files: UserProblem = ROWSCALE,
     ) -> None:
-        problem, seed = write_problem(folder)
+        problem, seed = write_problem(folder, problem_files)
+        self.problem_files = problem_files
         self.name = name
         self.spec = CampaignSpec(
             problem=problem,
@@ -139,7 +208,7 @@ class Log:
         self.add(
             CandidateProposed, template="seed", params={}, param_key="seed:{}", **self.work(cid, 0)
         )
-        self.written(cid, 0, SEED, ["-O3"])
+        self.written(cid, 0, self.problem_files.seed, ["-O3"])
         self.timed(cid, 0, median_ns)
         self.add(GenerationClosed, generation=0, settled=1, evaluated=1)
         return cid
@@ -158,10 +227,20 @@ class Log:
             **self.work(cid, generation),
         )
 
-    def then(self, name: str, shape: tuple[int, int]) -> Log:
-        """Another campaign of the same problem, started in this history."""
+    def then(
+        self, name: str, shape: tuple[int, ...], problem_files: UserProblem | None = None
+    ) -> Log:
+        """Another campaign, of the same problem or of `problem_files`, started in this
+        history."""
         folder = Path(self.spec.problem.rpartition(":")[0]).parent
-        return Log(folder, name=name, shape=shape, history=self.history, events=self.events)
+        return Log(
+            folder,
+            name=name,
+            shape=shape,
+            history=self.history,
+            events=self.events,
+            problem_files=problem_files or self.problem_files,
+        )
 
     def fill(self, generation: int, count: int = 4) -> Filled | Stalled:
         """What the evolve strategy fills `generation` with, from the history so far."""
@@ -215,6 +294,7 @@ class Log:
             baseline_ns=50_000.0,
             speedup=50_000.0 / median_ns,
             roofline_fraction=0.1,
-            shape=dict(zip(("rows", "cols"), self.spec.shapes[0], strict=True)),
+            device=HOST,
+            shape=dict(zip(self.problem_files.dims, self.spec.shapes[0], strict=True)),
             **self.work(cid, generation),
         )

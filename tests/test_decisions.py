@@ -18,6 +18,7 @@ from actors.roles.planner import WALL_TIME_REASON, decide_deadline, decide_plann
 from actors.runtime import Reactions
 from actors.search.lessons import (
     MAX_EVIDENCE,
+    RULE,
     draw_lessons,
     lesson_rule,
     parameter_effects,
@@ -129,7 +130,7 @@ def test_the_librarian_replayed_closes_each_generation_with_the_recorded_lessons
         assert told and all(lesson_rule(x.data) == 1 for x in told)
         for old in told:
             new = drawn[(old.kind, old.data.get("param"), repr(old.data.get("value")))]
-            assert lesson_rule(new.data) == 2
+            assert lesson_rule(new.data) == RULE
             for key in ("effect_size", "speedup_ratio", "n", "chain", "best"):
                 if key in old.data:
                     assert new.data[key] == pytest.approx(old.data[key]), (key, old.statement)

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from actors.campaign.campaign_file import CampaignError, validate
+from actors.campaign.history import History
 from actors.records.best_kernels import kernel_text
 from actors.roles.kernel_writer import MAX_DIFF_CHARS, bounded_diff, decide_operator
 from actors.runtime import Reactions
@@ -25,7 +26,14 @@ from actors.search.lineage import (
     parent_kernel,
     template_point_of,
 )
-from actors.search.operator_bandit import PREFERENCE, REJECTED_PENALTY, Bandit, reward
+from actors.search.operator_bandit import (
+    PREFERENCE,
+    PRIOR_WEIGHT,
+    REJECTED_PENALTY,
+    Bandit,
+    family_prior,
+    reward,
+)
 from actors.search.operators.protocol import ParentKernel, Refusal
 from actors.search.operators.registry import OPERATORS
 from actors.search.strategy import Filled, GenerationInputs, Planned, Stalled
@@ -38,7 +46,11 @@ from eventstore.events import (
 )
 from kernels.templates import TEMPLATES
 from ops.progress import Progress
-from tests.evolve_history import ACTOR, CAMPAIGN, Log
+from tests.evolve_history import ACTOR, CAMPAIGN, ROWFLIP, VECSCALE, Log
+from tests.evolve_recording import record_campaign
+
+FIRST_OFFLINE = next(n for n in PREFERENCE if n in OPERATORS)
+"""The first untried arm without an endpoint (the agent is first where there is one)."""
 
 
 def test_generation_0_is_the_seed_as_it_is_and_nothing_to_start_from_stalls(
@@ -62,7 +74,7 @@ def test_later_generations_vary_the_best_kernel_with_the_bandits_operators(tmp_p
     assert all(p.template == EVOLVE_TEMPLATE and p.parents == [seed] for p in filled.candidates)
     operators = [p.operator for p in filled.candidates]
     # untried arms first, in the preferred order; no endpoint: no agent
-    assert operators[0] == next(n for n in PREFERENCE if n in OPERATORS)
+    assert operators[0] == FIRST_OFFLINE
     assert "agent" not in operators
     assert len(set(operators)) == 4  # a slot chosen counts as a pull: the slots spread
     assert len({p.param_key for p in filled.candidates}) == 4
@@ -244,3 +256,69 @@ def parent_kernel_of(log: Log, proposal: CandidateProposed) -> ParentKernel:
     kernel = parent_kernel(log.history, log.history.candidates[proposal.candidate_id])
     assert kernel is not None
     return kernel
+
+
+# --- the family's record: a new problem of a family already searched starts from it -----
+
+
+def earned(history: History, problem: str) -> dict[str, float]:
+    """Each operator's mean reward over the problem's operator children."""
+    rewards: dict[str, list[float]] = {}
+    for child in history.scope_candidates(problem, "cpu", "fp32"):
+        paid = reward(history, child) if child.proposal.template == EVOLVE_TEMPLATE else None
+        if paid is not None:
+            rewards.setdefault(child.proposal.operator, []).append(paid)
+    return {name: sum(paid) / len(paid) for name, paid in rewards.items()}
+
+
+def test_a_new_problem_of_the_family_starts_from_what_paid_on_the_first(tmp_path: Path) -> None:
+    first = record_campaign(tmp_path)
+    record = earned(first.history, first.spec.problem)
+    flip = first.then("flip", (64, 512), ROWFLIP)  # another row-wise operation
+    flip.timed_seed()
+    filled = flip.fill(1)
+    assert isinstance(filled, Filled)
+    operators = [p.operator for p in filled.candidates]
+    (tmp_path / "alone").mkdir()
+    alone = Log(tmp_path / "alone", name="flip", problem_files=ROWFLIP)  # nothing searched
+    alone.timed_seed()
+    default = alone.fill(1)
+    assert isinstance(default, Filled)
+    assert default.candidates[0].operator == FIRST_OFFLINE
+    # The first slots go to what earned most on the first problem, best first; what was
+    # rejected there every time comes after what was never tried.
+    best = sorted((name for name in record if record[name] > 0), key=lambda n: -record[n])
+    assert operators[:3] == best[:3] and operators != [p.operator for p in default.candidates]
+    assert not {n for n in record if record[n] == REJECTED_PENALTY} & set(operators)
+    prior = family_prior(flip.history, flip.spec.problem, "cpu", "fp32")
+    assert set(prior) == set(record) and all(p.pulls > 0 for p in prior.values())
+    assert flip.fill(1) == filled  # a pure function of the history
+
+
+def test_a_problem_of_another_family_starts_from_the_untried_default(tmp_path: Path) -> None:
+    first = record_campaign(tmp_path)
+    vec = first.then("vec", (4096,), VECSCALE)  # element-wise: dims n, another family
+    vec.timed_seed()
+    assert family_prior(vec.history, vec.spec.problem, "cpu", "fp32") == {}
+    (tmp_path / "alone").mkdir()
+    alone = Log(tmp_path / "alone", name="vec", shape=(4096,), problem_files=VECSCALE)
+    alone.timed_seed()
+    filled = vec.fill(1)
+    assert isinstance(filled, Filled) and filled.candidates[0].operator == FIRST_OFFLINE
+    assert filled == alone.fill(1)
+
+
+def test_the_family_prior_counts_each_child_as_a_fraction_of_a_pull(tmp_path: Path) -> None:
+    first = record_campaign(tmp_path)
+    record = earned(first.history, first.spec.problem)
+    flip = first.then("flip", (64, 512), ROWFLIP)
+    flip.timed_seed()
+    prior = family_prior(flip.history, flip.spec.problem, "cpu", "fp32")
+    scope = flip.history.scope_candidates(flip.spec.problem, "cpu", "fp32")
+    arms = Bandit.of(flip.history, scope, [*OPERATORS, "agent"], prior)
+    for name, (pulls, mean) in arms.summary().items():
+        assert pulls == 0  # none of its own yet
+        assert mean == pytest.approx(record.get(name, 0.0))
+        assert arms.arms[name].weight == pytest.approx(prior[name].pulls if name in prior else 0)
+    assert {p.pulls / PRIOR_WEIGHT for p in prior.values()} <= set(range(1, 20))
+    assert "agent" in arms.ranked([*OPERATORS, "agent"])  # an arm of any name

@@ -21,6 +21,7 @@ from actors.campaign.ranking import best_of, promotions
 from actors.records.audit import audit_projections, lessons_due
 from actors.search.lessons import (
     MAX_EVIDENCE,
+    RULE,
     Lesson,
     draw_lessons,
     lesson_rule,
@@ -275,6 +276,7 @@ def test_lessons_recorded_under_the_first_rule_prune_nothing() -> None:
     old = {"template": TEMPLATE, "param": "block", "value": 256, "avoid": True}
     assert lesson_rule(old) == 1 and not prunes(old)
     assert prunes({**old, "rule": 2}) and not prunes({**old, "rule": 2, "avoid": False})
+    assert prunes({**old, "rule": 3})  # rule 3 added operator lessons, not a new test
     assert regions_to_avoid([old]) == []
 
 
@@ -356,7 +358,7 @@ def test_evidence_and_data_stay_bounded_on_a_large_history() -> None:
     for lesson in lessons:
         assert len(lesson.evidence_ids) <= MAX_EVIDENCE, lesson.statement
         assert len(encode(lesson)) < 2_000, lesson.statement
-        assert lesson_rule(lesson.data) == 2
+        assert lesson_rule(lesson.data) == RULE
     cited = {i for x in lessons for i in x.evidence_ids}
     assert cited <= {e.event_id for e in campaign.events}
     assert ("tile", 128) in pruned([Lesson(x.kind, x.statement, [], x.data) for x in lessons])
@@ -448,7 +450,7 @@ def test_an_old_store_still_audits_and_says_what_it_did_not_rederive(tmp_path: P
     campaign = old_then_new(tmp_path)
     told = [e for e in campaign.events if isinstance(e, LessonLearned)]
     assert {lesson_rule(x.data) for x in told if x.generation < 2} == {1}
-    assert {lesson_rule(x.data) for x in told if x.generation >= 2} == {2}
+    assert {lesson_rule(x.data) for x in told if x.generation >= 2} == {RULE}
     done = kfactory("audit", CAMPAIGN, "--home", str(tmp_path), "--json")
     report = json.loads(done.stdout)
     assert done.returncode == 0, report
@@ -479,4 +481,4 @@ def test_a_lesson_of_the_current_rule_that_does_not_reproduce_still_differs(
         for position, e in enumerate(campaign.events, 1)
     ]
     claims = [c for c in audit_projections(moved, CAMPAIGN) if c.name == "lessons"]
-    assert any("lessons under rules [1, 2]" in c.evidence for c in claims), claims
+    assert any(f"lessons under rules [1, {RULE}]" in c.evidence for c in claims), claims

@@ -28,6 +28,7 @@ from actors.records.audit import audit_projections
 from actors.records.story import generations as story_generations
 from actors.roles.librarian import decide_librarian
 from actors.runtime import Reactions
+from actors.search.lessons import RULE
 from eventstore.codec import decode, encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
@@ -266,7 +267,7 @@ def test_the_librarian_the_audit_the_lessons_and_the_report_name_the_same_best()
     assert closed.best_candidate == f"{CAMPAIGN}:g0:c1"  # not c2, the highest speedup
     (chain,) = [x for x in lessons if x.kind == "lineage"]
     assert chain.data == {
-        "rule": 2,
+        "rule": RULE,
         "chain": [f"{CAMPAIGN}:g0:c0", f"{CAMPAIGN}:g0:c1"],
         "promotions": 2,
         "best": closed.best_candidate,

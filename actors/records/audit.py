@@ -11,11 +11,12 @@ close's best with `actors.campaign.ranking.best_of`, dedupe answers from the sam
 `History` index. Its claims are of the areas `projection` and `kernel`
 (`eventstore/claims.py`).
 
-Lessons are re-derived only for the generations recorded under the rule this code
-draws with (`actors.search.lessons.RULE`, in each lesson's `data`): an older store's
-lessons (rule 1 had no version) are reported as recorded under that rule and not
-re-derived, which agrees; lessons of two rules in one generation, or of an older rule
-after the current one in a campaign, differ. Their statistics are compared within
+Lessons are re-derived only for the generations recorded under a rule this code draws
+with (`actors.search.lessons.RULES`, in each lesson's `data`), each under its own: rule
+2's without the operator lessons rule 3 added. An older store's lessons (rule 1 had no
+version) are reported as recorded under that rule and not re-derived, which agrees;
+lessons of two rules in one generation, or of an older rule after a newer one in a
+campaign, differ. Their statistics are compared within
 `REL_TOLERANCE` (libm's last bits may differ between hosts), everything else exactly.
 """
 
@@ -33,7 +34,7 @@ from actors.campaign.history import History
 from actors.campaign.leaderboard import campaign_leaderboard
 from actors.campaign.ranking import best_of
 from actors.campaign.summary import spent_candidates, summary
-from actors.search.lessons import RULE, Lesson, draw_lessons, lesson_rule
+from actors.search.lessons import RULE, RULES, Lesson, draw_lessons, lesson_rule, under_rule
 from eventstore.claims import Claim, agrees, differs, skipped
 from eventstore.events import (
     BenchmarkCompleted,
@@ -140,26 +141,26 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
         raise KeyError(f"no campaign {campaign_id!r} in the store")
     rules = _rules(sorted(drawn), told)
     not_rederived: dict[int, list[int]] = defaultdict(list)  # rule -> its generations
-    current: int | None = None  # the first generation recorded under this rule
+    newest: tuple[int, int] | None = None  # the latest rule re-derived, and its first generation
     for generation, (position, expected) in sorted(drawn.items()):
         rule = rules[generation]
         if rule is None:
             found = sorted({lesson_rule(x.data) for x in told[generation]})
             lessons.check(False, f"generation {generation}: lessons under rules {found}", position)
             continue
-        if rule != RULE:
-            if rule < RULE and current is not None:
-                lessons.check(
-                    False,
-                    f"generation {generation}: lessons under rule v{rule} after generation "
-                    f"{current}'s under rule v{RULE}",
-                    position,
-                )
-            else:
-                not_rederived[rule].append(generation)
+        if newest is not None and rule < newest[0]:
+            lessons.check(
+                False,
+                f"generation {generation}: lessons under rule v{rule} after generation "
+                f"{newest[1]}'s under rule v{newest[0]}",
+                position,
+            )
             continue
-        current = generation if current is None else current
-        want = [_lesson_of(x) for x in expected]
+        if rule not in RULES:
+            not_rederived[rule].append(generation)
+            continue
+        newest = newest if newest is not None and newest[0] == rule else (rule, generation)
+        want = [_lesson_of(x) for x in under_rule(expected, rule)]
         got = [_lesson_of(x) for x in told[generation]]
         alike = len(want) == len(got) and all(map(_same, want, got))
         missing = [] if alike else [w[1] for w in want if not any(_same(w, g) for g in got)]
@@ -214,7 +215,8 @@ def _lesson_claims(lessons: _Area, not_rederived: dict[int, list[int]]) -> list[
             lessons.area,
             lessons.name,
             f"{len(gs)} generation(s) recorded under rule v{rule} (generations "
-            f"{gs[0]}-{gs[-1]}), not re-derived: this audit draws lessons under rule v{RULE}",
+            f"{gs[0]}-{gs[-1]}), not re-derived: this audit draws lessons under rules "
+            + ", ".join(f"v{r}" for r in RULES),
         )
         for rule, gs in sorted(not_rederived.items())
     ]

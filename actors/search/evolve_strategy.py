@@ -37,7 +37,7 @@ from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Campaign, Candidate, History, param_key
 from actors.campaign.leaderboard import campaign_leaderboard
 from actors.search.lineage import EVOLVE_TEMPLATE, context_for, parent_kernel
-from actors.search.operator_bandit import Bandit
+from actors.search.operator_bandit import Bandit, family_prior
 from actors.search.operators.protocol import Context, ParentKernel, Refusal, Searched
 from actors.search.operators.registry import OPERATORS, searched
 from actors.search.spaces import kernel_templates, seed_points
@@ -98,7 +98,8 @@ def _vary(
     spec = campaign.spec
     problem = history.scope_candidates(spec.problem, spec.target, spec.dtype)
     operators = searched(spec.writer.has_endpoint)
-    bandit = Bandit.of(history, problem, list(operators))  # every campaign of the problem
+    prior = family_prior(history, spec.problem, spec.target, spec.dtype)
+    bandit = Bandit.of(history, problem, list(operators), prior)  # and the family's record
     context = context_for(spec)
     scope = [
         c for c in problem if history.campaigns[c.proposal.campaign_id].scope == campaign.scope

@@ -2,7 +2,9 @@
 
 - `Moments`: a sample's count, mean and sum of squared deviations, kept one value at a
   time (Welford) and split (`without`: the rest of a template once a group is taken out),
-  so a lesson's summary is a fixed size however many kernels it covers;
+  so a lesson's summary is a fixed size however many kernels it covers, and merged
+  (`Moments.merged`: the problems of a family, each tallied on its own);
+- `mean_interval`: the interval of one sample's mean (Student's t);
 - `welch_interval`: the interval of a difference of two means with unequal variances
   (Welch's t, its Welch–Satterthwaite degrees of freedom), the quantile of Student's t
   found from its CDF (the regularised incomplete beta function);
@@ -16,6 +18,7 @@ Every function is deterministic: the librarian and the audit compute the same fl
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
@@ -46,6 +49,23 @@ class Moments:
     def pstdev(self) -> float:
         return math.sqrt(self.m2 / self.n) if self.n else 0.0
 
+    @classmethod
+    def merged(cls, parts: Iterable[Moments]) -> Moments:
+        """The moments of the union of disjoint samples (Chan's pairwise update)."""
+        out = cls()
+        for part in parts:
+            n = out.n + part.n
+            if part.n == 0:
+                continue
+            if out.n == 0:
+                out = cls(part.n, part.mean, part.m2)
+                continue
+            delta = part.mean - out.mean
+            out.m2 += part.m2 + delta * delta * out.n * part.n / n
+            out.mean += delta * part.n / n
+            out.n = n
+        return out
+
     def without(self, part: Moments) -> Moments:
         """The moments of this sample less `part` (a subset of it)."""
         n = self.n - part.n
@@ -59,7 +79,8 @@ class Moments:
 
 @dataclass(frozen=True)
 class Interval:
-    """A difference of means, its interval at `CONFIDENCE`, and the degrees of freedom."""
+    """A mean or a difference of means, its interval at `CONFIDENCE`, and the degrees of
+    freedom."""
 
     difference: float
     low: float
@@ -81,6 +102,16 @@ def welch_interval(a: Moments, b: Moments, confidence: float = CONFIDENCE) -> In
     df = se2 * se2 / (va * va / (a.n - 1) + vb * vb / (b.n - 1))
     half = t_quantile(1 - (1 - confidence) / 2, df) * math.sqrt(se2)
     return Interval(difference, difference - half, difference + half, df)
+
+
+def mean_interval(sample: Moments, confidence: float = CONFIDENCE) -> Interval:
+    """The interval of the mean of `sample` (of at least two values), Student's t."""
+    se2 = sample.variance / sample.n
+    if se2 <= 0:
+        return Interval(sample.mean, sample.mean, sample.mean, math.inf)
+    df = float(sample.n - 1)
+    half = t_quantile(1 - (1 - confidence) / 2, df) * math.sqrt(se2)
+    return Interval(sample.mean, sample.mean - half, sample.mean + half, df)
 
 
 def _continued_fraction(a: float, b: float, x: float) -> float:

@@ -27,7 +27,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 from weakref import WeakKeyDictionary
 
 from actors.campaign.history import Candidate, History
@@ -219,27 +219,43 @@ class ScopeTally:
             group.spread.add(item)
 
 
-class LessonBook:
-    """Every scope's and campaign's tallies of one history, caught up on demand."""
+class Book:
+    """Tallies of one history's outcome log, read on from where they stopped: `of` gives
+    each subclass's book of a history, caught up with every event applied to it."""
 
-    _books: ClassVar[WeakKeyDictionary[History, LessonBook]] = WeakKeyDictionary()
+    _books: ClassVar[WeakKeyDictionary[History, Any]]
+    """Each subclass's books, by history."""
 
     def __init__(self) -> None:
         self.read = 0
+
+    def __init_subclass__(cls) -> None:
+        cls._books = WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, history: History) -> Self:
+        book: Self | None = cls._books.get(history)
+        if book is None:
+            book = cls._books[history] = cls()
+        log = islice(history.outcome_log, book.read, None)
+        for order, (candidate, event) in enumerate(log, book.read):
+            book.take(history, candidate, event, order)
+        book.read = len(history.outcome_log)
+        return book
+
+    def take(self, history: History, candidate: Candidate, event: Event, order: int) -> None:
+        """Count one event of the log (its index there is `order`)."""
+        raise NotImplementedError
+
+
+class LessonBook(Book):
+    """Every scope's and campaign's tallies of one history, caught up on demand."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self.scopes: dict[tuple[str, str, str], ScopeTally] = {}
         self.lineages: dict[str, RunningBest] = {}
         self._evaluated: set[str] = set()
-
-    @classmethod
-    def of(cls, history: History) -> LessonBook:
-        """The book of `history`, caught up with every event applied to it."""
-        book = cls._books.get(history)
-        if book is None:
-            book = cls._books[history] = cls()
-        for candidate, event in islice(history.outcome_log, book.read, None):
-            book._take(candidate, event)
-        book.read = len(history.outcome_log)
-        return book
 
     def scope(self, problem: str, target: str, dtype: str) -> ScopeTally:
         found = self.scopes.get((problem, target, dtype))
@@ -254,7 +270,7 @@ class LessonBook:
             found = self.lineages[campaign_id] = RunningBest()
         return found
 
-    def _take(self, candidate: Candidate, event: Event) -> None:
+    def take(self, history: History, candidate: Candidate, event: Event, order: int) -> None:
         p = candidate.proposal
         if isinstance(event, KernelVerified | KernelRejected):
             tally = self.scope(p.problem, p.target, p.dtype)

@@ -19,20 +19,31 @@ and citing a bounded sample of its evidence.
   the features every such failure shared (other parameter values, compiler flags), the
   one whose own rate of failures for that reason is the most significant; when that is
   another (`-ffast-math` for lost NaNs), the lesson names it and avoids nothing;
+- operators: what each variation operator (and each value of its parameters that not all
+  its children shared) paid over the problem's family (`actors.search.problem_family`),
+  per host that timed its children: the geometric mean of its children's speedups over
+  their first parents, the 95% t interval of the mean log ratio and the sample size, the
+  shapes timed, and its rejection share among the children judged, with its Wilson
+  interval and the commonest reason. An arm is stated per host where it has
+  `MIN_SAMPLES` children timed there, and once without a host where it has that many
+  judged but timed on no host that often (`actors.search.operator_tally`);
 - lineage: the candidates that became the campaign's best (own time, head to head), in
   order.
 
 Effects, failures and regions are drawn over every candidate of the problem, target and
-dtype (all campaigns); the lineage over this campaign's. Each lesson's `data` is a
-fixed-size summary and its `evidence_ids` at most `MAX_EVIDENCE` events (the extremes
-and the first and latest), whatever the history's size; the tallies they come from are
-kept as the history grows (`actors.search.lesson_tally`). The librarian emits them when
-it closes a generation; the audit re-derives them with this same `draw_lessons`.
+dtype (all campaigns); operators over the family's; the lineage over this campaign's.
+Each lesson's `data` is a fixed-size summary and its `evidence_ids` at most
+`MAX_EVIDENCE` events (the extremes and the first and latest), whatever the history's
+size; the tallies they come from are kept as the history grows
+(`actors.search.lesson_tally`, `actors.search.operator_tally`). The librarian emits them
+when it closes a generation; the audit re-derives them with this same `draw_lessons`.
 
 `data["rule"]` is `RULE`, the version of these rules. Lessons recorded before it
 (rule 1: every timed kernel cited, every value whose few kernels all failed avoided)
 have no such key: the audit does not re-derive them, and the planner prunes nothing by
-them.
+them. Rule 2 is rule 3 without the operator lessons: `draw_lessons(..., rule=2)` draws
+them as a rule-2 librarian did, and its regions prune as rule 3's do
+(`SIGNIFICANCE_RULE`).
 """
 
 from __future__ import annotations
@@ -43,10 +54,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.campaign.history import Candidate, History
-from actors.search.lesson_stats import CONFIDENCE, fisher_greater, welch_interval, wilson_interval
+from actors.search.lesson_stats import (
+    CONFIDENCE,
+    fisher_greater,
+    mean_interval,
+    welch_interval,
+    wilson_interval,
+)
 from actors.search.lesson_tally import Feature, LessonBook, ScopeTally, Spread, feature_words
+from actors.search.operator_tally import OperatorArm, OperatorBook, Outcomes, Timed
+from actors.search.problem_family import Family
 
-RULE = 2
+RULE = 3
+RULES = (2, 3)
+"""The rules `draw_lessons` draws under (the audit re-derives lessons of these)."""
+SIGNIFICANCE_RULE = 2
+"""The first rule whose regions were avoided only on a significant test."""
+OPERATOR_KINDS = ("operator",)
+"""The kinds of lesson rule 3 added to rule 2."""
 MIN_SAMPLES = 2
 MIN_EFFECT = 0.5
 MIN_FAILURES = 3
@@ -70,8 +95,8 @@ def lesson_rule(data: dict[str, Any]) -> int:
 
 def prunes(data: dict[str, Any]) -> bool:
     """Whether a recorded lesson marks a region the search must avoid: only lessons drawn
-    under the significance rule (`RULE`) do."""
-    return bool(data.get("avoid")) and lesson_rule(data) >= RULE
+    under the significance rule (`SIGNIFICANCE_RULE` and later) do."""
+    return bool(data.get("avoid")) and lesson_rule(data) >= SIGNIFICANCE_RULE
 
 
 def regions_to_avoid(lessons: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -80,20 +105,44 @@ def regions_to_avoid(lessons: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     avoided once, whose failures another feature was later found to carry, is not)."""
     latest: dict[tuple[str, str, str], dict[str, Any]] = {}
     for data in lessons:
-        if lesson_rule(data) >= RULE and "avoid" in data:
+        if lesson_rule(data) >= SIGNIFICANCE_RULE and "avoid" in data:
             region = (str(data.get("template")), str(data.get("param")), repr(data.get("value")))
             latest[region] = data
     return [data for data in latest.values() if prunes(data)]
 
 
-def draw_lessons(history: History, campaign_id: str) -> list[Lesson]:
+def draw_lessons(history: History, campaign_id: str, rule: int = RULE) -> list[Lesson]:
+    """The lessons the history shows the campaign now, as a librarian of `rule` (one of
+    `RULES`) drew them."""
+    return under_rule(_draw(history, campaign_id), rule)
+
+
+def under_rule(drawn: list[Lesson], rule: int) -> list[Lesson]:
+    """Lessons drawn under `RULE` as a librarian of `rule` drew them: rule 2 had no
+    operator lessons, and stamped its own number."""
+    if rule not in RULES:
+        raise ValueError(f"lessons are drawn under rules {RULES}, not {rule}")
+    if rule == RULE:
+        return drawn
+    return [
+        Lesson(x.kind, x.statement, x.evidence_ids, {**x.data, "rule": rule})
+        for x in drawn
+        if x.kind not in OPERATOR_KINDS
+    ]
+
+
+def _draw(history: History, campaign_id: str) -> list[Lesson]:
     campaign = history.campaigns[campaign_id]
+    spec = campaign.spec
     book = LessonBook.of(history)
-    tally = book.scope(campaign.spec.problem, campaign.spec.target, campaign.spec.dtype)
+    tally = book.scope(spec.problem, spec.target, spec.dtype)
+    operators = OperatorBook.of(history)
+    family = operators.family((spec.problem, spec.target, spec.dtype))
     return [
         *_effects(tally),
         *_signatures(tally),
         *_regions(tally),
+        *(operator_lessons(family, operators.arms(family)) if family else []),
         *lineage(book.lineage(campaign_id).chain(lambda: history.campaign_candidates(campaign_id))),
     ]
 
@@ -323,6 +372,82 @@ def _regions(tally: ScopeTally) -> list[Lesson]:
             )
         )
     return lessons
+
+
+def operator_lessons(family: Family, arms: dict[OperatorArm, Outcomes]) -> list[Lesson]:
+    """What each operator, and each parameter value of it that not all its children
+    shared, paid on the family (see the module's docstring)."""
+    lessons = []
+    for arm, outcomes in arms.items():
+        operator, name, _ = arm
+        if name and outcomes.judged >= arms[(operator, "", None)].judged:
+            continue  # every child of the operator had this value: the operator's lesson
+        hosts = [d for d, t in outcomes.timed.items() if t.ratios.n >= MIN_SAMPLES]
+        for device in hosts:
+            lessons.append(_operator_lesson(family, arm, outcomes, device))
+        if not hosts and outcomes.judged >= MIN_SAMPLES:
+            lessons.append(_operator_lesson(family, arm, outcomes, None))
+    return lessons
+
+
+def _operator_lesson(
+    family: Family, arm: OperatorArm, outcomes: Outcomes, device: str | None
+) -> Lesson:
+    operator, name, value = arm
+    who = f"{operator} with {name}={value!r}" if name else operator
+    timed = outcomes.timed[device] if device is not None else Timed()
+    data: dict[str, Any] = {
+        "rule": RULE,
+        "operator": operator,
+        "param": name or None,
+        "value": value,
+        "family": {"target": family.target, "dtype": family.dtype, "dims": list(family.dims)},
+        "device": device,
+        "confidence": CONFIDENCE,
+    }
+    if device is None:
+        said = f"{who}: no host timed {MIN_SAMPLES} of its children on {family.words()}"
+    else:
+        interval = mean_interval(timed.ratios)
+        gain, low, high = (math.exp(x) for x in (interval.difference, interval.low, interval.high))
+        significant = interval.excludes_zero
+        shapes = len(timed.shapes)
+        said = (
+            f"{who} paid {gain:.2f}x over its parent ({CONFIDENCE:.0%} CI {low:.2f}x-"
+            f"{high:.2f}x, n={timed.ratios.n}{'' if significant else ', not significant'}) "
+            f"on {family.words()} ({device or 'unnamed host'}, {shapes} shape(s))"
+        )
+        data |= {
+            "n": timed.ratios.n,
+            "mean_log_ratio": timed.ratios.mean,
+            "speedup": gain,
+            "ci": [low, high],
+            "df": interval.df if math.isfinite(interval.df) else None,
+            "significant": significant,
+            "shapes": shapes,
+        }
+    reject_low, reject_high = wilson_interval(outcomes.rejected, outcomes.judged)
+    reason = outcomes.commonest_reason()
+    said += (
+        f"; {outcomes.rejected} of {outcomes.judged} judged rejected "
+        f"({CONFIDENCE:.0%} CI {reject_low:.0%}-{reject_high:.0%})"
+    )
+    if reason is not None:
+        said += f", commonest at {reason[0]} ({reason[1]}): {outcomes.reasons[reason]}"
+    data |= {
+        "judged": outcomes.judged,
+        "rejected": outcomes.rejected,
+        "rejected_ci": [reject_low, reject_high],
+        "reason": None
+        if reason is None
+        else {"stage": reason[0], "reason": reason[1], "count": outcomes.reasons[reason]},
+    }
+    return Lesson(
+        kind="operator",
+        statement=said,
+        evidence_ids=_bounded(timed.spread.ids() + outcomes.rejections.ids()),
+        data=data,
+    )
 
 
 def lineage(chain: list[Candidate]) -> list[Lesson]:

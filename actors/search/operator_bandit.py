@@ -12,18 +12,26 @@ strategy fills before anything is settled. The arm with the highest upper bound 
 first; an untried arm's is `UNTRIED` (optimistic, so each is tried once unless one has
 earned more than that), and ties go to the earlier arm in `PREFERENCE` (first `chain`,
 the edits that pay together from plain seeds, then each of them alone: threads, simd,
-fast maths...). Deterministic: no
-randomness of its own.
+fast maths...). Deterministic: no randomness of its own.
+
+The other problems of the problem's family (`actors.search.problem_family`) give each arm
+a prior (`family_prior`): what the operator lessons' tallies (`actors.search.operator_tally`)
+say its children there earned, the log gain of each timed one and `REJECTED_PENALTY` for
+each rejected one, each counting as `PRIOR_WEIGHT` of a pull. A first campaign on a new
+problem of a family already searched so starts from what paid there, and its own
+children soon outweigh the record.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from actors.campaign.history import Candidate, History
+from actors.search.lesson_stats import Moments
 from actors.search.lineage import is_operator_proposal
+from actors.search.operator_tally import OperatorBook, log_ratio
 
 PREFERENCE = (
     "agent",  # only where the campaign's writer has an endpoint: tried first there
@@ -50,21 +58,48 @@ every arm is tried before the known ones are exploited, unless one earned more t
 (here or in an earlier campaign of the problem)."""
 EXPLORATION = 0.5
 """UCB1's exploration weight, for rewards that are log speedups (mostly within +-2)."""
+PRIOR_WEIGHT = 0.25
+"""What a child of another problem of the family counts for: a quarter of a pull, as the
+same edit pays less surely on another operation than on this one."""
 
 
 def reward(history: History, child: Candidate) -> float | None:
     """What the child paid its operator; None while it is in flight."""
     if child.benchmark is not None:
-        parents = child.proposal.parents
-        parent = history.candidates.get(parents[0]) if parents else None
-        if parent is None or parent.benchmark is None or child.benchmark.median_ns <= 0:
-            return 0.0
-        return math.log(parent.benchmark.median_ns / child.benchmark.median_ns)
+        gained = log_ratio(history, child)
+        return 0.0 if gained is None else gained
     if child.rejected is not None:
         return 0.0 if child.rejected.stage == "write" else REJECTED_PENALTY
     if child.duplicate is not None or child.dead_letter is not None:
         return 0.0
     return None
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What an arm earned on the family's other problems, down-weighted."""
+
+    pulls: float
+    total: float
+
+
+def family_prior(history: History, problem: str, target: str, dtype: str) -> dict[str, Prior]:
+    """Per operator, what its children on the other problems of this problem's family
+    earned, each as `PRIOR_WEIGHT` of a pull (none while the family is not known)."""
+    book = OperatorBook.of(history)
+    scope = (problem, target, dtype)
+    family = book.family(scope)
+    if family is None:
+        return {}
+    prior = {}
+    for (operator, name, _), outcomes in book.arms(family, besides=scope).items():
+        timed = Moments.merged(t.ratios for t in outcomes.timed.values())
+        pulls = timed.n + outcomes.rejected
+        if name or pulls == 0:
+            continue  # the operator's own arm only
+        earned = timed.n * timed.mean + REJECTED_PENALTY * outcomes.rejected
+        prior[operator] = Prior(PRIOR_WEIGHT * pulls, PRIOR_WEIGHT * earned)
+    return prior
 
 
 @dataclass
@@ -73,10 +108,17 @@ class Arm:
     total: float = 0.0
     pending: int = 0
     """Pulls whose reward is not known yet (in flight, or chosen in this generation)."""
+    prior: Prior = Prior(0.0, 0.0)
+
+    @property
+    def weight(self) -> float:
+        """Pulls of every kind: settled, pending and the prior's."""
+        return self.pulls + self.pending + self.prior.pulls
 
     @property
     def mean(self) -> float:
-        return self.total / self.pulls if self.pulls else 0.0
+        pulls = self.pulls + self.prior.pulls
+        return (self.total + self.prior.total) / pulls if pulls else 0.0
 
 
 @dataclass
@@ -84,9 +126,17 @@ class Bandit:
     arms: dict[str, Arm] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, history: History, scope: Iterable[Candidate], operators: Sequence[str]) -> Bandit:
-        """The arms of `operators`, paid by the operator children in `scope`."""
-        bandit = cls({name: Arm() for name in operators})
+    def of(
+        cls,
+        history: History,
+        scope: Iterable[Candidate],
+        operators: Sequence[str],
+        prior: Mapping[str, Prior] | None = None,
+    ) -> Bandit:
+        """The arms of `operators`, paid by the operator children in `scope`, each starting
+        from its `prior` (`family_prior`) where it has one."""
+        known = prior or {}
+        bandit = cls({name: Arm(prior=known.get(name, Prior(0.0, 0.0))) for name in operators})
         for candidate in scope:
             arm = bandit.arms.get(candidate.proposal.operator)
             if arm is None or not is_operator_proposal(candidate):
@@ -108,15 +158,15 @@ class Bandit:
     def ranked(self, allowed: Iterable[str]) -> list[str]:
         """`allowed`, the arm `choose` would pull first, then the next..."""
         names = [n for n in self._ordered() if n in set(allowed)]
-        total = sum(a.pulls + a.pending for a in self.arms.values())
+        total = sum(a.weight for a in self.arms.values())
         return sorted(names, key=lambda n: (-self._bound(self.arms[n], total), names.index(n)))
 
     def pull(self, name: str) -> None:
         """Count a pull whose reward is not known yet."""
         self.arms[name].pending += 1
 
-    def _bound(self, arm: Arm, total: int) -> float:
-        n = arm.pulls + arm.pending
+    def _bound(self, arm: Arm, total: float) -> float:
+        n = arm.weight
         if n == 0:
             return UNTRIED
         return arm.mean + EXPLORATION * math.sqrt(2 * math.log(max(total, 1)) / n)

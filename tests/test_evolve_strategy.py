@@ -322,3 +322,23 @@ def test_the_family_prior_counts_each_child_as_a_fraction_of_a_pull(tmp_path: Pa
         assert arms.arms[name].weight == pytest.approx(prior[name].pulls if name in prior else 0)
     assert {p.pulls / PRIOR_WEIGHT for p in prior.values()} <= set(range(1, 20))
     assert "agent" in arms.ranked([*OPERATORS, "agent"])  # an arm of any name
+
+
+def test_a_generation_is_filled_while_any_new_child_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the first two ways of drawing a slot spent (no untried operator on the best, no
+    draw left), every operator at every point on each parent is tried in turn: the slots
+    are still filled, each with a new child, and the same history fills them the same."""
+    log = Log(tmp_path)
+    seed = log.timed_seed()
+    monkeypatch.setattr("actors.search.evolve_strategy.TRIES", 0)
+    monkeypatch.setattr("actors.search.evolve_strategy._Draw.on_best", lambda self, tried: None)
+    filled = log.fill(1, count=6)
+    assert isinstance(filled, Filled) and len(filled.candidates) == 6
+    assert len({p.param_key for p in filled.candidates}) == 6
+    assert all(p.parents[0] == seed for p in filled.candidates)
+    assert log.fill(1, count=6) == filled
+    monkeypatch.setattr("actors.search.evolve_strategy.APPLICATIONS", 0)
+    empty = log.fill(1, count=6)
+    assert isinstance(empty, Filled) and not empty.candidates

@@ -17,8 +17,10 @@ first try of an operator in a slot), all from a generator seeded by the campaign
 the generation and the slot. The operator is applied here first, as the kernel writer
 will apply it: a point it refuses, a (parent source, operator, params) already proposed in
 the dedupe scope (its `param_key`) or a child whose exact kernel the scope already holds
-is never proposed; the slot tries again, up to `TRIES` times. The bandit learns from every
-campaign of the problem, target and dtype; what counts as proposed is the dedupe scope's
+is never proposed; the slot tries again, up to `TRIES` times, and then every operator at
+every point on each of the first `2 * PARENTS` rows in turn, so that a generation is
+filled while a new child is left (the campaign ends at its first empty generation). The
+bandit learns from every campaign of the problem, target and dtype; what counts as proposed is the dedupe scope's
 (the same shapes too: at another shape the same edit is worth timing again). Where the
 campaign's writer has an endpoint (`base_url` and `model`) the LLM agent (`agent`,
 `actors.search.agent`) is one more arm; it cannot be tried here (it needs the endpoint and
@@ -29,6 +31,7 @@ the history.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,7 +52,10 @@ from kernels.identity import source_hash
 PARENTS = 4
 """How many of the campaign's best kernels a generation varies."""
 TRIES = 24
-"""Draws per slot before it is left empty."""
+"""Draws per slot before every point is tried in turn."""
+APPLICATIONS = 240
+"""Operator applications per slot, when every point is tried in turn, before it is left
+empty."""
 NOTHING_TO_START = (
     "writer.kind = 'evolve' starts from a kernel: give a seed ([seed] sources or "
     "--seed-source), or a problem with templates"
@@ -77,7 +83,7 @@ class EvolveStrategy:
                 return Stalled("no_seed", NOTHING_TO_START)
             points = fresh_points(inputs.first_points, inputs.known, inputs.count)
             return Filled([Planned.point(p) for p in points], "nothing new to start from")
-        rows = campaign_leaderboard(history, campaign.started.campaign_id).rows[:PARENTS]
+        rows = campaign_leaderboard(history, campaign.started.campaign_id).rows[: 2 * PARENTS]
         parents = [parent_kernel(history, row.candidate) for row in rows]
         pool = [p for p in parents if p is not None]
         if not pool:
@@ -109,10 +115,9 @@ def _vary(
     tried = _tried(history, scope)
     chosen: list[Planned] = []
     for slot in range(inputs.count):
-        draw = _Draw(bandit, operators, pool, context, taken, hashes)
-        planned = draw.on_best(tried) or draw.anywhere(
-            random.Random(_seed(spec.search.seed, generation, slot))
-        )
+        draw = _Draw(bandit, operators, pool[:PARENTS], context, taken, hashes)
+        rng = random.Random(_seed(spec.search.seed, generation, slot))
+        planned = draw.on_best(tried) or draw.anywhere(rng) or draw.everywhere(rng, pool)
         if planned is None:
             continue
         chosen.append(planned)
@@ -187,6 +192,32 @@ class _Draw:
                 return planned
             if planned == "refused":
                 excluded.add(name)  # its precondition does not hold on these parents
+        return None
+
+    def everywhere(self, rng: random.Random, wide: list[ParentKernel]) -> Planned | None:
+        """Each operator at each point of its space on each of `wide` (the better parents
+        and the bandit's arms first, the points in a drawn order): the first new child,
+        after at most `APPLICATIONS` applications. A generation is filled while a new child
+        is left near the best, instead of ending the campaign with its budget unspent."""
+        left = APPLICATIONS
+        for parent in wide:
+            others = [p for p in wide if _digest(p) != _digest(parent)]
+            for name in self.bandit.ranked(self.operators):
+                operator = self.operators[name]
+                if operator.arity - 1 > len(others):
+                    continue
+                points = [
+                    dict(zip(operator.space(), values, strict=True))
+                    for values in itertools.product(*operator.space().values())
+                ]
+                rng.shuffle(points)
+                for params in points:
+                    if left == 0:
+                        return None
+                    planned = self._try(name, [parent, *others[: operator.arity - 1]], params)
+                    if isinstance(planned, Planned):
+                        return planned
+                    left -= planned != "taken"
         return None
 
     def _try(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
+from eventstore.codec import decode
+from eventstore.events import Event
 from eventstore.sql_guard import check_read_only
 from eventstore.store import EventStore, Fence, RawRow, Row, check_fence
 from eventstore.views import create_views
@@ -237,7 +239,7 @@ class DuckDBEventStore(EventStore):
         return {row[0] for row in found}
 
     def read_raw(self, campaign_id: str | None = None, after_position: int = 0) -> Iterator[RawRow]:
-        columns = "position, campaign_id, encode(payload), chain_hash"
+        columns = "position, campaign_id, encode(payload), chain_hash, stream_seq"
         for batch in self._scan(columns, campaign_id, after_position):
             yield from map(RawRow._make, zip(*batch, strict=True))
 
@@ -249,8 +251,17 @@ class DuckDBEventStore(EventStore):
         ):
             yield from zip(positions, payloads, strict=True)
 
+    def replay_types(self, types: Sequence[str]) -> Iterator[tuple[int, Event]]:
+        for positions, payloads in self._scan("position, encode(payload)", None, 0, types):
+            for position, payload in zip(positions, payloads, strict=True):
+                yield position, decode(payload)
+
     def _scan(
-        self, columns: str, campaign_id: str | None, after_position: int
+        self,
+        columns: str,
+        campaign_id: str | None,
+        after_position: int,
+        types: Sequence[str] = (),
     ) -> Iterator[list[list[Any]]]:
         """Column lists per Arrow batch, in position order."""
         sql = f"SELECT {columns} FROM events WHERE position > $after"
@@ -258,6 +269,9 @@ class DuckDBEventStore(EventStore):
         if campaign_id is not None:
             sql += " AND campaign_id = $campaign"
             params["campaign"] = campaign_id
+        if types:
+            sql += " AND list_contains($types, type)"
+            params["types"] = list(types)
         cursor = self._conn.cursor()
         try:
             reader = cursor.sql(sql + " ORDER BY position", params=params).to_arrow_reader(100_000)

@@ -1,0 +1,183 @@
+"""Issue 34, what remains: an attacker holding one role's credentials file, against one
+real hub shared by this module (real nats-server, recorder, DuckDB).
+
+Each attack test connects with only that role's seed (`Hub.auth(role)`, the file
+`kfactory creds` hands out). The last test of the module runs a new campaign with every
+cpu role on the same hub, after all the attacks: it must finish with every candidate
+settled once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from bus.connection import Client, connect, jetstream
+from eventstore.causality import causality_claim
+from eventstore.emitter import Emitter
+from eventstore.events import (
+    SYSTEM_CAMPAIGN,
+    ActorRef,
+    BenchmarkCompleted,
+    Event,
+    HeadToHeadRecord,
+    HostCalibrated,
+    KernelVerified,
+    new_event,
+)
+from eventstore.queries import replay
+from ops.hub import Hub, running_hub
+from tests.test_actor_runtime import wait_rows
+from tests.test_stalls import crew, run_campaign, settled_once, small_campaign
+
+pytestmark = pytest.mark.xdist_group("one-role-forgeries")
+module_loop = pytest.mark.asyncio(loop_scope="module")
+
+VERIFIER = ActorRef(role="verifier", instance="verifier-1", host="bench-host")
+BENCHMARKER = ActorRef(role="benchmarker", instance="benchmarker-1", host="bench-host")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def hub(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Hub]:
+    home: Path = tmp_path_factory.mktemp("forgeries") / "home"
+    async with running_hub(home) as running:
+        yield running
+
+
+async def _as(hub: Hub, role: str) -> Client:
+    return await connect(hub.url, f"attacker-{role}", auth=hub.auth(role))
+
+
+def _work(campaign: str, candidate: str) -> dict[str, Any]:
+    return {"problem": "softmax", "target": "cpu", "candidate_id": candidate, "generation": 0}
+
+
+def _verified(campaign: str, candidate: str, source: str) -> KernelVerified:
+    return new_event(
+        KernelVerified,
+        campaign_id=campaign,
+        actor=VERIFIER,
+        source_hash=source,
+        max_rel_err=1e-7,
+        trials=3,
+        **_work(campaign, candidate),
+    )
+
+
+def _calibrated(device: str) -> HostCalibrated:
+    return new_event(
+        HostCalibrated,
+        campaign_id=SYSTEM_CAMPAIGN,
+        actor=BENCHMARKER,
+        device=device,
+        bandwidth_gbs=30.0,
+        peak_gflops=100.0,
+    )
+
+
+def _timed(
+    campaign: str, candidate: str, source: str, device: str, **claims: Any
+) -> BenchmarkCompleted:
+    return new_event(
+        BenchmarkCompleted,
+        campaign_id=campaign,
+        actor=BENCHMARKER,
+        source_hash=source,
+        median_ns=1_000.0,
+        iqr_ns=10.0,
+        baseline="numpy float32",
+        baseline_ns=1_800_000.0,
+        speedup=1800.0,
+        roofline_fraction=0.5,
+        device=device,
+        **claims,
+        **_work(campaign, candidate),
+    )
+
+
+def _head_to_head() -> dict[str, Any]:
+    record = HeadToHeadRecord(
+        ratio_median=0.01, ratio_q1=0.01, ratio_q3=0.01, rounds=9, remeasured=False, faster=True
+    )
+    return {"incumbent": "champ", "speedup_vs_incumbent": 100.0, "head_to_head": record}
+
+
+@pytest.mark.timeout(120)
+@module_loop
+async def test_a_benchmark_needs_its_verification_a_calibrated_device_and_the_incumbents_result(
+    hub: Hub,
+) -> None:
+    """Attack 4: a BenchmarkCompleted for a kernel never verified (or of another source),
+    on a device no benchmarker calibrated, or claiming a head-to-head win over a candidate
+    with no recorded result, was stored and shown at 1800x."""
+    campaign = "causal"
+    verifier = await _as(hub, "verifier")
+    try:
+        await Emitter(jetstream(verifier)).emit(_verified(campaign, "cv", "s1"))
+    finally:
+        await verifier.close()
+    attacker = await _as(hub, "benchmarker")
+    honest = _timed(campaign, "cv", "s1", "bench-host")
+    forgeries = [
+        _timed(campaign, "never-verified", "s1", "bench-host"),
+        _timed(campaign, "cv", "another-source", "bench-host"),
+        _timed(campaign, "cv", "s1", "cuda.gpu-host-7.0"),
+        _timed(campaign, "cv", "s1", "bench-host", **_head_to_head()),
+    ]
+    try:
+        await Emitter(jetstream(attacker)).emit(_calibrated("bench-host"))
+        await Emitter(jetstream(attacker)).emit_many([*forgeries, honest])
+    finally:
+        await attacker.close()
+    reasons = await wait_rows(
+        hub,
+        "SELECT payload->>'reason' FROM events WHERE type = 'EventRejected' "
+        f"AND campaign_id = '{campaign}' ORDER BY position",
+        len(forgeries),
+    )
+    await wait_rows(hub, "SELECT 1 FROM events WHERE type = 'BenchmarkCompleted'", 1)
+    stored = hub.store.query(
+        "SELECT event_id FROM events WHERE type = 'BenchmarkCompleted' "
+        f"AND campaign_id = '{campaign}'"
+    ).rows
+    assert stored == [[honest.event_id]]
+    said = [str(r[0]) for r in reasons]
+    assert len(said) == len(forgeries), said
+    assert "no KernelVerified" in said[0] and "no KernelVerified" in said[1]
+    assert "no benchmarker calibrated" in said[2]
+    assert "no recorded result of its own" in said[3]
+
+
+def test_the_audit_says_when_a_store_from_before_the_rule_breaks_it() -> None:
+    """The same rule, re-derived over a history no recorder checked."""
+    campaign = "old"
+    history: list[Event] = [
+        _calibrated("bench-host"),
+        _verified(campaign, "cv", "s1"),
+        _timed(campaign, "cv", "s1", "bench-host"),
+    ]
+    claim = causality_claim(enumerate(history, 1), campaign)
+    assert claim.status == "agrees", claim
+    forged = _timed(campaign, "cv", "s1", "cuda.gpu-host-7.0", **_head_to_head())
+    claim = causality_claim(enumerate([*history, forged], 1), campaign)
+    assert claim.status == "differs" and claim.position == 4, claim
+    assert "no benchmarker calibrated" in claim.evidence
+
+
+@pytest.mark.timeout(300)
+@module_loop
+async def test_after_the_attacks_a_new_campaign_finishes_with_every_candidate_settled_once(
+    hub: Hub,
+) -> None:
+    """Last in the module: every cpu role, on the hub every attack above was made against."""
+    spec = small_campaign("after-attacks", budget=4, per_generation=2)
+    async with crew(hub):
+        result = await run_campaign(hub, spec, timeout=240)
+    assert str(result["finished"]).startswith("budget reached"), result
+    events = [e for _, e in await replay(hub.nc, campaign_id=spec.campaign_id, timeout=10)]
+    counts = settled_once(events)
+    assert len(counts) == 4 and set(counts.values()) == {1}, counts

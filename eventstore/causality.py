@@ -25,6 +25,9 @@ from eventstore.events import BenchmarkCompleted, Event, HostCalibrated, KernelV
 
 #: The event types the index is built from.
 INDEXED_TYPES = ("KernelVerified", "HostCalibrated", "BenchmarkCompleted")
+#: The types the rule may refuse: an actor handles one only once the recorder stored it
+#: (`actors/runtime.py`), since admission alone cannot tell.
+CHECKED_TYPES = frozenset({"BenchmarkCompleted"})
 MAX_LISTED = 10
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,8 @@ class DuckDBEventStore(EventStore):
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = open_connection(self.path, read_only)
         self._lock = threading.Lock()
+        self._queries: set[duckdb.DuckDBPyConnection] = set()  # cursors of running queries
+        self._closing = False
         if not read_only:
             self._conn.execute(SCHEMA_SQL)
             _owner_only(self.path)
@@ -324,6 +327,11 @@ class DuckDBEventStore(EventStore):
         check_read_only(sql)
         cursor = self._conn.cursor()
         timer = threading.Timer(timeout, cursor.interrupt)
+        self._queries.add(cursor)  # before the check: `close` sees it or it sees `close`
+        if self._closing:
+            self._queries.discard(cursor)
+            cursor.close()
+            raise duckdb.ConnectionException("the store is closing")
         try:
             cursor.execute("BEGIN TRANSACTION")
             timer.start()
@@ -340,6 +348,7 @@ class DuckDBEventStore(EventStore):
                     cursor.execute("ROLLBACK")
         finally:
             cursor.close()
+            self._queries.discard(cursor)
         return QueryResult(
             columns=columns,
             types=types,
@@ -348,6 +357,15 @@ class DuckDBEventStore(EventStore):
         )
 
     def close(self) -> None:
+        """Interrupt the queries still running (a caller gone, a queue still full), wait
+        for their threads to let go, then close."""
+        self._closing = True
+        for cursor in list(self._queries):
+            with contextlib.suppress(duckdb.Error):
+                cursor.interrupt()
+        deadline = time.monotonic() + 10.0
+        while self._queries and time.monotonic() < deadline:
+            time.sleep(0.01)
         with self._lock:
             self._conn.close()
 

@@ -210,7 +210,6 @@ class Recorder:
                 exhausted.subject,
                 exhausted.data,
                 exhausted.stream_seq,
-                exhausted.published_ms,
                 exhausted.deliveries,
                 reason,
             )

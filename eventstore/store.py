@@ -239,6 +239,10 @@ class EventStore(abc.ABC):
             checked += 1
         return ChainReport(ok=True, events_checked=checked, campaigns=len(heads))
 
+    def holds(self, event_id: str) -> bool:
+        """Whether the event `event_id` is stored."""
+        return bool(self._stored_ids([event_id]))
+
     def campaign_heads(self) -> dict[str, bytes]:
         return dict(self._heads)
 

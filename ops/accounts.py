@@ -86,6 +86,13 @@ def ensure_credentials(home: Path) -> dict[str, Path]:
     return found
 
 
+def known_askers(home: Path) -> dict[str, str]:
+    """Each user's public key, to its name: who a request's reply inbox belongs to."""
+    return {
+        public_key(seed_path(home, user)): user for user in USERS if seed_path(home, user).exists()
+    }
+
+
 def client_auth(home: Path, user: str, ca_file: Path | None = None) -> ClientAuth:
     """The credentials this run folder holds for `user` (none when auth is off)."""
     path = seed_path(home, user)

@@ -9,6 +9,7 @@ settled once.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from actors.runtime import Actor, ActorRuntime, Reactions
 from bus.connection import Client, connect, jetstream
+from bus.subjects import STREAM
 from eventstore.causality import causality_claim
 from eventstore.emitter import Emitter
 from eventstore.events import (
@@ -29,7 +32,7 @@ from eventstore.events import (
     KernelVerified,
     new_event,
 )
-from eventstore.queries import replay
+from eventstore.queries import query, replay
 from ops.hub import Hub, running_hub
 from tests.test_actor_runtime import wait_rows
 from tests.test_stalls import crew, run_campaign, settled_once, small_campaign
@@ -166,6 +169,83 @@ def test_the_audit_says_when_a_store_from_before_the_rule_breaks_it() -> None:
     claim = causality_claim(enumerate([*history, forged], 1), campaign)
     assert claim.status == "differs" and claim.position == 4, claim
     assert "no benchmarker calibrated" in claim.evidence
+
+
+class FailsEverything(Actor):
+    """A rogue benchmarker instance: every message it takes fails, at its first delivery."""
+
+    role = "benchmarker"
+    target = "cpu"
+    reacts_to = (KernelVerified,)
+    max_deliver = 1
+
+    def __init__(self) -> None:
+        self.failed = 0
+
+    async def handle(self, event: Event, out: Reactions) -> None:
+        self.failed += 1
+        raise ValueError("rogue")
+
+
+async def _recorded_all(hub: Hub) -> None:
+    """Until the recorder has taken every message on the stream so far."""
+    last = (await jetstream(hub.nc).stream_info(STREAM)).state.last_seq
+    while hub.store.stream_cursor < last:
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+@module_loop
+async def test_dead_letters_are_one_per_candidate_however_many_messages_are_given_up_on(
+    hub: Hub,
+) -> None:
+    """Attack 1: the benchmarkers recorded 3,020 DeadLettered for a flood; here 40 copies of
+    a verification of one candidate, and one of another, each failed by a rogue instance."""
+    campaign = "flood"
+    copies = [_verified(campaign, "cx", "s1") for _ in range(40)] + [_verified(campaign, "cy", "s")]
+    rogue = FailsEverything()
+    nc = await _as(hub, "benchmarker")
+    stop = asyncio.Event()
+    running = asyncio.create_task(ActorRuntime(rogue, nc, "rogue-benchmarker").run(stop))
+    verifier = await _as(hub, "verifier")
+    try:
+        await Emitter(jetstream(verifier)).emit_many(copies)
+        while rogue.failed < len(copies):
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        await nc.close()
+        await verifier.close()
+    await _recorded_all(hub)
+    dead = hub.store.query(
+        "SELECT o.candidate_id FROM events e JOIN (SELECT event_id AS id, "
+        "payload->>'candidate_id' AS candidate_id FROM events) o ON o.id = "
+        "e.payload->>'original_event_id' WHERE e.type = 'DeadLettered' AND e.campaign_id = "
+        f"'{campaign}' ORDER BY 1"
+    ).rows
+    assert dead == [["cx"], ["cy"]]
+
+
+@pytest.mark.timeout(120)
+@module_loop
+async def test_one_roles_slow_queries_never_make_the_clis_select_1_wait(hub: Hub) -> None:
+    """Attack 6: 8 parallel 40-second queries from one role made the cli's `SELECT 1` wait
+    37 s (they held every thread of the store's SQL pool)."""
+    slow = "SELECT count(*) FROM range(100000) a, range(100000) b WHERE (a.range * b.range) % 7 = 3"
+    attacker = await _as(hub, "benchmarker")
+    cli = await _as(hub, "cli")
+    try:
+        asks = [asyncio.create_task(query(attacker, slow, timeout=6)) for _ in range(8)]
+        await asyncio.sleep(0.5)  # they are running (or queued)
+        answer = await query(cli, "SELECT 1 AS one")
+        waited_for = [ask for ask in asks if ask.done()]
+        await asyncio.gather(*asks, return_exceptions=True)
+    finally:
+        await attacker.close()
+        await cli.close()
+    assert answer.rows == [[1]]
+    assert waited_for == [], "the cli's query waited for the attacker's"
 
 
 @pytest.mark.timeout(300)

@@ -63,7 +63,7 @@ from eventstore.events import (
 )
 from eventstore.failures import dead_letter_event
 from eventstore.ids import derived_event_id
-from eventstore.queries import recorded
+from eventstore.queries import stored_or_refused
 
 log = structlog.get_logger("actors.runtime")
 
@@ -259,16 +259,8 @@ class ActorRuntime:
         """Wait until the recorder stored `event`; Discard it if the recorder refused it
         (a rule of what was recorded before it, which admission alone cannot check)."""
         sequence = message.metadata.sequence.stream
-        deadline = time.monotonic() + RECORDED_WAIT
-        while True:
-            state = await recorded(self.nc, event.event_id, sequence)
-            if state == "stored":
-                return
-            if state == "refused":
-                raise Discard(f"the recorder refused {event.type} {event.event_id}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{event.type} {event.event_id} is not recorded yet")
-            await asyncio.sleep(0.05)
+        if not await stored_or_refused(self.nc, event.event_id, sequence, RECORDED_WAIT):
+            raise Discard(f"the recorder refused {event.type} {event.event_id}")
 
     async def _dead_letter(self, message: Msg, reason: str) -> None:
         metadata = message.metadata

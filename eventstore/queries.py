@@ -34,6 +34,7 @@ when no owner answers.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 import uuid
@@ -370,6 +371,19 @@ async def recorded(nc: Client, event_id: str, stream_seq: int, timeout: float = 
     except (NoResponder, NoAnswer) as exc:
         raise StoreUnavailable("no event store answered on the bus") from exc
     return msgspec.json.decode(reply, type=Recorded).state
+
+
+async def stored_or_refused(nc: Client, event_id: str, stream_seq: int, wait: float) -> bool:
+    """Wait until the recorder took the message of `event_id` at `stream_seq`: True if it
+    stored it, False if it refused it; TimeoutError if it did neither within `wait` s."""
+    deadline = time.monotonic() + wait
+    while True:
+        state = await recorded(nc, event_id, stream_seq)
+        if state != "pending":
+            return state == "stored"
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"event {event_id} is not recorded yet")
+        await asyncio.sleep(0.05)
 
 
 async def status(nc: Client, timeout: float = 5.0) -> StoreStatus:

@@ -10,16 +10,18 @@ settled once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from actors.campaign.history import History
 from actors.runtime import Actor, ActorRuntime, Reactions
 from bus.connection import Client, connect, jetstream
-from bus.subjects import STREAM
+from bus.follow import follow
+from bus.subjects import STREAM, campaign_filter
 from eventstore.causality import causality_claim
 from eventstore.emitter import Emitter
 from eventstore.events import (
@@ -34,6 +36,7 @@ from eventstore.events import (
 )
 from eventstore.queries import query, replay
 from ops.hub import Hub, running_hub
+from ops.progress import Progress
 from tests.test_actor_runtime import wait_rows
 from tests.test_stalls import crew, run_campaign, settled_once, small_campaign
 
@@ -118,6 +121,13 @@ async def test_a_benchmark_needs_its_verification_a_calibrated_device_and_the_in
     on a device no benchmarker calibrated, or claiming a head-to-head win over a candidate
     with no recorded result, was stored and shown at 1800x."""
     campaign = "causal"
+    cli = await _as(hub, "cli")
+    followed = Applied()  # `kfactory run`'s follower
+    following = await follow(
+        cli, campaign_filter(campaign), Progress(followed, campaign, cli).on_message
+    )
+    noted = Noted()  # an actor reacting to benchmarks, as the librarian does
+    listening = await _running(noted, hub)
     verifier = await _as(hub, "verifier")
     try:
         await Emitter(jetstream(verifier)).emit(_verified(campaign, "cv", "s1"))
@@ -148,11 +158,63 @@ async def test_a_benchmark_needs_its_verification_a_calibrated_device_and_the_in
         f"AND campaign_id = '{campaign}'"
     ).rows
     assert stored == [[honest.event_id]]
+    try:
+        while len(noted.seen) < 1 or honest.event_id not in followed.event_ids:
+            await asyncio.sleep(0.1)
+        await _recorded_all(hub)
+        await asyncio.sleep(1.0)  # a refused one would be handled by now
+    finally:
+        await listening()
+        await following.stop()
+        await cli.close()
+    assert [e.event_id for e in noted.seen] == [honest.event_id]
+    assert [e.event_id for e in followed.applied if e.type == "BenchmarkCompleted"] == [
+        honest.event_id
+    ]
     said = [str(r[0]) for r in reasons]
     assert len(said) == len(forgeries), said
     assert "no KernelVerified" in said[0] and "no KernelVerified" in said[1]
     assert "no benchmarker calibrated" in said[2]
     assert "no recorded result of its own" in said[3]
+
+
+class Applied(History):
+    """A history that keeps every event applied to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[Event] = []
+
+    def apply(self, position: int, event: Event) -> None:
+        self.applied.append(event)
+        super().apply(position, event)
+
+
+class Noted(Actor):
+    """Notes every benchmark its runtime hands it."""
+
+    role = "librarian"
+    reacts_to = (BenchmarkCompleted,)
+
+    def __init__(self) -> None:
+        self.seen: list[Event] = []
+
+    async def handle(self, event: Event, out: Reactions) -> None:
+        self.seen.append(event)
+
+
+async def _running(actor: Actor, hub: Hub) -> Callable[[], Awaitable[None]]:
+    """Start `actor` on the hub as its role; the function returned stops it."""
+    nc = await _as(hub, actor.role)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ActorRuntime(actor, nc, f"test-{actor.role}").run(stop))
+
+    async def stopped() -> None:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await nc.close()
+
+    return stopped
 
 
 def test_the_audit_says_when_a_store_from_before_the_rule_breaks_it() -> None:
@@ -204,18 +266,14 @@ async def test_dead_letters_are_one_per_candidate_however_many_messages_are_give
     campaign = "flood"
     copies = [_verified(campaign, "cx", "s1") for _ in range(40)] + [_verified(campaign, "cy", "s")]
     rogue = FailsEverything()
-    nc = await _as(hub, "benchmarker")
-    stop = asyncio.Event()
-    running = asyncio.create_task(ActorRuntime(rogue, nc, "rogue-benchmarker").run(stop))
+    stopped = await _running(rogue, hub)
     verifier = await _as(hub, "verifier")
     try:
         await Emitter(jetstream(verifier)).emit_many(copies)
         while rogue.failed < len(copies):
             await asyncio.sleep(0.1)
     finally:
-        stop.set()
-        await asyncio.wait_for(running, 30)
-        await nc.close()
+        await stopped()
         await verifier.close()
     await _recorded_all(hub)
     dead = hub.store.query(

@@ -13,7 +13,7 @@ on the hub's first start; `kfactory creds USER -o FILE` copies one to another ho
   consumers (create, info, next, ack); subscribe to its own inbox
   (`_INBOX.<its public key>.>`) and `kf.hb.ping`. The librarian also answers its own
   service (`kf.svc.kf-librarian.>`). The benchmarker and the verifier use the device
-  leases (`KF_DEVICE_LEASES`);
+  leases (`KF_DEVICE_LEASES`), the verifier only the shared leases' keys;
 - `hub`: publish EventRejected and DeadLettered, ephemeral ordered consumers of the
   stream and its messages (for the dead-letter watcher), the recording lease
   (`KF_RECORDER_LEASE`) and, of `KF_DEVICE_LEASES`, only the stream info (to see that it
@@ -45,6 +45,7 @@ from bus.auth import (
     public_key,
     write_private,
 )
+from bus.device_lease import SHARED_KEYS
 from bus.heartbeat import HEARTBEAT_PREFIX, PING, role_subjects
 from bus.lease import DEVICE_LEASES, RECORDER_LEASES, kv_stream, lease_subjects
 from bus.subjects import EVENTS_PREFIX, SERVICE_PREFIX, STREAM
@@ -63,6 +64,8 @@ _LEASES = {
     "verifier": (DEVICE_LEASES,),  # shares the device between timed windows
     HUB: (RECORDER_LEASES,),
 }
+#: The lease keys a user may write, where not every key of its buckets.
+_LEASE_KEYS = {"verifier": SHARED_KEYS}
 
 
 def creds_dir(home: Path) -> Path:
@@ -139,7 +142,7 @@ def _actor(role: str, key: str) -> Permissions:
         role_subjects(role),  # its own role's heartbeats, no other's
     ]
     for bucket in _LEASES.get(role, ()):
-        publish += lease_subjects(bucket)
+        publish += lease_subjects(bucket, _LEASE_KEYS.get(role, (">",)))
     for consumer in _consumers(role):
         publish += [
             f"{_API}.CONSUMER.DURABLE.CREATE.{STREAM}.{consumer}",

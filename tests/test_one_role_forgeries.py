@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from nats.js.kv import KV_DEL, KV_OP
 
 from actors.campaign.history import History
 from actors.runtime import Actor, ActorRuntime, Reactions
 from bus.connection import Client, connect, jetstream
 from bus.follow import follow
+from bus.lease import DEVICE_LEASES, LeaseBucket
 from bus.subjects import STREAM, campaign_filter
 from eventstore.causality import causality_claim
 from eventstore.emitter import Emitter
@@ -304,6 +306,38 @@ async def test_one_roles_slow_queries_never_make_the_clis_select_1_wait(hub: Hub
         await cli.close()
     assert answer.rows == [[1]]
     assert waited_for == [], "the cli's query waited for the attacker's"
+
+
+@pytest.mark.timeout(60)
+@module_loop
+async def test_the_verifier_can_neither_take_nor_release_a_timing_lease(hub: Hub) -> None:
+    """Attack 5: the verifier's credentials wrote a device timing lease (no TTL) and held
+    the device; they could as well delete a benchmarker's. Only shared keys are its own."""
+    admin = await _as(hub, "admin")
+    benchmarker = await _as(hub, "benchmarker")
+    attacker = await _as(hub, "verifier")
+    try:
+        timing = await LeaseBucket.open(jetstream(benchmarker), DEVICE_LEASES, 10)
+        held = await timing.try_acquire("cpu.bench-host.timing", "benchmarker-1")
+        assert held is not None
+        kv = jetstream(attacker, timeout=1)
+        with pytest.raises(TimeoutError):  # refused by the server: no ack comes
+            await kv.publish(f"$KV.{DEVICE_LEASES}.cpu.gpu-host-7.timing", b'{"holder":"x"}')
+        with pytest.raises(TimeoutError):
+            await kv.publish(f"$KV.{DEVICE_LEASES}.cpu.bench-host.timing", headers={KV_OP: KV_DEL})
+        watched = await LeaseBucket.open(jetstream(admin), DEVICE_LEASES, 10)
+        assert await watched.current("cpu.gpu-host-7.timing") is None
+        now = await watched.current("cpu.bench-host.timing")
+        assert now is not None and now.holder == "benchmarker-1"
+        shares = await LeaseBucket.open(jetstream(attacker), DEVICE_LEASES, 10)
+        share = await shares.try_acquire("cpu.bench-host.shared.verifier-1", "verifier-1")
+        assert share is not None  # what it needs still works
+        assert await shares.release(share)
+        assert await timing.release(held)
+    finally:
+        await attacker.close()
+        await benchmarker.close()
+        await admin.close()
 
 
 @pytest.mark.timeout(300)

@@ -27,7 +27,9 @@ pools are shared fairly among askers (`fair_pool.py`; the asker is the user whos
 the reply goes to, `bus.service.asker`): one asker runs at most
 `QUERY_WORKERS_PER_ASKER` (2) queries and `REPLAY_WORKERS_PER_ASKER` (1) replay page at a
 time, and waiting requests take turns across askers, so one role's slow queries never
-make another's wait for them. A
+make another's wait for them. The roles that never read history (the verifier, the
+compiler, the fuser: `authority.NO_STORE_READS`), and a request whose reply goes to no
+known user's inbox, are refused SQL and replay (403). A
 refused query answers code 400, a timeout 408, a failed query 422; `StoreUnavailable`
 when no owner answers.
 """
@@ -56,6 +58,7 @@ from bus.service import (
     request,
     serve,
 )
+from eventstore.authority import NO_STORE_READS
 from eventstore.codec import decode
 from eventstore.duckdb_store import (
     DEFAULT_QUERY_TIMEOUT,
@@ -68,6 +71,8 @@ from eventstore.fair_pool import FairPool
 from eventstore.sql_guard import SqlRefused
 
 SERVICE = "kf-store"
+#: Who asked, when the reply goes to no known user's inbox.
+UNKNOWN_ASKER = "unknown user"
 
 
 #: Bytes of result per reply: under NATS's 1 MiB message cap once base64-encoded.
@@ -249,14 +254,21 @@ async def serve_queries(
     replays = FairPool(REPLAY_WORKERS, REPLAY_WORKERS_PER_ASKER, "kf-replay")
 
     def principal() -> str:
-        return asker() if askers is None else askers.get(asker(), "an unknown user")
+        return asker() if askers is None else askers.get(asker(), UNKNOWN_ASKER)
+
+    def reader() -> str:
+        """The asker, if it may read the store (RequestRefused, 403, if not)."""
+        who = principal()
+        if askers is not None and (who in NO_STORE_READS or who == UNKNOWN_ASKER):
+            raise RequestRefused(f"the {who} may not read the store", code=403)
+        return who
 
     async def sql(data: bytes) -> bytes:
         ask = asked(data, SqlRequest)
         max_rows, timeout = capped(ask)
         try:
             result = await queries.run(
-                principal(), functools.partial(store.query, ask.sql, max_rows, timeout)
+                reader(), functools.partial(store.query, ask.sql, max_rows, timeout)
             )
         except SqlRefused as exc:
             raise RequestRefused(str(exc)) from exc
@@ -272,7 +284,7 @@ async def serve_queries(
 
     async def replay_page(data: bytes) -> bytes:
         ask = asked(data, ReplayRequest)
-        page = await replays.run(principal(), functools.partial(_replay_page, store, ask))
+        page = await replays.run(reader(), functools.partial(_replay_page, store, ask))
         return _encoder.encode(page)
 
     async def recorded_state(data: bytes) -> bytes:

@@ -23,6 +23,7 @@ from actors.runtime import Actor, ActorRuntime, Reactions
 from bus.connection import Client, connect, jetstream
 from bus.follow import follow
 from bus.lease import DEVICE_LEASES, LeaseBucket
+from bus.service import ServiceError
 from bus.subjects import STREAM, campaign_filter
 from eventstore.causality import causality_claim
 from eventstore.emitter import Emitter
@@ -36,7 +37,7 @@ from eventstore.events import (
     KernelVerified,
     new_event,
 )
-from eventstore.queries import query, replay
+from eventstore.queries import QueryFailed, query, replay
 from ops.hub import Hub, running_hub
 from ops.progress import Progress
 from tests.test_actor_runtime import wait_rows
@@ -338,6 +339,35 @@ async def test_the_verifier_can_neither_take_nor_release_a_timing_lease(hub: Hub
         await attacker.close()
         await benchmarker.close()
         await admin.close()
+
+
+@pytest.mark.timeout(60)
+@module_loop
+async def test_the_roles_that_never_read_history_cannot_read_the_store(hub: Hub) -> None:
+    """Smaller item: any role could read the whole store (every campaign's kernels)
+    through the store service; the verifier's credentials sit on every GPU host."""
+    for role in ("verifier", "compiler", "fuser"):
+        nc = await _as(hub, role)
+        try:
+            with pytest.raises(ServiceError, match="may not read the store") as refused:
+                await replay(nc, timeout=10)
+            assert refused.value.code == 403
+            with pytest.raises(QueryFailed, match="may not read the store"):
+                await query(nc, "SELECT count(*) FROM events")
+        finally:
+            await nc.close()
+    calibration = _calibrated("readers-host")
+    for role in ("benchmarker", "cli"):  # the roles that replay history still do
+        nc = await _as(hub, role)
+        try:
+            if role == "benchmarker":
+                await Emitter(jetstream(nc)).emit(calibration)
+                stored = f"SELECT 1 FROM events WHERE event_id = '{calibration.event_id}'"
+                await wait_rows(hub, stored, 1)
+            read = await replay(nc, types=["HostCalibrated"], timeout=10)
+            assert calibration.event_id in {e.event_id for _, e in read}
+        finally:
+            await nc.close()
 
 
 @pytest.mark.timeout(300)

@@ -134,18 +134,18 @@ class RecordedRequest(msgspec.Struct, frozen=True):
     stream_seq: int
 
 
-class Recorded(msgspec.Struct, frozen=True):
+class RecordedState(msgspec.Struct, frozen=True):
     """`stored`; `refused` (the recorder took the stream past it and did not store it);
     or `pending` (not taken yet)."""
 
     state: str
 
 
-def _recorded(store: DuckDBEventStore, ask: RecordedRequest) -> Recorded:
+def _recorded(store: DuckDBEventStore, ask: RecordedRequest) -> RecordedState:
     cursor = store.stream_cursor  # read first: a batch stores its events with its cursor
     if store.holds(ask.event_id):
-        return Recorded("stored")
-    return Recorded("refused" if cursor >= ask.stream_seq else "pending")
+        return RecordedState("stored")
+    return RecordedState("refused" if cursor >= ask.stream_seq else "pending")
 
 
 class ReplayPage(msgspec.Struct, frozen=True):
@@ -382,7 +382,7 @@ async def recorded(nc: Client, event_id: str, stream_seq: int, timeout: float = 
         reply = await request(nc, SERVICE, "recorded", ask, timeout)
     except (NoResponder, NoAnswer) as exc:
         raise StoreUnavailable("no event store answered on the bus") from exc
-    return msgspec.json.decode(reply, type=Recorded).state
+    return msgspec.json.decode(reply, type=RecordedState).state
 
 
 async def stored_or_refused(nc: Client, event_id: str, stream_seq: int, wait: float) -> bool:

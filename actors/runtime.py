@@ -7,7 +7,9 @@ and `shutdown_grace`, and implements `handle(event, out)`. The runtime binds the
 durable consumer (instances of a role compete for the work), admits each message by the
 recorder's rule (`eventstore/admission.py`; one the recorder refuses is acked and
 dropped, since the recorder stores its `EventRejected`: a flood of junk costs no dead
-letters), calls `handle` inside
+letters; a type the recorder may refuse by what was recorded before it, a benchmark, is
+handled only once the store holds it, and dropped if the recorder went past it without
+storing it: `eventstore/causality.py`), calls `handle` inside
 a structlog context (campaign, role, instance), publishes what it emitted with causation
 and correlation ids, and only then acks. `out.emit(EventType, **payload)` builds a
 reaction whose id derives from its cause (`eventstore/ids.py`), so a redelivered message
@@ -48,6 +50,7 @@ from bus.publisher import msg_id
 from bus.streams import wait_for_stream
 from bus.subjects import check_token, type_filters
 from eventstore.admission import admit
+from eventstore.causality import CHECKED_TYPES
 from eventstore.codec import InvalidEvent
 from eventstore.emitter import Emitter
 from eventstore.events import (
@@ -60,8 +63,13 @@ from eventstore.events import (
 )
 from eventstore.failures import dead_letter_event
 from eventstore.ids import derived_event_id
+from eventstore.queries import stored_or_refused
 
 log = structlog.get_logger("actors.runtime")
+
+#: Seconds an actor waits for the recorder to take a message it may refuse by what was
+#: recorded before it (`eventstore.causality.CHECKED_TYPES`); then it is retried later.
+RECORDED_WAIT = 30.0
 
 E = TypeVar("E", bound=Event)
 
@@ -234,6 +242,8 @@ class ActorRuntime:
             event = admit(message.subject, message.data, msg_id(message)).event
         except InvalidEvent as exc:  # the recorder refuses it too, with an EventRejected
             raise Discard(f"not an event the recorder accepts: {exc}") from exc
+        if event.type in CHECKED_TYPES:
+            await self._stored_first(event, message)
         out = Reactions(event, self.ref)
         self._set_state("working", _job(event))
         try:
@@ -245,6 +255,13 @@ class ActorRuntime:
         finally:
             self._set_state("idle", "")
 
+    async def _stored_first(self, event: Event, message: Msg) -> None:
+        """Wait until the recorder stored `event`; Discard it if the recorder refused it
+        (a rule of what was recorded before it, which admission alone cannot check)."""
+        sequence = message.metadata.sequence.stream
+        if not await stored_or_refused(self.nc, event.event_id, sequence, RECORDED_WAIT):
+            raise Discard(f"the recorder refused {event.type} {event.event_id}")
+
     async def _dead_letter(self, message: Msg, reason: str) -> None:
         metadata = message.metadata
         await self._emitter.emit(
@@ -254,7 +271,6 @@ class ActorRuntime:
                 message.subject,
                 message.data,
                 metadata.sequence.stream,
-                int(metadata.timestamp.timestamp() * 1000),
                 metadata.num_delivered,
                 reason,
             )

@@ -22,7 +22,7 @@ A role's work consumer is the admin's and its actors' alone (no other user may d
 `ops/accounts.py`); should it vanish anyway, an idle instance notices within
 `CHECK_EVERY` (5 s) and creates it again. On a stop, the handler gets `grace` s, then
 it is cancelled and its message `nak`ed for another instance. The dead-letter event's
-id derives from the consumer and the stream sequence (`eventstore/failures.py`), so a
+id derives from the consumer and the candidate (`eventstore/failures.py`), so a
 failure is reported once, whoever reports it: the consumer, or the recorder that watches
 the advisory.
 """
@@ -103,7 +103,6 @@ class ExhaustedMessage:
     deliveries: int
     subject: str
     data: bytes
-    published_ms: int
 
 
 class WorkConsumer:
@@ -268,7 +267,6 @@ async def watch_exhausted(nc: Client, js: JetStreamContext, callback: ExhaustedC
                     deliveries=int(body["deliveries"]),
                     subject=original.subject or "",
                     data=original.data or b"",
-                    published_ms=int(original.time.timestamp() * 1000) if original.time else 0,
                 )
             )
         except Exception as exc:

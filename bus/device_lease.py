@@ -22,8 +22,11 @@ but benchmarkers only have work that verifiers passed, so it is bounded in pract
 
 A holder that dies stops renewing; its lease expires after `DEVICE_LEASE_TTL` (10 s) and
 the device is free. The GPU index is the worker's first CUDA_VISIBLE_DEVICES entry. The
-hub's admin creates the bucket; only the benchmarker and verifier users may use it
-(`ops/accounts.py`). The cuda compiler (nvcc, on the host CPU) takes no share of a GPU.
+hub's admin creates the bucket; only the benchmarker, verifier and kernel-writer (the
+agent operator's tool runs) users may use it (`ops/accounts.py`), and the latter two only
+for shared leases (`SHARED_KEYS`): the server refuses their writes to a timing key, so
+they cannot squat, renew or release one. The cuda
+compiler (nvcc, on the host CPU) takes no share of a GPU.
 What a holder waits for is `report`ed in words, which become its heartbeat's state:
 `waiting for the lease on cpu.<host>, held by benchmarker-2`, `timing on cpu.<host>
 (lease 42)`, `waiting for benchmarker-2's timed window on cpu.<host>`.
@@ -55,6 +58,11 @@ from bus.lease import (
     LeaseLost,
     kv_stream,
 )
+
+#: The keys of shared leases (`<device>.shared.<holder>`, a device being `cpu.<host>` or
+#: `cuda.<host>.<index>`): all a user that only shares devices may write (ops/accounts.py),
+#: so it can neither take, renew nor release a timing lease.
+SHARED_KEYS = ("*.*.shared.*", "*.*.*.shared.*")
 
 #: Seconds a device lease lives without renewal: a dead holder frees the device this late.
 DEVICE_LEASE_TTL = 10

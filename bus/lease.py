@@ -17,7 +17,7 @@ API (stable; other modules build on it):
     Lease(key, holder, token, revision, ttl, valid_until)
     LeaseError > LeaseLost, AcquireStopped
     RECORDER_LEASES, DEVICE_LEASES                        # the buckets the hub creates
-    lease_subjects(bucket)                                # what a user needs to use one
+    lease_subjects(bucket, keys)                          # what a user needs to use some
 
 - acquire is a KV create (refused while the key exists); renew is an update on the last
   revision (compare-and-set); release is a delete on that revision.
@@ -52,7 +52,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import msgspec
@@ -119,11 +119,13 @@ def kv_stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
-def lease_subjects(bucket: str) -> list[str]:
-    """What a user must be allowed to publish to use the leases of `bucket`."""
+def lease_subjects(bucket: str, keys: Sequence[str] = (">",)) -> list[str]:
+    """What a user must be allowed to publish to use the leases of `bucket` whose keys
+    match `keys` (subject patterns; every key by default): the server refuses its writes,
+    renewals and releases of any other key, whatever the client sends."""
     stream = kv_stream(bucket)
     return [
-        f"$KV.{bucket}.>",
+        *(f"$KV.{bucket}.{key}" for key in keys),
         f"$JS.API.STREAM.INFO.{stream}",
         f"$JS.API.STREAM.MSG.GET.{stream}",
         f"$JS.API.DIRECT.GET.{stream}",

@@ -1,13 +1,20 @@
 """Request/reply over the NATS micro services API (discoverable with `nats micro ls`).
 
 Each request is answered in a task of its own, so a slow request never holds the others.
+While an endpoint runs, `asker()` names who asked: the user whose inbox the reply goes to
+(`_INBOX.<public key>`: `bus/auth.py` gives each user an inbox only it may subscribe to,
+so one who names another's inbox never reads the answer). A service shares its work
+fairly among askers by it (`eventstore/fair_pool.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
@@ -26,6 +33,8 @@ __all__ = [
     "RequestRefused",
     "Service",
     "ServiceError",
+    "asked",
+    "asker",
     "request",
     "serve",
 ]
@@ -34,6 +43,30 @@ Endpoint = Callable[[bytes], Awaitable[bytes]]
 
 ERROR_HEADER = "Nats-Service-Error"
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"
+
+_asker: contextvars.ContextVar[str] = contextvars.ContextVar("asker", default="")
+
+
+R = TypeVar("R")
+
+
+def asked(data: bytes, kind: type[R]) -> R:
+    """A request's body decoded as `kind`; RequestRefused (400) when it is not one."""
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.DecodeError as exc:
+        raise RequestRefused(f"bad request: {exc}") from exc
+
+
+def asker() -> str:
+    """Who asked the request being answered: the user part of its reply inbox
+    (`_INBOX.<public key>`), the whole reply subject for another inbox, "" for none."""
+    return _asker.get()
+
+
+def _asker_of(reply: str) -> str:
+    parts = reply.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "_INBOX" else reply
 
 
 class ServiceError(RuntimeError):
@@ -92,6 +125,7 @@ def _responder(handler: Endpoint) -> Callable[[Request], Awaitable[None]]:
             log.warning("could not answer a request", error=str(exc))
 
     async def respond(request: Request) -> None:
+        _asker.set(_asker_of(request._msg.reply or ""))  # its own task: its own context
         try:
             reply = await handler(request.data)
         except RequestRefused as exc:

@@ -51,6 +51,11 @@ _EMITS: dict[str, tuple[str, ...]] = {
 
 EMITS = MappingProxyType(_EMITS)
 
+#: The roles that never read the store (no history, no SQL): the store service refuses
+#: them its SQL and replay, so a host holding one of their credentials (a GPU host's
+#: verifier) cannot read every campaign's kernels through it.
+NO_STORE_READS = frozenset({"verifier", "compiler", "fuser"})
+
 #: The roles that run as actors (each has a NATS user of the same name).
 ACTOR_ROLES = tuple(role for role in _EMITS if role not in (CLI, RECORDER))
 

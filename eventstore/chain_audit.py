@@ -8,12 +8,14 @@ inserted or removed, two events swapped, or a tail cut off after an anchor.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import msgspec
 
 from eventstore.claims import Claim, agrees, differs
+from eventstore.events import EVENT_TYPES
 from eventstore.snapshot import StoredRow
-from eventstore.store import GENESIS, chain_hash
+from eventstore.store import CHAIN_RULE, GENESIS, link_rule
 
 MAX_BREAKS = 20
 
@@ -55,13 +57,21 @@ def check_chain(
     previous = GENESIS
     before_previous = GENESIS
     index = 0
+    old_rule = 0  # links written before rule 2: their stream_seq is not covered
+    covered = False  # a rule-2 link with a sequence was seen: no rule-1 link may follow
     while index < len(rows) and len(breaks) < MAX_BREAKS:
         row = rows[index]
-        if chain_hash(row.payload, previous) == row.chain_hash:
+        rule = link_rule(row.payload, previous, row.stream_seq, row.chain_hash)
+        covered = covered or (rule == CHAIN_RULE and row.stream_seq is not None)
+        if rule == CHAIN_RULE or (rule == 1 and not covered):
+            old_rule += rule == 1
             before_previous, previous = previous, row.chain_hash
             index += 1
             continue
-        claim, skip = _diagnose(rows, index, previous, before_previous, missing)
+        if rule == 1:
+            claim, skip = _rule_one_after_rule_two(row), 1
+        else:
+            claim, skip = _diagnose(rows, index, previous, before_previous, missing)
         breaks.append(claim)
         # Carry on from the stored hashes, so later breaks are found too; after a swap
         # the chain goes on from the pair's later event in the original order.
@@ -71,13 +81,35 @@ def check_chain(
     if breaks:
         return breaks
     head = rows[-1].chain_hash.hex() if rows else GENESIS.hex()
+    older = (
+        f"; {old_rule} links written before chain rule 2 verified under rule 1 (their "
+        "stream_seq is not covered)"
+        if old_rule
+        else ""
+    )
     return [
         agrees(
             "chain",
             f"hash chain of {campaign_id}",
-            f"{len(rows)} events re-hashed over their stored bytes; head {head}",
+            f"{len(rows)} events re-hashed over their stored bytes and bus sequences; "
+            f"head {head}{older}",
         )
     ]
+
+
+def _rule_one_after_rule_two(row: StoredRow) -> Claim:
+    return differs(
+        "chain",
+        "hash chain",
+        f"the stream_seq at position {row.position} ({row.type} {row.event_id}) was edited: "
+        "its link reads only under chain rule 1, after links of rule 2",
+        row.position,
+    )
+
+
+def _links(row: StoredRow, previous: bytes) -> bool:
+    """Whether `row`'s stored hash chains from `previous` (under either rule)."""
+    return link_rule(row.payload, previous, row.stream_seq, row.chain_hash) != 0
 
 
 def _diagnose(
@@ -101,8 +133,8 @@ def _diagnose(
         ), 1
     nxt = rows[i + 1] if i + 1 < len(rows) else None
     name = "hash chain"
-    if nxt is not None and chain_hash(nxt.payload, previous) == nxt.chain_hash:
-        if chain_hash(row.payload, nxt.chain_hash) == row.chain_hash:
+    if nxt is not None and _links(nxt, previous):
+        if _links(row, nxt.chain_hash):
             return differs(
                 "chain",
                 name,
@@ -116,7 +148,7 @@ def _diagnose(
             "the next event chains from the one before it",
             row.position,
         ), 1
-    if i >= 1 and chain_hash(row.payload, before_previous) == row.chain_hash:
+    if i >= 1 and _links(row, before_previous):
         earlier = rows[i - 1]
         return differs(
             "chain",
@@ -125,11 +157,12 @@ def _diagnose(
             f"{earlier.event_id}): position {row.position} chains from the one before it",
             earlier.position,
         ), 1
-    if nxt is not None and chain_hash(nxt.payload, row.chain_hash) == nxt.chain_hash:
+    if nxt is not None and _links(nxt, row.chain_hash):
         return differs(
             "chain",
             name,
-            f"the payload at position {row.position} ({row.type} {row.event_id}) was edited "
+            f"the payload or stream_seq at position {row.position} ({row.type} {row.event_id}) "
+            "was edited "
             "(it no longer hashes to its stored chain hash), or an event right before it was "
             "removed",
             row.position,
@@ -144,29 +177,54 @@ def _diagnose(
 
 
 def check_columns(rows: Sequence[StoredRow]) -> Claim:
-    """The queryable columns (not hashed) must say what the hashed payload says."""
+    """Every stored column the chain does not hash must say what the hashed payload says
+    (the chain hashes the payload and `stream_seq`)."""
     bad: list[int] = []
     for row in rows:
         try:
             head = msgspec.json.decode(row.payload, type=_Head)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, msgspec.ValidationError):
             bad.append(row.position)
             continue
-        if (head.event_id, head.campaign_id, head.type, head.actor.role) != (
+        cls = EVENT_TYPES.get(head.type)
+        # an old schema's payload is stored as it came; the column may give the schema
+        # it is read as (the upcaster's) instead
+        schema = row.schema if cls is not None and row.schema == cls.SCHEMA else head.schema
+        said = (
+            head.event_id,
+            head.campaign_id,
+            head.type,
+            schema,
+            head.ts,
+            head.actor.role,
+            head.actor.instance,
+            head.actor.host,
+            head.causation_id,
+            head.correlation_id,
+        )
+        stored = (
             row.event_id,
             row.campaign_id,
             row.type,
+            row.schema,
+            row.ts,
             row.actor_role,
-        ):
+            row.actor_instance,
+            row.actor_host,
+            row.causation_id,
+            row.correlation_id,
+        )
+        if said != stored:
             bad.append(row.position)
     if bad:
         return differs(
             "columns",
             "columns match payloads",
-            f"id, campaign, type or role disagree with the payload at {_listed(bad)}",
+            "id, campaign, type, schema, time, actor, causation or correlation disagree with "
+            f"the payload at {_listed(bad)}",
             bad[0],
         )
-    return agrees("columns", "columns match payloads", f"{len(rows)} rows")
+    return agrees("columns", "columns match payloads", f"{len(rows)} rows, every column")
 
 
 def check_anchor(rows: Sequence[StoredRow], campaign_id: str, expected_hex: str) -> Claim:
@@ -203,13 +261,19 @@ def check_anchor(rows: Sequence[StoredRow], campaign_id: str, expected_hex: str)
 
 class _Actor(msgspec.Struct):
     role: str
+    instance: str
+    host: str
 
 
 class _Head(msgspec.Struct):
     event_id: str
     campaign_id: str
     type: str
+    ts: datetime
     actor: _Actor
+    schema: int = 1
+    causation_id: str | None = None
+    correlation_id: str | None = None
 
 
 def _listed(positions: list[int]) -> str:

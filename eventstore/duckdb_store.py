@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
+from eventstore.codec import decode
+from eventstore.events import Event
 from eventstore.sql_guard import check_read_only
 from eventstore.store import EventStore, Fence, RawRow, Row, check_fence
 from eventstore.views import create_views
@@ -133,6 +136,8 @@ class DuckDBEventStore(EventStore):
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = open_connection(self.path, read_only)
         self._lock = threading.Lock()
+        self._queries: set[duckdb.DuckDBPyConnection] = set()  # cursors of running queries
+        self._closing = False
         if not read_only:
             self._conn.execute(SCHEMA_SQL)
             _owner_only(self.path)
@@ -237,7 +242,7 @@ class DuckDBEventStore(EventStore):
         return {row[0] for row in found}
 
     def read_raw(self, campaign_id: str | None = None, after_position: int = 0) -> Iterator[RawRow]:
-        columns = "position, campaign_id, encode(payload), chain_hash"
+        columns = "position, campaign_id, encode(payload), chain_hash, stream_seq"
         for batch in self._scan(columns, campaign_id, after_position):
             yield from map(RawRow._make, zip(*batch, strict=True))
 
@@ -249,8 +254,17 @@ class DuckDBEventStore(EventStore):
         ):
             yield from zip(positions, payloads, strict=True)
 
+    def replay_types(self, types: Sequence[str]) -> Iterator[tuple[int, Event]]:
+        for positions, payloads in self._scan("position, encode(payload)", None, 0, types):
+            for position, payload in zip(positions, payloads, strict=True):
+                yield position, decode(payload)
+
     def _scan(
-        self, columns: str, campaign_id: str | None, after_position: int
+        self,
+        columns: str,
+        campaign_id: str | None,
+        after_position: int,
+        types: Sequence[str] = (),
     ) -> Iterator[list[list[Any]]]:
         """Column lists per Arrow batch, in position order."""
         sql = f"SELECT {columns} FROM events WHERE position > $after"
@@ -258,6 +272,9 @@ class DuckDBEventStore(EventStore):
         if campaign_id is not None:
             sql += " AND campaign_id = $campaign"
             params["campaign"] = campaign_id
+        if types:
+            sql += " AND list_contains($types, type)"
+            params["types"] = list(types)
         cursor = self._conn.cursor()
         try:
             reader = cursor.sql(sql + " ORDER BY position", params=params).to_arrow_reader(100_000)
@@ -310,6 +327,11 @@ class DuckDBEventStore(EventStore):
         check_read_only(sql)
         cursor = self._conn.cursor()
         timer = threading.Timer(timeout, cursor.interrupt)
+        self._queries.add(cursor)  # before the check: `close` sees it or it sees `close`
+        if self._closing:
+            self._queries.discard(cursor)
+            cursor.close()
+            raise duckdb.ConnectionException("the store is closing")
         try:
             cursor.execute("BEGIN TRANSACTION")
             timer.start()
@@ -326,6 +348,7 @@ class DuckDBEventStore(EventStore):
                     cursor.execute("ROLLBACK")
         finally:
             cursor.close()
+            self._queries.discard(cursor)
         return QueryResult(
             columns=columns,
             types=types,
@@ -334,6 +357,15 @@ class DuckDBEventStore(EventStore):
         )
 
     def close(self) -> None:
+        """Interrupt the queries still running (a caller gone, a queue still full), wait
+        for their threads to let go, then close."""
+        self._closing = True
+        for cursor in list(self._queries):
+            with contextlib.suppress(duckdb.Error):
+                cursor.interrupt()
+        deadline = time.monotonic() + 10.0
+        while self._queries and time.monotonic() < deadline:
+            time.sleep(0.01)
         with self._lock:
             self._conn.close()
 

@@ -4,10 +4,15 @@ the message itself, so reporting the same failure twice stores it once.
 - `EventRejected` (the recorder): a message on `kf.ev.>` that is not a valid event, with
   the reason, its subject and stream sequence, and the first `RAW_EXCERPT_BYTES` (2 KiB)
   of its bytes; its id derives from the sequence and a digest of the bytes.
-- `DeadLettered`: a message a consumer gave up on, with the consumer, the deliveries, the
-  reason and the original event's id; its id derives from the consumer and the stream
-  sequence, so the actor that gave up and the recorder that saw the server's
-  max-deliveries advisory report it once.
+- `DeadLettered`: a message a consumer gave up on, with the consumer, the deliveries (its
+  count), the reason and the original event's id; its id derives from the consumer and
+  the candidate the message is about (the event's own id for one about no candidate;
+  one id for every unreadable message), never from the message's sequence or time. So
+  the actor that gave up and the recorder that saw the server's max-deliveries advisory
+  report it once, and however many messages of one candidate a consumer gives up on
+  (forged copies, NAK'd deliveries, junk), the store keeps one record per candidate:
+  the others are duplicates of its id. Its time bits are 0: no message's time is shared
+  by all of them.
 
 The campaign is the subject's if it is a safe campaign id, else `kf-system`. Both are
 published through the bus and stored like any event.
@@ -19,7 +24,14 @@ import hashlib
 
 from bus.subjects import is_campaign_id, parse_event_subject
 from eventstore.codec import InvalidEvent, decode
-from eventstore.events import SYSTEM_CAMPAIGN, ActorRef, DeadLettered, EventRejected, new_event
+from eventstore.events import (
+    SYSTEM_CAMPAIGN,
+    ActorRef,
+    DeadLettered,
+    Event,
+    EventRejected,
+    new_event,
+)
 from eventstore.ids import stable_event_id
 
 RAW_EXCERPT_BYTES = 2048
@@ -55,18 +67,18 @@ def dead_letter_event(
     subject: str,
     data: bytes,
     stream_seq: int,
-    published_ms: int,
     deliveries: int,
     reason: str,
 ) -> DeadLettered:
-    """A message `consumer` gave up on; one per (consumer, message), whoever reports it."""
+    """A message `consumer` gave up on; one per (consumer, candidate), whoever reports it
+    and however many messages of that candidate it gave up on."""
     try:
-        original_id: str | None = decode(data).event_id
+        original: Event | None = decode(data)
     except InvalidEvent:
-        original_id = None
+        original = None
     return new_event(
         DeadLettered,
-        event_id=stable_event_id(published_ms, "dead", consumer, stream_seq),
+        event_id=stable_event_id(0, "dead", consumer, *_given_up_on(original, subject)),
         campaign_id=_campaign_of(subject),
         actor=actor,
         consumer=consumer,
@@ -74,5 +86,16 @@ def dead_letter_event(
         stream_seq=stream_seq,
         deliveries=deliveries,
         reason=reason,
-        original_event_id=original_id,
+        original_event_id=original.event_id if original is not None else None,
     )
+
+
+def _given_up_on(original: Event | None, subject: str) -> tuple[str, ...]:
+    """What a dead letter is one of: the candidate of its event (or the event itself, for
+    one about no candidate); every unreadable message of a consumer is one thing."""
+    if original is None:
+        return ("unreadable",)
+    candidate = getattr(original, "candidate_id", None)
+    if isinstance(candidate, str):
+        return ("candidate", _campaign_of(subject), candidate)
+    return ("event", original.event_id)

@@ -28,7 +28,9 @@ class MemoryEventStore(EventStore):
     def read_raw(self, campaign_id: str | None = None, after_position: int = 0) -> Iterator[RawRow]:
         for row in self._rows[after_position:]:
             if campaign_id is None or row.event.campaign_id == campaign_id:
-                yield RawRow(row.position, row.event.campaign_id, row.payload, row.chain_hash)
+                yield RawRow(
+                    row.position, row.event.campaign_id, row.payload, row.chain_hash, row.stream_seq
+                )
 
     def read_payloads(
         self, campaign_id: str | None = None, after_position: int = 0

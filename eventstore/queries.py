@@ -4,7 +4,7 @@ Queries run concurrently, each on a cursor of its own with a time limit. A resul
 for one message (NATS caps them at 1 MiB) is cut into pages the caller fetches in turn
 (`sql-page`), so only the row cap, which the caller sets, limits it.
 
-The `kf-store` micro service has four endpoints:
+The `kf-store` micro service has five endpoints:
 - `sql`: `SqlRequest` (one read-only statement, `max_rows` 10,000, `timeout`
   `DEFAULT_QUERY_TIMEOUT` unless the caller says; the server caps both at
   `MAX_ROWS` and `MAX_QUERY_TIMEOUT`, which a caller can lower, never raise); the first
@@ -12,6 +12,8 @@ The `kf-store` micro service has four endpoints:
 - `sql-page`: the next pages, `PAGE_BYTES` (640 KiB) each, kept `PAGES_KEPT_FOR` (120 s)
   and at most `PAGES_KEPT_BYTES` (64 MiB) in all (the oldest results dropped first);
 - `status`: the store's path, last position, campaign count and stream cursor;
+- `recorded`: whether the message of an event id at a stream sequence was stored, refused
+  (the recorder went past it without storing it: `causality.py`'s rule) or is pending;
 - `replay`: stored payloads in position order, filtered by campaign, event types,
   problem, target and position (what `History` is rebuilt from). A page is bounded in
   bytes (`REPLAY_PAGE_BYTES`, 768 KiB of payloads, but at least one event, each at most
@@ -20,7 +22,14 @@ The `kf-store` micro service has four endpoints:
 Each request is answered in a task of its own and runs the store in a thread of the
 service's own bounded pools (`QUERY_WORKERS` for SQL, `REPLAY_WORKERS` for replay), never
 in the default executor the recorder's appends run in: however many slow queries are
-asked at once, they queue in their pool and the recorder's writes never wait on one. A
+asked at once, they queue in their pool and the recorder's writes never wait on one. The
+pools are shared fairly among askers (`fair_pool.py`; the asker is the user whose inbox
+the reply goes to, `bus.service.asker`): one asker runs at most
+`QUERY_WORKERS_PER_ASKER` (2) queries and `REPLAY_WORKERS_PER_ASKER` (1) replay page at a
+time, and waiting requests take turns across askers, so one role's slow queries never
+make another's wait for them. The roles that never read history (the verifier, the
+compiler, the fuser: `authority.NO_STORE_READS`), and a request whose reply goes to no
+known user's inbox, are refused SQL and replay (403). A
 refused query answers code 400, a timeout 408, a failed query 422; `StoreUnavailable`
 when no owner answers.
 """
@@ -28,16 +37,28 @@ when no owner answers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from typing import Any
 
 import duckdb
 import msgspec
 
 from bus.connection import Client
-from bus.service import NoAnswer, NoResponder, RequestRefused, Service, ServiceError, request, serve
+from bus.service import (
+    NoAnswer,
+    NoResponder,
+    RequestRefused,
+    Service,
+    ServiceError,
+    asked,
+    asker,
+    request,
+    serve,
+)
+from eventstore.authority import NO_STORE_READS
 from eventstore.codec import decode
 from eventstore.duckdb_store import (
     DEFAULT_QUERY_TIMEOUT,
@@ -46,9 +67,12 @@ from eventstore.duckdb_store import (
     QueryTimeout,
 )
 from eventstore.events import Event
+from eventstore.fair_pool import FairPool
 from eventstore.sql_guard import SqlRefused
 
 SERVICE = "kf-store"
+#: Who asked, when the reply goes to no known user's inbox.
+UNKNOWN_ASKER = "unknown user"
 
 
 #: Bytes of result per reply: under NATS's 1 MiB message cap once base64-encoded.
@@ -61,9 +85,12 @@ PAGES_KEPT_BYTES = 64 * 1024 * 1024
 REPLAY_PAGE_BYTES = 768 * 1024
 #: Rows read from the store at a time while a replay page fills.
 _REPLAY_BATCH = 200
-#: Threads answering SQL, and replay, at once; more requests queue for them.
+#: Threads answering SQL, and replay, at once; more requests queue for them. One asker
+#: (a role's user) runs at most `..._PER_ASKER` of them: the rest are others' turn.
 QUERY_WORKERS = 4
+QUERY_WORKERS_PER_ASKER = 2
 REPLAY_WORKERS = 2
+REPLAY_WORKERS_PER_ASKER = 1
 #: The server's caps on a query: a caller may ask for less, never more.
 MAX_QUERY_TIMEOUT = DEFAULT_QUERY_TIMEOUT
 MAX_ROWS = 100_000
@@ -100,6 +127,25 @@ class ReplayRequest(msgspec.Struct, frozen=True):
     target: str | None = None
     after_position: int = 0
     limit: int = 5_000
+
+
+class RecordedRequest(msgspec.Struct, frozen=True):
+    event_id: str
+    stream_seq: int
+
+
+class RecordedState(msgspec.Struct, frozen=True):
+    """`stored`; `refused` (the recorder took the stream past it and did not store it);
+    or `pending` (not taken yet)."""
+
+    state: str
+
+
+def _recorded(store: DuckDBEventStore, ask: RecordedRequest) -> RecordedState:
+    cursor = store.stream_cursor  # read first: a batch stores its events with its cursor
+    if store.holds(ask.event_id):
+        return RecordedState("stored")
+    return RecordedState("refused" if cursor >= ask.stream_seq else "pending")
 
 
 class ReplayPage(msgspec.Struct, frozen=True):
@@ -196,20 +242,34 @@ def _replay_page(store: DuckDBEventStore, ask: ReplayRequest) -> ReplayPage:
     return ReplayPage(positions, payloads, more=True)
 
 
-async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
+async def serve_queries(
+    nc: Client, store: DuckDBEventStore, askers: Mapping[str, str] | None = None
+) -> Service:
+    """Serve the store. `askers` maps the users' public keys to their names: each is a
+    principal the pools are shared fairly among, and a request whose reply goes to no
+    known user's inbox is one more principal, whoever sent it. Without `askers` (no
+    authentication), each connection's inbox is its own principal."""
     pages = _Pages()
-    loop = asyncio.get_running_loop()
-    queries = ThreadPoolExecutor(QUERY_WORKERS, thread_name_prefix="kf-sql")
-    replays = ThreadPoolExecutor(REPLAY_WORKERS, thread_name_prefix="kf-replay")
+    queries = FairPool(QUERY_WORKERS, QUERY_WORKERS_PER_ASKER, "kf-sql")
+    replays = FairPool(REPLAY_WORKERS, REPLAY_WORKERS_PER_ASKER, "kf-replay")
+
+    def principal() -> str:
+        return asker() if askers is None else askers.get(asker(), UNKNOWN_ASKER)
+
+    def reader() -> str:
+        """The asker, if it may read the store (RequestRefused, 403, if not)."""
+        who = principal()
+        if askers is not None and (who in NO_STORE_READS or who == UNKNOWN_ASKER):
+            raise RequestRefused(f"the {who} may not read the store", code=403)
+        return who
 
     async def sql(data: bytes) -> bytes:
-        try:
-            ask = msgspec.json.decode(data, type=SqlRequest)
-        except msgspec.DecodeError as exc:
-            raise RequestRefused(f"bad request: {exc}") from exc
+        ask = asked(data, SqlRequest)
         max_rows, timeout = capped(ask)
         try:
-            result = await loop.run_in_executor(queries, store.query, ask.sql, max_rows, timeout)
+            result = await queries.run(
+                reader(), functools.partial(store.query, ask.sql, max_rows, timeout)
+            )
         except SqlRefused as exc:
             raise RequestRefused(str(exc)) from exc
         except QueryTimeout as exc:
@@ -219,18 +279,18 @@ async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
         return _encoder.encode(pages.first(_encoder.encode(result)))
 
     async def sql_page(data: bytes) -> bytes:
-        try:
-            ask = msgspec.json.decode(data, type=PageRequest)
-        except msgspec.DecodeError as exc:
-            raise RequestRefused(f"bad request: {exc}") from exc
+        ask = asked(data, PageRequest)
         return _encoder.encode(pages.page(ask))
 
     async def replay_page(data: bytes) -> bytes:
-        try:
-            ask = msgspec.json.decode(data, type=ReplayRequest)
-        except msgspec.DecodeError as exc:
-            raise RequestRefused(f"bad request: {exc}") from exc
-        return _encoder.encode(await loop.run_in_executor(replays, _replay_page, store, ask))
+        ask = asked(data, ReplayRequest)
+        page = await replays.run(reader(), functools.partial(_replay_page, store, ask))
+        return _encoder.encode(page)
+
+    async def recorded_state(data: bytes) -> bytes:
+        ask = asked(data, RecordedRequest)
+        answer = await replays.run(principal(), functools.partial(_recorded, store, ask))
+        return _encoder.encode(answer)
 
     async def status(_: bytes) -> bytes:
         return _encoder.encode(
@@ -246,7 +306,13 @@ async def serve_queries(nc: Client, store: DuckDBEventStore) -> Service:
         nc,
         SERVICE,
         "1.0.0",
-        {"sql": sql, "sql-page": sql_page, "status": status, "replay": replay_page},
+        {
+            "sql": sql,
+            "sql-page": sql_page,
+            "status": status,
+            "replay": replay_page,
+            "recorded": recorded_state,
+        },
         description="read-only SQL over the Kernel Factory event store",
     )
 
@@ -306,6 +372,30 @@ async def replay(
         if not page.more or not page.positions:
             return found
         after_position = page.positions[-1]
+
+
+async def recorded(nc: Client, event_id: str, stream_seq: int, timeout: float = 10.0) -> str:
+    """`stored`, `refused` or `pending`: what the recorder did with the message of
+    `event_id` at `stream_seq` on KF_EVENTS."""
+    ask = msgspec.json.encode(RecordedRequest(event_id, stream_seq))
+    try:
+        reply = await request(nc, SERVICE, "recorded", ask, timeout)
+    except (NoResponder, NoAnswer) as exc:
+        raise StoreUnavailable("no event store answered on the bus") from exc
+    return msgspec.json.decode(reply, type=RecordedState).state
+
+
+async def stored_or_refused(nc: Client, event_id: str, stream_seq: int, wait: float) -> bool:
+    """Wait until the recorder took the message of `event_id` at `stream_seq`: True if it
+    stored it, False if it refused it; TimeoutError if it did neither within `wait` s."""
+    deadline = time.monotonic() + wait
+    while True:
+        state = await recorded(nc, event_id, stream_seq)
+        if state != "pending":
+            return state == "stored"
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"event {event_id} is not recorded yet")
+        await asyncio.sleep(0.05)
 
 
 async def status(nc: Client, timeout: float = 5.0) -> StoreStatus:

@@ -4,7 +4,9 @@ It reads `kf.ev.>` through an ordered push consumer (the fast path), appends in
 micro-batches and commits the stream cursor in the same transaction as the events, so
 a recorder killed at any instant resumes exactly after its last commit: nothing lost,
 nothing stored twice. Messages that are not valid events (see `admission.py`) are
-answered with an EventRejected event, whatever they hold; messages a consumer gave up
+answered with an EventRejected event, whatever they hold, and so is a benchmark that
+cites nothing recorded before it (`causality.py`: its index is built from the store
+once, then kept by each accepted event); messages a consumer gave up
 on become DeadLettered events. Both are published back through the bus, so every record
 arrives the same way.
 
@@ -38,6 +40,7 @@ from bus.streams import wait_for_stream
 from bus.subjects import ALL_EVENTS, STREAM
 from eventstore.admission import admit
 from eventstore.authority import RECORDER
+from eventstore.causality import INDEXED_TYPES, Causality
 from eventstore.codec import InvalidEvent
 from eventstore.emitter import Emitter
 from eventstore.events import ActorRef, Event
@@ -83,6 +86,7 @@ class Recorder:
         self.actor = ActorRef.here(RECORDER)
         self.stats = RecorderStats()
         self.committed = asyncio.Condition()
+        self._causality = Causality.of(event for _, event in store.replay_types(INDEXED_TYPES))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Record until `stop` is set, then commit what has arrived and return."""
@@ -153,11 +157,13 @@ class Recorder:
             sequence = _stream_sequence(message)
             try:
                 admitted = admit(message.subject, message.data, msg_id(message))
+                self._causality.check(admitted.event)
             except InvalidEvent as exc:
                 rejections.append(self._rejection(message, sequence, str(exc)))
                 continue
             if admitted.payload != message.data:
                 self.stats.reencoded += 1
+            self._causality.note(admitted.event)
             recorded.append(Recorded(admitted.event, admitted.payload, sequence))
         if rejections:  # stored when they come back through the bus, like every event
             await self._emitter.emit_many(rejections)
@@ -204,7 +210,6 @@ class Recorder:
                 exhausted.subject,
                 exhausted.data,
                 exhausted.stream_seq,
-                exhausted.published_ms,
                 exhausted.deliveries,
                 reason,
             )

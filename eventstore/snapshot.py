@@ -1,9 +1,11 @@
 """Reading a store file read-only, row by row as stored: what replay, audit, reports and
 exports start from.
 
-Every row comes back with the columns the store derives from the payload (id, campaign,
-type, role, time) next to the exact payload bytes and chain hash, so an audit can check
-both the chain and that the columns still say what the payload says.
+Every row comes back with every stored column: those the store derives from the payload
+(id, campaign, type, schema, time, actor, causation, correlation), the bus sequence, the
+exact payload bytes and the chain hash, so an audit can check both the chain (which
+covers the payload and the sequence) and that the other columns still say what the
+payload says.
 """
 
 from __future__ import annotations
@@ -29,10 +31,17 @@ class StoredRow(NamedTuple):
     ts: datetime
     payload: bytes
     chain_hash: bytes
+    stream_seq: int | None = None
+    schema: int | None = None
+    actor_instance: str | None = None
+    actor_host: str | None = None
+    causation_id: str | None = None
+    correlation_id: str | None = None
 
 
 _COLUMNS = (
-    "position, event_id, campaign_id, type, actor_role, ts, encode(payload::VARCHAR), chain_hash"
+    "position, event_id, campaign_id, type, actor_role, ts, encode(payload::VARCHAR), "
+    "chain_hash, stream_seq, schema, actor_instance, actor_host, causation_id, correlation_id"
 )
 """`encode` gives the stored text's UTF-8 bytes; a JSON-to-BLOB cast would re-serialise the
 JSON (1e-6 becomes 0.000001) and no longer be what was hashed."""

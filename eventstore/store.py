@@ -1,10 +1,17 @@
 """The event store contract, and the sequencing every back end shares.
 
 A store assigns each new event a gap-free global `position` and extends its
-campaign's hash chain: `hash_n = sha256(payload_n || hash_{n-1})`, starting from 32
-zero bytes, where `payload` is the event's canonical bytes (`codec.encode`), stored and
-returned verbatim. Appends are idempotent on `event_id`: a batch that collides with a
-stored event is sequenced again without the events already known. Back ends
+campaign's hash chain: `hash_n = sha256(payload_n || LF stream_seq_n || hash_{n-1})`,
+starting from 32 zero bytes, where `payload` is the event's canonical bytes
+(`codec.encode`), stored and returned verbatim, and `stream_seq` the bus sequence it
+arrived with (left out when it has none). Every other stored column is read from the
+payload, so the chain covers every column (`chain_audit.check_columns` compares them).
+That is chain rule 2; stores written before it hold rule-1 links (`payload || hash`):
+`link_rule` tells them apart, and a rule-1 link after a rule-2 link of the same campaign
+is a break (an edited sequence cannot pass as an old link).
+
+Appends are idempotent on `event_id`: a batch that collides with a stored event is
+sequenced again without the events already known. Back ends
 (`memory_store`, `duckdb_store`) only persist and read rows; they pass the same contract
 tests (`tests/test_store_contract.py`). `verify_chain` re-hashes what is stored.
 
@@ -59,6 +66,7 @@ class RawRow(NamedTuple):
     campaign_id: str
     payload: bytes
     chain_hash: bytes
+    stream_seq: int | None = None
 
 
 class Fence(NamedTuple):
@@ -99,8 +107,26 @@ def check_fence(stored: Fence | None, writer: Fence, where: str) -> None:
         )
 
 
-def chain_hash(payload: bytes, previous: bytes) -> bytes:
-    return hashlib.sha256(payload + previous).digest()
+def chain_hash(payload: bytes, previous: bytes, stream_seq: int | None = None) -> bytes:
+    """A link under chain rule 2: the payload, the bus sequence it arrived with (the one
+    stored column the payload does not hold) and the previous hash. Rule 1 (stores written
+    before) hashed `payload || previous` only; a link with no sequence reads alike."""
+    sequence = b"" if stream_seq is None else b"\n%d" % stream_seq
+    return hashlib.sha256(payload + sequence + previous).digest()
+
+
+def link_rule(payload: bytes, previous: bytes, stream_seq: int | None, stored: bytes) -> int:
+    """The chain rule a stored link follows: 2 (covers `stream_seq`), 1 (written before
+    rule 2: its sequence is not covered), or 0 (it follows neither: a break)."""
+    if chain_hash(payload, previous, stream_seq) == stored:
+        return CHAIN_RULE
+    if stream_seq is not None and chain_hash(payload, previous) == stored:
+        return 1
+    return 0
+
+
+#: The chain rule new links are written under.
+CHAIN_RULE = 2
 
 
 class EventStore(abc.ABC):
@@ -167,7 +193,7 @@ class EventStore(abc.ABC):
             position += 1
             campaign = event.campaign_id
             previous = heads.get(campaign) or self._heads.get(campaign, GENESIS)
-            digest = chain_hash(payload, previous)
+            digest = chain_hash(payload, previous, stream_seq)
             heads[campaign] = digest
             rows.append(Row(position, event, payload, digest, stream_seq))
         return rows, heads
@@ -179,13 +205,25 @@ class EventStore(abc.ABC):
         for position, payload in self.read_payloads(campaign_id, after_position):
             yield position, decode(payload)
 
+    def replay_types(self, types: Sequence[str]) -> Iterator[tuple[int, Event]]:
+        """(position, event) of the given types, in position order (back ends filter in
+        their own query where they can)."""
+        wanted = set(types)
+        for position, event in self.replay():
+            if event.type in wanted:
+                yield position, event
+
     def verify_chain(self, campaign_id: str | None = None) -> ChainReport:
         """Re-hash every event; report the first position whose stored hash disagrees."""
         heads: dict[str, bytes] = {}
+        covered: set[str] = set()  # campaigns with a rule-2 link: no rule-1 link after it
         checked = 0
         for raw in self.read_raw(campaign_id, 0):
-            expected = chain_hash(raw.payload, heads.get(raw.campaign_id, GENESIS))
-            if expected != raw.chain_hash:
+            previous = heads.get(raw.campaign_id, GENESIS)
+            rule = link_rule(raw.payload, previous, raw.stream_seq, raw.chain_hash)
+            if rule == CHAIN_RULE and raw.stream_seq is not None:
+                covered.add(raw.campaign_id)
+            if rule == 0 or (rule == 1 and raw.campaign_id in covered):
                 return ChainReport(
                     ok=False,
                     events_checked=checked,
@@ -200,6 +238,10 @@ class EventStore(abc.ABC):
             heads[raw.campaign_id] = raw.chain_hash
             checked += 1
         return ChainReport(ok=True, events_checked=checked, campaigns=len(heads))
+
+    def holds(self, event_id: str) -> bool:
+        """Whether the event `event_id` is stored."""
+        return bool(self._stored_ids([event_id]))
 
     def campaign_heads(self) -> dict[str, bytes]:
         return dict(self._heads)

@@ -13,7 +13,8 @@ on the hub's first start; `kfactory creds USER -o FILE` copies one to another ho
   consumers (create, info, next, ack); subscribe to its own inbox
   (`_INBOX.<its public key>.>`) and `kf.hb.ping`. The librarian also answers its own
   service (`kf.svc.kf-librarian.>`). The benchmarker, the verifier and the kernel writer
-  (the agent operator's tool runs) use the device leases (`KF_DEVICE_LEASES`);
+  (the agent operator's tool runs) use the device leases (`KF_DEVICE_LEASES`), the
+  verifier and the kernel writer only the shared leases' keys;
 - `hub`: publish EventRejected and DeadLettered, ephemeral ordered consumers of the
   stream and its messages (for the dead-letter watcher), the recording lease
   (`KF_RECORDER_LEASE`) and, of `KF_DEVICE_LEASES`, only the stream info (to see that it
@@ -45,6 +46,7 @@ from bus.auth import (
     public_key,
     write_private,
 )
+from bus.device_lease import SHARED_KEYS
 from bus.heartbeat import HEARTBEAT_PREFIX, PING, role_subjects
 from bus.lease import DEVICE_LEASES, RECORDER_LEASES, kv_stream, lease_subjects
 from bus.subjects import EVENTS_PREFIX, SERVICE_PREFIX, STREAM
@@ -64,6 +66,8 @@ _LEASES = {
     "kernel-writer": (DEVICE_LEASES,),  # so do the agent operator's tool runs
     HUB: (RECORDER_LEASES,),
 }
+#: The lease keys a user may write, where not every key of its buckets.
+_LEASE_KEYS = {"verifier": SHARED_KEYS, "kernel-writer": SHARED_KEYS}
 
 
 def creds_dir(home: Path) -> Path:
@@ -85,6 +89,13 @@ def ensure_credentials(home: Path) -> dict[str, Path]:
             create_seed_file(path)
         found[user] = path
     return found
+
+
+def known_askers(home: Path) -> dict[str, str]:
+    """Each user's public key, to its name: who a request's reply inbox belongs to."""
+    return {
+        public_key(seed_path(home, user)): user for user in USERS if seed_path(home, user).exists()
+    }
 
 
 def client_auth(home: Path, user: str, ca_file: Path | None = None) -> ClientAuth:
@@ -133,7 +144,7 @@ def _actor(role: str, key: str) -> Permissions:
         role_subjects(role),  # its own role's heartbeats, no other's
     ]
     for bucket in _LEASES.get(role, ()):
-        publish += lease_subjects(bucket)
+        publish += lease_subjects(bucket, _LEASE_KEYS.get(role, (">",)))
     for consumer in _consumers(role):
         publish += [
             f"{_API}.CONSUMER.DURABLE.CREATE.{STREAM}.{consumer}",

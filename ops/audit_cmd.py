@@ -9,6 +9,7 @@ import typer
 from actors.campaign.history import HISTORY_TYPES
 from actors.records.audit import audit_projections
 from actors.records.reverify import reverify
+from eventstore.causality import INDEXED_TYPES, causality_claim
 from eventstore.chain_audit import (
     check_anchor,
     check_chain,
@@ -27,7 +28,7 @@ AUDIT_HELP = """Audit a campaign: is its record intact, and do its claims hold?
 
 1. The record: every stored payload is re-hashed into the campaign's chain (the exact stored bytes), positions must be gap-free, and the queryable columns must say what the payloads say. A break is named by position: an edited payload, an event inserted or removed, two events swapped.
 
-2. The projections: the history is replayed and, at the moment each claim was made, what it should have said is rebuilt: each generation's lessons and its best kernel, the dedupe answers, the summary and finish reason. Every kernel source must hash to the identity later events name.
+2. The projections: the history is replayed and, at the moment each claim was made, what it should have said is rebuilt: each generation's lessons and its best kernel, the dedupe answers, the summary and finish reason. Every kernel source must hash to the identity later events name. Every benchmark must follow a verification of its source by a verifier and a calibration of its device and, for a head-to-head, the incumbent's own recorded result (the recorder's causality rule).
 
 3. With --reverify K: the K best kernels are verified again on fresh inputs (a new seed, every distribution) and timed again against the baseline on this host. A speedup lower than recorded beyond both measurements' spread "differs". Without the target's device (cuda on a CPU host) the kernels are compiled and statically checked, and the rest is reported as skipped.
 
@@ -121,6 +122,7 @@ def audit_claims(snapshot: Snapshot, campaign: str, expect_head: str | None) -> 
         claims.append(check_anchor(rows, campaign, expect_head))
     try:
         claims += audit_projections(snapshot.events(types=HISTORY_TYPES), campaign)
+        claims.append(causality_claim(snapshot.events(types=list(INDEXED_TYPES)), campaign))
     except Exception as exc:  # a record too damaged to replay is itself a finding
         claims.append(
             Claim(

@@ -53,7 +53,14 @@ from eventstore.duckdb_store import DuckDBEventStore, StoreLocked
 from eventstore.queries import serve_queries
 from eventstore.recorder import Recorder
 from eventstore.store import FencedOut
-from ops.accounts import ADMIN, HUB, client_auth, ensure_credentials, permissions
+from ops.accounts import (
+    ADMIN,
+    HUB,
+    client_auth,
+    ensure_credentials,
+    known_askers,
+    permissions,
+)
 from ops.home import ServerInfo, clear_server_info, store_path, write_server_info
 
 log = structlog.get_logger("ops.hub")
@@ -165,7 +172,8 @@ async def running_hub(
         recording = asyncio.create_task(recorder.run(stop_recording))
         # record what has arrived while the lease is still ours
         stack.push_async_callback(_recorded, recording, stop_recording)
-        service = await serve_queries(nc, event_store)
+        askers = (known_askers(home) or None) if auth else None
+        service = await serve_queries(nc, event_store, askers)
         stack.push_async_callback(service.stop)
         write_server_info(
             home,

@@ -24,12 +24,15 @@ from rich.table import Table
 from actors.campaign.history import Candidate, History
 from actors.campaign.leaderboard import leaderboard
 from actors.campaign.ranking import short_id
+from bus.connection import Client
 from bus.follow import Msg
 from bus.heartbeat import LIVE_FOR, Heartbeat
 from bus.publisher import msg_id
 from eventstore.admission import admit
+from eventstore.causality import CHECKED_TYPES
 from eventstore.codec import InvalidEvent
 from eventstore.events import CampaignStalled, Event
+from eventstore.queries import stored_or_refused
 
 #: Without a terminal, a progress line this often.
 LINE_EVERY = 10.0
@@ -38,16 +41,23 @@ LINE_EVERY = 10.0
 class Progress:
     """The campaign's events as they arrive, applied to a history of its own."""
 
-    def __init__(self, history: History, campaign_id: str) -> None:
+    def __init__(self, history: History, campaign_id: str, store: Client | None = None) -> None:
         self.history = history
         self.campaign_id = campaign_id
         self.started = time.monotonic()
+        #: Where to ask whether the recorder stored a benchmark (it may refuse one by what
+        #: was recorded before it, which admission cannot tell); None: a replayed log.
+        self.store = store
 
     async def on_message(self, message: Msg) -> None:
         try:
             event = admit(message.subject, message.data, msg_id(message)).event
         except InvalidEvent:  # the recorder refuses it too (an EventRejected)
             return
+        if self.store is not None and event.type in CHECKED_TYPES:
+            sequence = message.metadata.sequence.stream
+            if not await stored_or_refused(self.store, event.event_id, sequence, 30.0):
+                return  # refused by the recorder's causality rule (an EventRejected)
         self.history.apply(self.history.position + 1, event)
 
     def stalled(self, start: Event) -> CampaignStalled | None:

@@ -392,7 +392,7 @@ async def follow_campaign(
         if known is not None and known.finished is not None:
             console.print(f"campaign {campaign_id} already finished: {known.finished.reason}")
             return _result(history, campaign_id, console, best_dir)
-        progress = Progress(history, campaign_id)
+        progress = Progress(history, campaign_id, nc)
         subscription = await follow(nc, campaign_filter(campaign_id), progress.on_message)
         live = LiveActors(needed_roles(spec.target))
         stop_watching = await watch(nc, live.seen)

@@ -176,12 +176,28 @@ def rechain(rows: list[Row]) -> None:
     heads: dict[str, bytes] = {}
     for row in rows:
         previous = heads.get(row["campaign_id"], GENESIS)
-        row["chain_hash"] = chain_hash(str(row["payload"]).encode(), previous)
+        sequence = row["stream_seq"]
+        row["chain_hash"] = chain_hash(
+            str(row["payload"]).encode(), previous, None if sequence is None else int(sequence)
+        )
         heads[row["campaign_id"]] = row["chain_hash"]
 
 
 def set_payload(row: Row, event: Event) -> None:
-    row["payload"] = encode(event).decode()
+    """The payload, and every column the store reads from it, as a careful forger sets them."""
+    row.update(
+        payload=encode(event).decode(),
+        event_id=event.event_id,
+        campaign_id=event.campaign_id,
+        type=event.type,
+        schema=event.schema,
+        ts=event.ts,
+        actor_role=event.actor.role,
+        actor_instance=event.actor.instance,
+        actor_host=event.actor.host,
+        causation_id=event.causation_id,
+        correlation_id=event.correlation_id,
+    )
 
 
 if __name__ == "__main__":

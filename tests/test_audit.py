@@ -4,6 +4,8 @@ that were tampered with in every way the issue names."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from actors.records.audit import lessons_due
 from eventstore.codec import decode, encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
+    SYSTEM_CAMPAIGN,
     ActorRef,
     BenchmarkCompleted,
     CampaignFinished,
@@ -26,6 +29,7 @@ from eventstore.events import (
     Event,
     GenerationClosed,
     GenerationOpened,
+    HostCalibrated,
     KernelCompiled,
     KernelVerified,
     KernelWritten,
@@ -33,7 +37,7 @@ from eventstore.events import (
     new_event,
 )
 from eventstore.ids import derived_event_id
-from eventstore.store import Recorded
+from eventstore.store import GENESIS, Recorded, chain_hash
 from gpu_workers.cuda.nvcc import nvcc_path
 from gpu_workers.targets import device_missing
 from kernels.identity import source_hash
@@ -169,6 +173,60 @@ def test_an_edited_payload_is_caught_at_its_position(home: Path) -> None:
     code, report, _ = audit(home)
     assert code == 1
     assert any(c["position"] == target["position"] for c in differing(report)), report
+
+
+@pytest.mark.parametrize(
+    ("column", "edit"),
+    [
+        ("ts", lambda ts: ts - timedelta(hours=1)),
+        ("actor_host", lambda host: "gpu-host-7"),
+        ("stream_seq", lambda seq: seq + 1),
+    ],
+)
+def test_an_edited_column_the_payload_does_not_hash_as_such_is_caught(
+    home: Path, column: str, edit: Callable[[Any], Any]
+) -> None:
+    """Issue 34: `ts`, `actor_host` and `stream_seq` could be edited unnoticed."""
+    rows = read_rows(home)
+    target = of_type(rows, "BenchmarkCompleted")[0]
+    target[column] = edit(target[column])
+    write_rows(home, rows, renumber=False)
+    code, report, _ = audit(home)
+    assert code == 1, report
+    assert [c["position"] for c in differing(report)] == [target["position"]], report
+
+
+def test_a_store_chained_before_the_sequence_was_covered_audits_under_the_old_rule(
+    home: Path,
+) -> None:
+    """Chain rule 1 hashed the payload alone: such links are verified under it and the
+    audit says so; a rule-1 link after rule-2 links of the campaign is an edit."""
+    rows = read_rows(home)
+    heads: dict[str, bytes] = {}
+    for row in rows:  # every link as a store written before rule 2 holds it
+        row["chain_hash"] = chain_hash(
+            str(row["payload"]).encode(), heads.get(row["campaign_id"], GENESIS)
+        )
+        heads[row["campaign_id"]] = row["chain_hash"]
+    write_rows(home, rows, renumber=False)
+    code, report, _ = audit(home)
+    assert code == 0, differing(report)
+    chain = next(c for c in report["claims"] if c["name"].startswith("hash chain of"))
+    assert "verified under rule 1" in chain["evidence"], chain
+
+    rows = read_rows(home)
+    ours = campaign_rows(rows)
+    half = len(ours) // 2
+    previous = GENESIS
+    for index, row in enumerate(ours):  # rule 2 up to half, then rule 1: as if edited
+        sequence = int(row["stream_seq"]) if index < half else None
+        row["chain_hash"] = previous = chain_hash(str(row["payload"]).encode(), previous, sequence)
+    write_rows(home, rows, renumber=False)
+    code, report, _ = audit(home)
+    assert code == 1
+    edited = differing(report)
+    assert edited[0]["position"] == ours[half]["position"], edited
+    assert all("stream_seq" in c["evidence"] for c in edited), edited
 
 
 def test_a_deleted_event_is_caught_at_its_position(home: Path) -> None:
@@ -419,12 +477,22 @@ def record_gpu_campaign(home: Path) -> None:
         new_event(
             KernelVerified,
             campaign_id="gpu",
-            actor=gpu,
+            actor=ActorRef(role="verifier", instance="verifier-0", host="gpu-host"),
             cause=compiled,
             source_hash=identity,
             max_rel_err=1e-7,
             trials=20,
             **work,
+        )
+    )
+    emit(
+        new_event(
+            HostCalibrated,
+            campaign_id=SYSTEM_CAMPAIGN,
+            actor=gpu,
+            device="H200",
+            bandwidth_gbs=4800.0,
+            peak_gflops=60_000.0,
         )
     )
     emit(

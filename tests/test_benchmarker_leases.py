@@ -23,11 +23,13 @@ from bus.device_lease import DeviceLeases, TimingWindows, device_key
 from eventstore.codec import decode
 from eventstore.emitter import Emitter, outgoing
 from eventstore.events import (
+    SYSTEM_CAMPAIGN,
     ActorRef,
     BenchmarkCompleted,
     CampaignStarted,
     CandidateProposed,
     GenerationOpened,
+    HostCalibrated,
     KernelVerified,
     KernelWritten,
     new_event,
@@ -179,7 +181,17 @@ async def test_a_benchmarker_presumed_dead_is_replaced_and_its_late_result_count
 
     watching = await nc.subscribe(f"kf.ev.{written.campaign_id}.BenchmarkCompleted.>", cb=seen)
     try:
-        await Emitter(jetstream(hub.nc)).emit_many([started, opened, proposal, written, verified])
+        calibrated = new_event(  # what the real benchmarker's setup records first
+            HostCalibrated,
+            campaign_id=SYSTEM_CAMPAIGN,
+            actor=ActorRef("benchmarker", "benchmarker-t", "test"),
+            device=CALIBRATION.host,
+            bandwidth_gbs=1.0,
+            peak_gflops=1.0,
+        )
+        await Emitter(jetstream(hub.nc)).emit_many(
+            [calibrated, started, opened, proposal, written, verified]
+        )
         assert await asyncio.to_thread(frozen.timing.wait, 120), "the first never timed"
         surviving = asyncio.create_task(survivor.run(stop))  # its job comes back to this one
 

@@ -250,11 +250,12 @@ async def test_the_cli_cannot_delete_a_work_consumer_and_a_lost_one_comes_back(
 @pytest.mark.asyncio
 async def test_a_lease_written_without_a_ttl_does_not_last(secured: Hub) -> None:
     """Attack 5: the verifier's credentials wrote a device lease with no TTL; it held the
-    device for 6 minutes and a restart. The bucket now bounds every write's age."""
+    device for 6 minutes and a restart. The bucket now bounds every write's age, even of
+    the benchmarker's (the verifier may write only shared leases now)."""
     info = await jetstream(secured.nc).stream_info(kv_stream(DEVICE_LEASES))
     assert 0 < info.config.max_age <= MAX_LEASE_AGE
     admin = await _as(secured, "admin")
-    attacker = await _as(secured, "verifier")
+    attacker = await _as(secured, "benchmarker")
     try:  # the same rule, bounded at 2 s here to see it act within a test's time
         await ensure_lease_bucket(jetstream(admin), DEVICE_LEASES, max_age=2)
         subject = f"$KV.{DEVICE_LEASES}.cpu-h"

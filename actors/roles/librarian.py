@@ -11,8 +11,6 @@ the kernels of candidates (`kernel`, `best`).
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 import msgspec
 
 from actors.campaign.history import Candidate, History
@@ -30,7 +28,7 @@ from actors.roles.messages import (
 from actors.runtime import Actor, Reactions
 from actors.search.lessons import draw_lessons
 from bus.connection import Client
-from bus.service import RequestRefused, Service, serve
+from bus.service import RequestRefused, Service, asked, serve
 from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,
@@ -84,7 +82,7 @@ class Librarian(Actor):
     # --- answers -----------------------------------------------------------------------
 
     async def _seen(self, data: bytes) -> bytes:
-        ask = _decode(data, SeenRequest)
+        ask = asked(data, SeenRequest)
         history = await self._history()
         if ask.campaign_id not in history.campaigns:
             raise RequestRefused(f"unknown campaign {ask.campaign_id!r}")
@@ -100,7 +98,7 @@ class Librarian(Actor):
         return msgspec.json.encode(SeenReply(keys, duplicate_of))
 
     async def _kernel(self, data: bytes) -> bytes:
-        ask = _decode(data, KernelRequest)
+        ask = asked(data, KernelRequest)
         history = await self._history()
         if ask.campaign_id not in history.campaigns:
             raise RequestRefused(f"unknown campaign {ask.campaign_id!r}")
@@ -123,7 +121,7 @@ class Librarian(Actor):
         )
 
     async def _lessons(self, data: bytes) -> bytes:
-        ask = _decode(data, LessonsRequest)
+        ask = asked(data, LessonsRequest)
         history = await self._history()
         campaign = history.campaigns.get(ask.campaign_id)
         if campaign is None:
@@ -197,13 +195,3 @@ def decide_librarian(history: History, event: Event, out: Reactions) -> None:
         best_candidate=best.candidate_id if best else None,
         best_speedup=best.speedup if best else None,
     )
-
-
-T = TypeVar("T")
-
-
-def _decode(data: bytes, kind: type[T]) -> T:
-    try:
-        return msgspec.json.decode(data, type=kind)
-    except msgspec.DecodeError as exc:
-        raise RequestRefused(f"bad request: {exc}") from exc

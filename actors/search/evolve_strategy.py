@@ -20,12 +20,12 @@ the dedupe scope (its `param_key`) or a child whose exact kernel the scope alrea
 is never proposed; the slot tries again, up to `TRIES` times, and then every operator at
 every point on each of the first `2 * PARENTS` rows in turn, so that a generation is
 filled while a new child is left (the campaign ends at its first empty generation). The
-bandit learns from every campaign of the problem, target and dtype; what counts as proposed is the dedupe scope's
-(the same shapes too: at another shape the same edit is worth timing again). Where the
-campaign's writer has an endpoint (`base_url` and `model`) the LLM agent (`agent`,
-`actors.search.agent`) is one more arm; it cannot be tried here (it needs the endpoint and
-the sandbox), so any (parent, agent, attempt) not proposed before is. A pure function of
-the history.
+bandit learns from every campaign of the problem, target and dtype; what counts as
+proposed is the dedupe scope's (the same shapes too: at another shape the same edit is
+worth timing again). Where the campaign's writer has an endpoint (`base_url` and
+`model`) the LLM agent (`agent`, `actors.search.agent`) is one more arm; it cannot be
+tried here (it needs the endpoint and the sandbox), so any (parent, agent, attempt) not
+proposed before is. A pure function of the history.
 """
 
 from __future__ import annotations

@@ -40,8 +40,10 @@ its next delivery finds any outcome already in the history.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import re
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from nats.js import JetStreamContext
@@ -60,6 +62,8 @@ from bus.lease import (
 DEVICE_LEASE_TTL = 10
 #: How often a waiter looks again (a timed window lasts seconds).
 POLL_SECONDS = 0.1
+#: How often a worker thread waiting on the event loop checks that it still runs.
+LOOP_CHECK_SECONDS = 0.25
 
 Report = Callable[[str], None]
 
@@ -172,7 +176,9 @@ class TimingWindows:
     window opens over them. `enter`/`exit` are open and close on the loop itself;
     `opened`, if given, runs on the loop each time a window is taken (it may raise to
     give the run up). A window whose lease was lost while open is remembered: `check`
-    raises it, and its result must not count."""
+    raises it, and its result must not count. `abandon` gives the job up (the worker is
+    stopping): the thread's `watch`, `open` and `close` then raise or return at once, so
+    its run is killed and no thread waits on a loop that stopped."""
 
     def __init__(
         self,
@@ -189,6 +195,8 @@ class TimingWindows:
         self._open: tuple[contextlib.AsyncExitStack, HeldLease] | None = None
         self._share: contextlib.AsyncExitStack | None = None
         self._lost: LeaseLost | None = None
+        self._abandoned = threading.Event()
+        self._opening: concurrent.futures.Future[None] | None = None
 
     async def share(self) -> None:
         """Hold a share of the device (waiting out a timed window), if not holding one."""
@@ -233,15 +241,57 @@ class TimingWindows:
             await share.aclose()
 
     def open(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.enter(), self.loop).result()
+        """From the worker thread: take the window (raises WindowsAbandoned once the job
+        was given up, and at once if it is given up while this waits)."""
+        self.watch()
+        opening = asyncio.run_coroutine_threadsafe(self.enter(), self.loop)
+        self._opening = opening
+        try:
+            self._wait_on_loop(opening)
+        finally:
+            self._opening = None
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.exit(), self.loop).result()
+        """From the worker thread: give the window back."""
+        self._wait_on_loop(asyncio.run_coroutine_threadsafe(self.exit(), self.loop))
+
+    def watch(self) -> None:
+        """From the worker thread, while a run goes on: raises WindowsAbandoned once the
+        job was given up (the back end then kills the run)."""
+        if self._abandoned.is_set():
+            raise WindowsAbandoned("the timing job was given up")
+
+    def abandon(self) -> None:
+        """On the loop: give the job up. The worker thread's next `watch`, `open` or
+        `close` raises or returns at once, and a window it waits for is not taken;
+        `release` still has to be awaited once the thread is done."""
+        self._abandoned.set()
+        opening = self._opening
+        if opening is not None:
+            opening.cancel()
+
+    def _wait_on_loop(self, step: concurrent.futures.Future[None]) -> None:
+        """Wait for a step on the loop, but never on a loop that stopped running (the
+        process is ending): the thread would wait for ever, and the process with it."""
+        while True:
+            try:
+                step.result(timeout=LOOP_CHECK_SECONDS)
+                return
+            except concurrent.futures.CancelledError:
+                raise WindowsAbandoned("the timing job was given up") from None
+            except concurrent.futures.TimeoutError:
+                if not self.loop.is_running():
+                    step.cancel()
+                    raise WindowsAbandoned("the event loop stopped") from None
 
     def check(self) -> None:
         """Raise LeaseLost if any window's lease was lost while it was open."""
         if self._lost is not None:
             raise self._lost
+
+
+class WindowsAbandoned(Exception):
+    """The timing job was given up (its worker is stopping): no window opens for it."""
 
 
 async def _pause(stop: asyncio.Event | None) -> None:

@@ -274,6 +274,8 @@ class BenchmarkRequest(Generic[BuildT]):
     min_seconds: float = MIN_SECONDS
     recalibrate: Callable[[], HostCalibration] | None = None
     window: TimingWindow | None = None
+    watch: Callable[[], None] | None = None
+    """Passed to every timing run (`TimingRequest.watch`): raising stops the run."""
 
 
 class TimingSession(Generic[BuildT]):
@@ -313,6 +315,7 @@ class TimingSession(Generic[BuildT]):
                     min_seconds=request.min_seconds,
                     window_open=self.window.open,
                     window_closed=self.window.close,
+                    watch=request.watch,
                 )
             )
         finally:

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -74,6 +75,8 @@ from gpu_workers.targets import (
 )
 from kernels.loading import load_problem
 from kernels.spec import Problem
+
+T = TypeVar("T")
 
 
 class TimedWindow(msgspec.Struct, frozen=True):
@@ -264,8 +267,9 @@ class Benchmarker(Actor):
                 if isinstance(builds, Rejection):  # did not build: no window, no calibration
                     decide_timed(event, out, builds, device="", incumbent=None)
                     return
-                calibration, outcome = await asyncio.to_thread(
-                    self._time, builds, problem, event.dtype, job.shape, windows
+                calibration, outcome = await _abandoned_on_cancel(
+                    asyncio.to_thread(self._time, builds, problem, event.dtype, job.shape, windows),
+                    windows,
                 )
             except JobChanged as changed:
                 job = changed.job
@@ -316,7 +320,24 @@ class Benchmarker(Actor):
             shape=shape,
             recalibrate=lambda: recalibrate(self.target),
             window=windows,
+            watch=windows.watch,
         )
+
+
+async def _abandoned_on_cancel(timing: Awaitable[T], windows: TimingWindows) -> T:
+    """Await the timing thread. If this task is cancelled (the actor is stopping), the
+    job is given up: the thread's run is killed at its next watch and no window opens
+    for it; the cancel goes on once the thread is done, so that the windows are
+    released by this task alone and no thread is left waiting on a loop that stopped."""
+    running = asyncio.ensure_future(timing)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        windows.abandon()
+        await asyncio.wait({running})
+        if not running.cancelled():
+            running.exception()  # given up: what the thread raised on its way out is moot
+        raise
 
 
 class JobChanged(Exception):

@@ -199,6 +199,8 @@ class CpuBackend:
 
             def watch() -> None:
                 nonlocal opened, closed
+                if request.watch is not None:
+                    request.watch()
                 if window_open is not None and not opened and files.window_ready(workdir):
                     window_open()
                     opened = True

@@ -27,14 +27,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gpu_workers.deadlines import pace_of
 from gpu_workers.protocols import BuildT, CompileOutcome, DeviceBackend, RunOutput, Trial
 from gpu_workers.quick_compare import all_pass
-from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict, WorstElement
+from gpu_workers.results import Pace, Rejection, SandboxReport, TrialReport, Verdict, WorstElement
 from kernels.spec import Array, Arrays, Problem, Tolerance
 
 RUNS_PER_TRIAL = 2
@@ -535,6 +537,7 @@ def verify(
         worst: WorstElement | None = None,
         cache_hit: bool = False,
         sandbox: SandboxReport | None = None,
+        pace: Pace | None = None,
     ) -> Verdict:
         return Verdict(
             problem=problem.name,
@@ -550,13 +553,16 @@ def verify(
             compile_cache_hit=cache_hit,
             sandbox=sandbox,
             seed=check_seed,
+            pace=pace,
         )
 
     compiled = precheck(problem, backend, source, flags, dtype)
     if compiled.rejection is not None or compiled.build is None:
         return done(compiled.rejection, cache_hit=compiled.cache_hit)
     trials = plan_trials(problem, dtype, check_seed)
+    started = time.monotonic()
     outcome = backend.run_trials(problem, compiled.build, trials)
+    pace = pace_of(problem, ((t.shape, t.runs) for t in trials), time.monotonic() - started, dtype)
     if outcome.rejection is not None:
         return done(outcome.rejection, cache_hit=compiled.cache_hit, sandbox=outcome.sandbox)
     judged = judge_runs(problem, problem.tolerances[dtype], trials, outcome.runs)
@@ -567,4 +573,5 @@ def verify(
         worst=judged.worst,
         cache_hit=compiled.cache_hit,
         sandbox=outcome.sandbox,
+        pace=pace,
     )

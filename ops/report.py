@@ -95,7 +95,9 @@ def _curve_figure(history: History, campaign_id: str, board: Leaderboard) -> go.
     figure.add_trace(
         go.Scatter(x=seconds, y=ys, mode="lines+markers", line=line, name="time"), 1, 2
     )
-    figure.update_yaxes(title_text="best speedup so far (x campaign baseline)", row=1, col=1)
+    figure.update_yaxes(
+        title_text="best speedup so far (x the baseline timed in its run)", row=1, col=1
+    )
     figure.update_xaxes(title_text="evaluations", row=1, col=1)
     figure.update_xaxes(title_text="seconds", row=1, col=2)
     figure.update_layout(height=380, showlegend=False, margin={"t": 40, "b": 40})
@@ -111,12 +113,12 @@ def _roofline_figure(rows: list[Row], calibrations: list[HostCalibrated]) -> tup
         timed = row.timed
         problem = load_problem(timed.problem)
         cost = problem.cost_for(dict(row.shape or problem.default_shape), timed.dtype)
-        if cost.bytes_moved <= 0 or cost.flops <= 0 or timed.median_ns <= 0:
+        if cost.bytes_moved <= 0 or cost.flops <= 0 or row.median_ns <= 0:
             continue
         xs, ys, labels = points.setdefault(row.template, ([], [], []))
         xs.append(cost.flops / cost.bytes_moved)
-        ys.append(cost.flops / timed.median_ns)  # flops per ns = GFLOP/s
-        labels.append(f"{row.candidate_id}<br>{timed.speedup:.2f}x, {timed.median_ns / 1e6:.3f} ms")
+        ys.append(cost.flops / row.median_ns)  # flops per ns = GFLOP/s
+        labels.append(f"{row.candidate_id}<br>{row.speedup:.2f}x, {row.median_ns / 1e6:.3f} ms")
         devices.add(timed.device)
     for template, (xs, ys, labels) in points.items():
         figure.add_trace(
@@ -165,8 +167,9 @@ def _board_row(row: Row) -> dict[str, Any]:
         "params": ", ".join(f"{k}={v}" for k, v in row.params.items()),
         "median_ms": row.median_ns / 1e6,
         "iqr_ms": row.iqr_ns / 1e6,
+        "speedup": row.speedup,
+        "pooled_ms": row.pooled_median_ns / 1e6,
         "runs": row.runs,
-        "speedup": row.speedup or row.own_baseline_speedup,
         "roofline": row.roofline_fraction,
         "source": kernel_text(row.candidate),
         "event_id": row.timed.event_id,

@@ -1,9 +1,11 @@
 """The smaller items of issue 35 (item 6) in the views: the terminal leaderboard says how
-many of its rows it shows and how to see more."""
+many of its rows it shows and how to see more; `events show` says when nothing matched."""
 
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ from rich.console import Console
 
 from actors.campaign.history import History
 from eventstore.codec import decode
+from eventstore.duckdb_store import DuckDBEventStore
+from eventstore.store import Recorded
 from ops.run_cmd import _print_results as print_results
 from ops.run_cmd import _result as run_result
 
@@ -35,3 +39,16 @@ def test_the_leaderboard_says_how_many_rows_it_shows(capsys: pytest.CaptureFixtu
     assert "3 of 6 shown; `--top N` shows more" in out
     print_results(result, 10)
     assert "shown;" not in capsys.readouterr().out
+
+
+def test_events_show_says_when_nothing_matches(tmp_path: Path) -> None:
+    lines = [line for line in LOG.read_bytes().splitlines() if line]
+    store = DuckDBEventStore(tmp_path / "events.duckdb")
+    store.append([Recorded(decode(line), line) for line in lines])
+    store.close()
+    shown = [sys.executable, "-m", "ops.cli", "events", "show", "--home", str(tmp_path)]
+    none = subprocess.run([*shown, "--type", "NoSuchType"], capture_output=True, text=True)
+    assert none.returncode == 0, none.stderr
+    assert none.stdout.strip() == "0 events"
+    some = subprocess.run([*shown, "--limit", "2"], capture_output=True, text=True)
+    assert len(some.stdout.splitlines()) == 2 and "0 events" not in some.stdout

@@ -4,6 +4,7 @@ many of its rows it shows and how to see more; `events show` says when nothing m
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,41 @@ def test_events_show_says_when_nothing_matches(tmp_path: Path) -> None:
     assert none.stdout.strip() == "0 events"
     some = subprocess.run([*shown, "--limit", "2"], capture_output=True, text=True)
     assert len(some.stdout.splitlines()) == 2 and "0 events" not in some.stdout
+
+
+def test_the_history_commands_read_through_a_running_server(tmp_path: Path) -> None:
+    """`campaigns`, `replay`, `report` and `best` work while a server holds the store (DuckDB
+    lets no reader beside it): they ask the server, as `sql` does."""
+    home = tmp_path / "home"
+    home.mkdir()
+    lines = [line for line in LOG.read_bytes().splitlines() if line]
+    store = DuckDBEventStore(home / "events.duckdb")
+    store.append([Recorded(decode(line), line) for line in lines])
+    store.close()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", "server", "--home", str(home)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline().startswith("nats://127.0.0.1:")
+        ask = [sys.executable, "-m", "ops.cli"]
+        where = ["--home", str(home)]
+
+        def run(*args: str) -> str:
+            done = subprocess.run([*ask, *args, *where], capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        (campaign,) = json.loads(run("campaigns", "--json"))
+        assert campaign["campaign_id"] == CAMPAIGN and campaign["best_speedup"] is not None
+        told = json.loads(run("replay", CAMPAIGN, "--json"))
+        assert told["generations"][-1]["best_so_far"]["candidate_id"] == campaign["best_candidate"]
+        run("report", CAMPAIGN, "-o", str(tmp_path / "report.html"))
+        assert campaign["best_candidate"] in (tmp_path / "report.html").read_text()
+        assert campaign["best_candidate"] in run("best", CAMPAIGN)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -266,11 +266,12 @@ def compare_whole(
         if bad.size:
             i = int(bad[0])
             w = int(bad[np.argmax(used[bad])])
+            edge = near_the_scale_edge(float(err[w]), float(allowed[w]), float(g64[w]))
             return _reject(
                 stage,
                 "wrong_value",
                 f"{arg.name}{_where(g.shape, i)} = {g64[i]:.8g}, expected {e64[i]:.8g} "
-                f"({bad.size} of {err.size} elements outside tolerance)",
+                f"({bad.size} of {err.size} elements outside tolerance)" + edge,
                 {
                     **ctx,
                     "output": arg.name,
@@ -289,6 +290,23 @@ def compare_whole(
                 },
             ), worst
     return None, worst
+
+
+#: A wrong value within this factor of what the scale allows may be rounding the scale
+#: does not foresee, rather than a wrong kernel: the rejection says what governs it.
+EDGE_FACTOR = 1e3
+GOVERNED_BY = (
+    "; within reach of the error scale's edge: the problem's `error_scale` (default "
+    "|expected|, at least the rounding of its row's largest output), its `tolerances` "
+    "(atol + rtol x scale) and its `input_limit` (the largest input drawn) govern it"
+)
+
+
+def near_the_scale_edge(error: float, allowed: float, got: float) -> str:
+    """GOVERNED_BY for a wrong value close to its allowance, or one that underflowed (to
+    zero or a denormal, below float32's smallest normal); else nothing."""
+    underflowed = abs(got) < np.finfo(np.float32).tiny
+    return GOVERNED_BY if underflowed or error <= EDGE_FACTOR * allowed else ""
 
 
 def _all_pass(

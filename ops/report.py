@@ -64,6 +64,10 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
         curve_html=curve.to_html(full_html=False, include_plotlyjs=True, div_id="curve"),
         roofline_html=roofline.to_html(full_html=False, include_plotlyjs=False, div_id="roofline"),
         roofline_note=roofline_note,
+        timings_html=_timings_figure(board.rows).to_html(
+            full_html=False, include_plotlyjs=False, div_id="timings"
+        ),
+        hosts=_hosts(calibrations, board.rows),
         board=[_board_row(row) for row in board.rows],
         baseline=board.baseline.words() if board.baseline else "none timed",
         lessons=campaign.lessons,
@@ -153,10 +157,55 @@ def _roofline_figure(rows: list[Row], calibrations: list[HostCalibrated]) -> tup
         note = f"ceilings measured on {host.device} ({host.method.get('how', 'calibration')})"
     else:
         note = "no calibration of the device these kernels were timed on is recorded"
-    figure.update_xaxes(type="log", title_text="operational intensity (flop / byte moved)")
-    figure.update_yaxes(type="log", title_text="GFLOP/s achieved")
+    # one labelled tick per decade, written out (plotly's default labels 200 as "2")
+    figure.update_xaxes(
+        type="log",
+        dtick=1,
+        exponentformat="none",
+        title_text="operational intensity (flop / byte moved)",
+    )
+    figure.update_yaxes(type="log", dtick=1, exponentformat="none", title_text="GFLOP/s achieved")
     figure.update_layout(height=420, margin={"t": 20, "b": 40})
     return figure, note
+
+
+def _timings_figure(rows: list[Row]) -> go.Figure:
+    """Each kernel's timed calls in its own run, as recorded: the median and quartiles."""
+    figure = go.Figure()
+    for row in rows:
+        if row.q1_ns is None or row.q3_ns is None:
+            continue
+        quartiles = [row.q1_ns / 1e6], [row.median_ns / 1e6], [row.q3_ns / 1e6]
+        figure.add_trace(
+            go.Box(
+                name=f"{row.rank}. {short_id(row.candidate_id)}",
+                q1=quartiles[0],
+                median=quartiles[1],
+                q3=quartiles[2],
+                lowerfence=quartiles[0],
+                upperfence=quartiles[2],
+            )
+        )
+    figure.update_yaxes(title_text="ms per call (median and quartiles of its run)")
+    figure.update_layout(height=380, showlegend=False, margin={"t": 20, "b": 40})
+    return figure
+
+
+def _hosts(calibrations: list[HostCalibrated], rows: list[Row]) -> list[dict[str, Any]]:
+    """The devices the kernels were timed on, as their calibration recorded them."""
+    timed_on = {row.timed.device for row in rows}
+    latest = {h.device: h for h in calibrations if h.device in timed_on}
+    return [
+        {
+            "device": h.device,
+            "cpu": h.method.get("cpu", "not recorded"),
+            "isa": h.method.get("isa", "not recorded"),
+            "cores": h.method.get("cores", "not recorded"),
+            "bandwidth_gbs": h.bandwidth_gbs,
+            "peak_gflops": h.peak_gflops,
+        }
+        for h in latest.values()
+    ]
 
 
 def _board_row(row: Row) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """The smaller items of issue 35 (item 6) in the views: the terminal leaderboard says how
-many of its rows it shows and how to see more; `events show` says when nothing matched."""
+many of its rows it shows and how to see more; `events show` says when nothing matched;
+`campaigns`, `replay`, `report` and `best` work while a server holds the store; the report
+has readable axes, timing distributions and the host."""
 
 from __future__ import annotations
 
@@ -13,9 +15,13 @@ import pytest
 from rich.console import Console
 
 from actors.campaign.history import History
+from actors.campaign.leaderboard import campaign_leaderboard
+from actors.records.story import rebuild
 from eventstore.codec import decode
 from eventstore.duckdb_store import DuckDBEventStore
+from eventstore.events import SYSTEM_CAMPAIGN, ActorRef, HostCalibrated, new_event
 from eventstore.store import Recorded
+from ops.report import _roofline_figure, render_report
 from ops.run_cmd import _print_results as print_results
 from ops.run_cmd import _result as run_result
 
@@ -91,3 +97,27 @@ def test_the_history_commands_read_through_a_running_server(tmp_path: Path) -> N
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_report_has_readable_axes_timing_distributions_and_the_host() -> None:
+    history = _history()
+    board = campaign_leaderboard(history, CAMPAIGN)
+    device = board.rows[0].timed.device
+    calibrated = new_event(
+        HostCalibrated,
+        campaign_id=SYSTEM_CAMPAIGN,
+        actor=ActorRef.here("benchmarker"),
+        device=device,
+        bandwidth_gbs=20.0,
+        peak_gflops=200.0,
+        method={"cpu": "Test CPU 9000", "cores": 2, "isa": "x86-64 avx2 fma"},
+    )
+    roofline, _ = _roofline_figure(board.rows, [calibrated])
+    for axis in (roofline.layout.xaxis, roofline.layout.yaxis):
+        assert (axis.type, axis.dtick, axis.exponentformat) == ("log", 1, "none")
+    lines = [line for line in LOG.read_bytes().splitlines() if line]
+    rebuilt = rebuild([(p, decode(line)) for p, line in enumerate(lines, 1)], CAMPAIGN)
+    html = render_report(rebuilt, [calibrated])
+    assert 'id="timings"' in html
+    for said in ("Test CPU 9000", "x86-64 avx2 fma", device):
+        assert said in html

@@ -74,6 +74,7 @@ from gpu_workers.targets import (
     recalibrate,
     worker_device_index,
 )
+from kernels.host_isa import isa_words
 from kernels.loading import load_problem
 from kernels.spec import Problem
 
@@ -229,6 +230,8 @@ class Benchmarker(Actor):
                 peak_gflops=calibration.peak_fp32_gflops,
                 method={
                     "cpu": calibration.cpu_model,
+                    "cores": calibration.cores,
+                    "isa": isa_words(),
                     "how": calibration.method,
                     "contention_cores": calibration.host_contention_cores,
                     "quiet": is_quiet(calibration),

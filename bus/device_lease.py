@@ -44,7 +44,7 @@ import concurrent.futures
 import contextlib
 import re
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 
@@ -98,51 +98,22 @@ class DeviceLeases:
         """The device leases of the bucket the hub creates (waiting until it has)."""
         return cls(await LeaseBucket.open(js, DEVICE_LEASES, ttl, wait=True), holder)
 
-    @contextlib.asynccontextmanager
-    async def timing(
+    def timing(
         self, device: str, report: Report = _ignore, stop: asyncio.Event | None = None
-    ) -> AsyncIterator[HeldLease]:
-        """Hold `device` exclusively for a timed window: its timing lease, and no shared
-        work left running on it. `report` says what it waits for, in words. Watch the
-        held lease's `lost`, or call its `check()` before trusting what was timed."""
-        key = f"{device}.timing"
-        async with contextlib.AsyncExitStack() as stack:
-            while True:
-                try:
-                    held = await stack.enter_async_context(
-                        self.leases.held(key, self.holder, wait=False)
-                    )
-                    break
-                except LeaseError:
-                    other = await self.leases.current(key)
-                    if other is not None:  # else just released: take it
-                        report(f"waiting for the lease on {device}, held by {other.holder}")
-                        await _pause(stop)
-            while busy := await self.shared_holders(device):
-                report(f"waiting for {', '.join(busy)} to finish on {device}")
-                held.check()
-                await _pause(stop)
-            report(f"timing on {device} (lease {held.token})")
-            yield held
+    ) -> DeviceWindow:
+        """Hold `device` exclusively for a timed window (`async with`): its timing lease,
+        and no shared work left running on it. `report` says what it waits for, in words.
+        Watch the held lease's `lost`, or call its `check()` before trusting what was
+        timed."""
+        return DeviceWindow(self, device, report, stop)
 
-    @contextlib.asynccontextmanager
-    async def shared(
+    def shared(
         self, device: str, report: Report = _ignore, stop: asyncio.Event | None = None
-    ) -> AsyncIterator[HeldLease]:
-        """Hold a share of `device` between its timed windows (verification,
+    ) -> DeviceShare:
+        """Hold a share of `device` between its timed windows (`async with`: verification,
         compilation). Losing it does not spoil the work: a timed window that then
         overlaps it reports the contention."""
-        key = f"{device}.shared.{_token(self.holder)}"
-        timing = f"{device}.timing"
-        while True:
-            async with self.leases.held(key, self.holder, stop=stop) as held:
-                window = await self.leases.current(timing)
-                if window is None or window.holder == self.holder:
-                    yield held
-                    return
-            report(f"waiting for {window.holder}'s timed window on {device}")
-            while (await self.leases.current(timing)) is not None:
-                await _pause(stop)
+        return DeviceShare(self, device, report, stop)
 
     async def shared_holders(self, device: str) -> list[str]:
         """Who holds a share of `device` now."""
@@ -161,6 +132,83 @@ class DeviceLeases:
         """Who times on `device` now, if anyone."""
         lease = await self.leases.current(f"{device}.timing")
         return lease.holder if lease else None
+
+
+class DeviceWindow:
+    """`DeviceLeases.timing`: a plain object around the held lease, not an async
+    generator, so that the task leaving it may differ from the task that entered it and
+    nothing is left for the event loop to finalise (a timed window is opened and closed
+    from a worker thread)."""
+
+    def __init__(
+        self, leases: DeviceLeases, device: str, report: Report, stop: asyncio.Event | None
+    ) -> None:
+        self.leases, self.device, self.report, self.stop = leases, device, report, stop
+        self._held: HeldLease | None = None
+
+    async def __aenter__(self) -> HeldLease:
+        key, bucket = f"{self.device}.timing", self.leases.leases
+        while True:
+            held = bucket.held(key, self.leases.holder, wait=False)
+            try:
+                await held.__aenter__()
+                break
+            except LeaseError:
+                other = await bucket.current(key)
+                if other is not None:  # else just released: take it
+                    self.report(f"waiting for the lease on {self.device}, held by {other.holder}")
+                    await _pause(self.stop)
+        try:
+            while busy := await self.leases.shared_holders(self.device):
+                self.report(f"waiting for {', '.join(busy)} to finish on {self.device}")
+                held.check()
+                await _pause(self.stop)
+        except BaseException:
+            await held.__aexit__(None, None, None)
+            raise
+        self.report(f"timing on {self.device} (lease {held.token})")
+        self._held = held
+        return held
+
+    async def __aexit__(self, *_: object) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            await held.__aexit__(None, None, None)
+
+
+class DeviceShare:
+    """`DeviceLeases.shared`: a plain object around the held share (see `DeviceWindow`)."""
+
+    def __init__(
+        self, leases: DeviceLeases, device: str, report: Report, stop: asyncio.Event | None
+    ) -> None:
+        self.leases, self.device, self.report, self.stop = leases, device, report, stop
+        self._held: HeldLease | None = None
+
+    async def __aenter__(self) -> HeldLease:
+        bucket, holder = self.leases.leases, self.leases.holder
+        key = f"{self.device}.shared.{_token(holder)}"
+        timing = f"{self.device}.timing"
+        while True:
+            held = bucket.held(key, holder, stop=self.stop)
+            await held.__aenter__()
+            try:
+                window = await bucket.current(timing)
+            except BaseException:
+                await held.__aexit__(None, None, None)
+                raise
+            if window is None or window.holder == holder:
+                self._held = held
+                return held
+            await held.__aexit__(None, None, None)
+            self.report(f"waiting for {window.holder}'s timed window on {self.device}")
+            while (await bucket.current(timing)) is not None:
+                await _pause(self.stop)
+
+    async def __aexit__(self, *_: object) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            await held.__aexit__(None, None, None)
 
 
 class TimingWindows:

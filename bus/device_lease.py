@@ -134,17 +134,26 @@ class DeviceLeases:
         return lease.holder if lease else None
 
 
-class DeviceWindow:
-    """`DeviceLeases.timing`: a plain object around the held lease, not an async
-    generator, so that the task leaving it may differ from the task that entered it and
-    nothing is left for the event loop to finalise (a timed window is opened and closed
-    from a worker thread)."""
+class _DeviceLease:
+    """A device lease held for an `async with` block: a plain object around the held
+    lease, not an async generator, so that the task leaving it may differ from the task
+    that entered it and nothing is left for the event loop to finalise (a timed window is
+    opened and closed from a worker thread)."""
 
     def __init__(
         self, leases: DeviceLeases, device: str, report: Report, stop: asyncio.Event | None
     ) -> None:
         self.leases, self.device, self.report, self.stop = leases, device, report, stop
         self._held: HeldLease | None = None
+
+    async def __aexit__(self, *_: object) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            await held.__aexit__(None, None, None)
+
+
+class DeviceWindow(_DeviceLease):
+    """`DeviceLeases.timing`."""
 
     async def __aenter__(self) -> HeldLease:
         key, bucket = f"{self.device}.timing", self.leases.leases
@@ -170,20 +179,9 @@ class DeviceWindow:
         self._held = held
         return held
 
-    async def __aexit__(self, *_: object) -> None:
-        held, self._held = self._held, None
-        if held is not None:
-            await held.__aexit__(None, None, None)
 
-
-class DeviceShare:
-    """`DeviceLeases.shared`: a plain object around the held share (see `DeviceWindow`)."""
-
-    def __init__(
-        self, leases: DeviceLeases, device: str, report: Report, stop: asyncio.Event | None
-    ) -> None:
-        self.leases, self.device, self.report, self.stop = leases, device, report, stop
-        self._held: HeldLease | None = None
+class DeviceShare(_DeviceLease):
+    """`DeviceLeases.shared`."""
 
     async def __aenter__(self) -> HeldLease:
         bucket, holder = self.leases.leases, self.leases.holder
@@ -204,11 +202,6 @@ class DeviceShare:
             self.report(f"waiting for {window.holder}'s timed window on {self.device}")
             while (await bucket.current(timing)) is not None:
                 await _pause(self.stop)
-
-    async def __aexit__(self, *_: object) -> None:
-        held, self._held = self._held, None
-        if held is not None:
-            await held.__aexit__(None, None, None)
 
 
 class TimingWindows:

@@ -43,9 +43,11 @@ its next delivery finds any outcome already in the history.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 
@@ -68,6 +70,8 @@ SHARED_KEYS = ("*.*.shared.*", "*.*.*.shared.*")
 DEVICE_LEASE_TTL = 10
 #: How often a waiter looks again (a timed window lasts seconds).
 POLL_SECONDS = 0.1
+#: How often a worker thread waiting on the event loop checks that it still runs.
+LOOP_CHECK_SECONDS = 0.25
 
 Report = Callable[[str], None]
 
@@ -102,51 +106,22 @@ class DeviceLeases:
         """The device leases of the bucket the hub creates (waiting until it has)."""
         return cls(await LeaseBucket.open(js, DEVICE_LEASES, ttl, wait=True), holder)
 
-    @contextlib.asynccontextmanager
-    async def timing(
+    def timing(
         self, device: str, report: Report = _ignore, stop: asyncio.Event | None = None
-    ) -> AsyncIterator[HeldLease]:
-        """Hold `device` exclusively for a timed window: its timing lease, and no shared
-        work left running on it. `report` says what it waits for, in words. Watch the
-        held lease's `lost`, or call its `check()` before trusting what was timed."""
-        key = f"{device}.timing"
-        async with contextlib.AsyncExitStack() as stack:
-            while True:
-                try:
-                    held = await stack.enter_async_context(
-                        self.leases.held(key, self.holder, wait=False)
-                    )
-                    break
-                except LeaseError:
-                    other = await self.leases.current(key)
-                    if other is not None:  # else just released: take it
-                        report(f"waiting for the lease on {device}, held by {other.holder}")
-                        await _pause(stop)
-            while busy := await self.shared_holders(device):
-                report(f"waiting for {', '.join(busy)} to finish on {device}")
-                held.check()
-                await _pause(stop)
-            report(f"timing on {device} (lease {held.token})")
-            yield held
+    ) -> DeviceWindow:
+        """Hold `device` exclusively for a timed window (`async with`): its timing lease,
+        and no shared work left running on it. `report` says what it waits for, in words.
+        Watch the held lease's `lost`, or call its `check()` before trusting what was
+        timed."""
+        return DeviceWindow(self, device, report, stop)
 
-    @contextlib.asynccontextmanager
-    async def shared(
+    def shared(
         self, device: str, report: Report = _ignore, stop: asyncio.Event | None = None
-    ) -> AsyncIterator[HeldLease]:
-        """Hold a share of `device` between its timed windows (verification,
+    ) -> DeviceShare:
+        """Hold a share of `device` between its timed windows (`async with`: verification,
         compilation). Losing it does not spoil the work: a timed window that then
         overlaps it reports the contention."""
-        key = f"{device}.shared.{_token(self.holder)}"
-        timing = f"{device}.timing"
-        while True:
-            async with self.leases.held(key, self.holder, stop=stop) as held:
-                window = await self.leases.current(timing)
-                if window is None or window.holder == self.holder:
-                    yield held
-                    return
-            report(f"waiting for {window.holder}'s timed window on {device}")
-            while (await self.leases.current(timing)) is not None:
-                await _pause(stop)
+        return DeviceShare(self, device, report, stop)
 
     async def shared_holders(self, device: str) -> list[str]:
         """Who holds a share of `device` now."""
@@ -167,6 +142,76 @@ class DeviceLeases:
         return lease.holder if lease else None
 
 
+class _DeviceLease:
+    """A device lease held for an `async with` block: a plain object around the held
+    lease, not an async generator, so that the task leaving it may differ from the task
+    that entered it and nothing is left for the event loop to finalise (a timed window is
+    opened and closed from a worker thread)."""
+
+    def __init__(
+        self, leases: DeviceLeases, device: str, report: Report, stop: asyncio.Event | None
+    ) -> None:
+        self.leases, self.device, self.report, self.stop = leases, device, report, stop
+        self._held: HeldLease | None = None
+
+    async def __aexit__(self, *_: object) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            await held.__aexit__(None, None, None)
+
+
+class DeviceWindow(_DeviceLease):
+    """`DeviceLeases.timing`."""
+
+    async def __aenter__(self) -> HeldLease:
+        key, bucket = f"{self.device}.timing", self.leases.leases
+        while True:
+            held = bucket.held(key, self.leases.holder, wait=False)
+            try:
+                await held.__aenter__()
+                break
+            except LeaseError:
+                other = await bucket.current(key)
+                if other is not None:  # else just released: take it
+                    self.report(f"waiting for the lease on {self.device}, held by {other.holder}")
+                    await _pause(self.stop)
+        try:
+            while busy := await self.leases.shared_holders(self.device):
+                self.report(f"waiting for {', '.join(busy)} to finish on {self.device}")
+                held.check()
+                await _pause(self.stop)
+        except BaseException:
+            await held.__aexit__(None, None, None)
+            raise
+        self.report(f"timing on {self.device} (lease {held.token})")
+        self._held = held
+        return held
+
+
+class DeviceShare(_DeviceLease):
+    """`DeviceLeases.shared`."""
+
+    async def __aenter__(self) -> HeldLease:
+        bucket, holder = self.leases.leases, self.leases.holder
+        key = f"{self.device}.shared.{_token(holder)}"
+        timing = f"{self.device}.timing"
+        while True:
+            held = bucket.held(key, holder, stop=self.stop)
+            await held.__aenter__()
+            try:
+                window = await bucket.current(timing)
+            except BaseException:
+                await held.__aexit__(None, None, None)
+                raise
+            if window is None or window.holder == holder:
+                self._held = held
+                return held
+            await held.__aexit__(None, None, None)
+            self.report(f"waiting for {window.holder}'s timed window on {self.device}")
+            while (await bucket.current(timing)) is not None:
+                await _pause(self.stop)
+
+
 class TimingWindows:
     """`device`'s timing lease as a worker thread opens and closes it around each timed
     window (`gpu_workers.protocols.TimingWindow`), taken and given back on the event
@@ -180,7 +225,9 @@ class TimingWindows:
     window opens over them. `enter`/`exit` are open and close on the loop itself;
     `opened`, if given, runs on the loop each time a window is taken (it may raise to
     give the run up). A window whose lease was lost while open is remembered: `check`
-    raises it, and its result must not count."""
+    raises it, and its result must not count. `abandon` gives the job up (the worker is
+    stopping): the thread's `watch`, `open` and `close` then raise or return at once, so
+    its run is killed and no thread waits on a loop that stopped."""
 
     def __init__(
         self,
@@ -197,6 +244,8 @@ class TimingWindows:
         self._open: tuple[contextlib.AsyncExitStack, HeldLease] | None = None
         self._share: contextlib.AsyncExitStack | None = None
         self._lost: LeaseLost | None = None
+        self._abandoned = threading.Event()
+        self._opening: concurrent.futures.Future[None] | None = None
 
     async def share(self) -> None:
         """Hold a share of the device (waiting out a timed window), if not holding one."""
@@ -241,15 +290,57 @@ class TimingWindows:
             await share.aclose()
 
     def open(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.enter(), self.loop).result()
+        """From the worker thread: take the window (raises WindowsAbandoned once the job
+        was given up, and at once if it is given up while this waits)."""
+        self.watch()
+        opening = asyncio.run_coroutine_threadsafe(self.enter(), self.loop)
+        self._opening = opening
+        try:
+            self._wait_on_loop(opening)
+        finally:
+            self._opening = None
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.exit(), self.loop).result()
+        """From the worker thread: give the window back."""
+        self._wait_on_loop(asyncio.run_coroutine_threadsafe(self.exit(), self.loop))
+
+    def watch(self) -> None:
+        """From the worker thread, while a run goes on: raises WindowsAbandoned once the
+        job was given up (the back end then kills the run)."""
+        if self._abandoned.is_set():
+            raise WindowsAbandoned("the timing job was given up")
+
+    def abandon(self) -> None:
+        """On the loop: give the job up. The worker thread's next `watch`, `open` or
+        `close` raises or returns at once, and a window it waits for is not taken;
+        `release` still has to be awaited once the thread is done."""
+        self._abandoned.set()
+        opening = self._opening
+        if opening is not None:
+            opening.cancel()
+
+    def _wait_on_loop(self, step: concurrent.futures.Future[None]) -> None:
+        """Wait for a step on the loop, but never on a loop that stopped running (the
+        process is ending): the thread would wait for ever, and the process with it."""
+        while True:
+            try:
+                step.result(timeout=LOOP_CHECK_SECONDS)
+                return
+            except concurrent.futures.CancelledError:
+                raise WindowsAbandoned("the timing job was given up") from None
+            except concurrent.futures.TimeoutError:
+                if not self.loop.is_running():
+                    step.cancel()
+                    raise WindowsAbandoned("the event loop stopped") from None
 
     def check(self) -> None:
         """Raise LeaseLost if any window's lease was lost while it was open."""
         if self._lost is not None:
             raise self._lost
+
+
+class WindowsAbandoned(Exception):
+    """The timing job was given up (its worker is stopping): no window opens for it."""
 
 
 async def _pause(stop: asyncio.Event | None) -> None:

@@ -52,9 +52,10 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import anyio
 import msgspec
 import structlog
 from nats.js import JetStreamContext
@@ -322,53 +323,75 @@ class LeaseBucket:
             return None
         return Lease(key, value.holder, value.token or revision, revision, self.ttl, 0.0)
 
-    @contextlib.asynccontextmanager
-    async def held(
+    def held(
         self, key: str, holder: str, *, stop: asyncio.Event | None = None, wait: bool = True
-    ) -> AsyncIterator[HeldLease]:
-        """Hold `key` for the block: acquire (waiting unless `wait` is False: then raise
-        LeaseError if another holds it; AcquireStopped once `stop` is set), renew every
-        ttl/3 in the background, release on exit. Watch `lost` or call `check()`."""
-        if wait:
-            lease = await self.acquire(key, holder, stop=stop)
-            if lease is None:
-                raise AcquireStopped(f"stopped while waiting for {self.bucket}/{key}")
-        else:
-            lease = await self.try_acquire(key, holder)
-            if lease is None:
-                other = await self.current(key)
-                raise LeaseError(
-                    f"{self.bucket}/{key} is held by {other.holder if other else 'another'}"
-                )
-        handle = HeldLease(self, lease)
-        renewing = asyncio.create_task(handle._renew_until_lost())
-        try:
-            yield handle
-        finally:
-            renewing.cancel()
-            try:
-                await asyncio.wait({renewing})  # a cancel of this task still goes through...
-            finally:  # ...once the lease is given back
-                if not handle.lost.is_set():
-                    with contextlib.suppress(Exception):
-                        async with asyncio.timeout(2.0):
-                            await self.release(handle.lease)
+    ) -> HeldLease:
+        """Hold `key` for an `async with` block: acquire (waiting unless `wait` is False:
+        then raise LeaseError if another holds it; AcquireStopped once `stop` is set),
+        renew every ttl/3 in a task of its own, release on exit. Watch `lost` or call
+        `check()`."""
+        return HeldLease(self, key, holder, stop=stop, wait=wait)
 
 
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-/_=.")
 
 
 class HeldLease:
-    """A lease held by `LeaseBucket.held`, renewed in the background by a task that stops
-    when the block ends. Its timeouts (like every timeout in the project) are
-    `asyncio.timeout` blocks: Python 3.11's `asyncio.wait_for` loses a cancellation that
-    arrives as its awaitable completes, and a renewing task so cancelled renewed for ever."""
+    """A lease held for an `async with` block (`LeaseBucket.held`). It is a plain object,
+    not an async generator, so the task that enters it and the task that leaves it may
+    differ (a timed window is opened and closed from a worker thread) and nothing is left
+    for the event loop to finalise. Renewal is a task of its own whose loop runs in an
+    anyio `CancelScope`: leaving the block cancels the scope, and every await in it raises
+    from then on, so no renewal can swallow the cancel and renew for ever (its timeouts
+    are `asyncio.timeout` blocks: Python 3.11's `asyncio.wait_for` loses a cancellation
+    that arrives as its awaitable completes)."""
 
-    def __init__(self, bucket: LeaseBucket, lease: Lease) -> None:
+    def __init__(
+        self,
+        bucket: LeaseBucket,
+        key: str,
+        holder: str,
+        *,
+        stop: asyncio.Event | None = None,
+        wait: bool = True,
+    ) -> None:
         self.bucket = bucket
-        self.lease = lease
+        self.lease = Lease(key, holder, 0, 0, bucket.ttl, 0.0)
         self.lost = asyncio.Event()
         self.reason = ""
+        self._stop = stop
+        self._wait = wait
+        self._renewal = anyio.CancelScope()
+        self._renewing: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> HeldLease:
+        key, holder = self.lease.key, self.lease.holder
+        if self._wait:
+            lease = await self.bucket.acquire(key, holder, stop=self._stop)
+            if lease is None:
+                raise AcquireStopped(f"stopped while waiting for {self.bucket.bucket}/{key}")
+        else:
+            lease = await self.bucket.try_acquire(key, holder)
+            if lease is None:
+                other = await self.bucket.current(key)
+                by = other.holder if other else "another"
+                raise LeaseError(f"{self.bucket.bucket}/{key} is held by {by}")
+        self.lease = lease
+        self._renewing = asyncio.create_task(self._renew_until_stopped())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        """Stop the renewal and give the lease back (2 s at most). A cancel of the task
+        leaving the block still goes through, once the lease is given back."""
+        self._renewal.cancel()
+        try:
+            if self._renewing is not None:
+                await asyncio.wait({self._renewing})
+        finally:
+            if not self.lost.is_set():
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2.0):
+                        await self.bucket.release(self.lease)
 
     @property
     def token(self) -> int:
@@ -387,6 +410,10 @@ class HeldLease:
         log.warning(
             "lease lost", key=self.lease.key, holder=self.lease.holder, token=self.token, why=reason
         )
+
+    async def _renew_until_stopped(self) -> None:
+        with self._renewal:
+            await self._renew_until_lost()
 
     async def _renew_until_lost(self) -> None:
         every = self.bucket.ttl / 3

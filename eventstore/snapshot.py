@@ -111,6 +111,11 @@ class Snapshot:
         ).fetchall()
         return [str(r[0]) for r in rows]
 
+    def last_times(self) -> dict[str, datetime]:
+        """Per campaign, the time of its last stored event."""
+        rows = self.conn.execute("SELECT campaign_id, max(ts) FROM events GROUP BY campaign_id")
+        return {str(c): ts for c, ts in rows.fetchall()}
+
     def heads(self) -> dict[str, tuple[int, bytes]]:
         """Per campaign: the position and chain hash of its last stored event."""
         rows = self.conn.execute(

@@ -3,13 +3,14 @@
 - `candidates`: one row per candidate, through all its stages (proposal, kernel,
   compile, verdict, benchmark or rejection, duplicate);
 - `leaderboard`: a campaign's timed candidates at its shape (the one most of them were
-  timed at), ranked by their own time: `median_ns` is the median over the `runs` that
-  timed the kernel (its own, `run_median_ns`, and each head-to-head run that timed it as
-  the incumbent: the challenger's median times `speedup_vs_incumbent`); `speedup` is over
-  the campaign's baseline (the median of its candidates' baseline medians,
-  `campaign_baseline_ns`), `own_baseline_speedup` the recorded one. The figures are those
-  of `actors.campaign.leaderboard` (tests/test_leaderboard.py pins them), whose order
-  puts the best, promoted head to head, first;
+  timed at). Each kernel's figure is its own timing run's, as recorded: `median_ns`,
+  `iqr_ns`, and `speedup` over the baseline timed in that run. The rank goes by
+  `pooled_median_ns`, the median over the `runs` that timed the kernel (its own, and
+  each head-to-head run that timed it as the incumbent: the challenger's median times
+  `speedup_vs_incumbent`); `speedup_vs_campaign_baseline` is the campaign's baseline
+  (the median of its candidates' baseline medians, `campaign_baseline_ns`) over that.
+  The figures are those of `actors.campaign.leaderboard` (tests/test_leaderboard.py pins
+  them), whose order puts the best, promoted head to head, first;
 - `lessons`: every lesson with the ids of the events it cites;
 - `rejections`: one row per rejected candidate (stage, reason, first message line, and
   the operator that proposed it: a variation operator, an LLM's improve or fix, or
@@ -151,10 +152,11 @@ SELECT
     rank() OVER (PARTITION BY t.campaign_id ORDER BY own.median_ns) AS rank,
     t.campaign_id, t.problem, t.target, t.dtype, t.shape, t.candidate_id, t.generation,
     t.template, t.params,
-    own.median_ns, t.iqr_ns, own.runs, t.median_ns AS run_median_ns, t.baseline, t.baseline_ns,
+    t.median_ns, t.iqr_ns, t.speedup, own.median_ns AS pooled_median_ns, own.runs,
+    t.baseline, t.baseline_ns,
     median(t.baseline_ns) OVER (PARTITION BY t.campaign_id) AS campaign_baseline_ns,
-    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id) / own.median_ns AS speedup,
-    t.speedup AS own_baseline_speedup,
+    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id) / own.median_ns
+        AS speedup_vs_campaign_baseline,
     t.roofline_fraction, t.device, t.source_hash, t.flags, t.source
 FROM at_shape AS t
 JOIN own USING (campaign_id, candidate_id)

@@ -43,6 +43,7 @@ from typing import Any, Generic
 
 import numpy as np
 
+from gpu_workers.deadlines import at_shape
 from gpu_workers.pass_band import within
 from gpu_workers.protocols import (
     BuildT,
@@ -209,7 +210,7 @@ def _judge(
     """Everything but stalls: the run finished, its samples are consistent, the judged calls
     are right, and it is no faster than the roofline."""
     if run.rejection is not None:
-        return run.rejection
+        return at_shape(run.rejection, shape)
     reported = sum(run.kernel_ns) + sum(run.kernel_warmup_ns)
     if reported > run.wall_seconds * 1e9:
         return Rejection(
@@ -274,6 +275,10 @@ class BenchmarkRequest(Generic[BuildT]):
     min_seconds: float = MIN_SECONDS
     recalibrate: Callable[[], HostCalibration] | None = None
     window: TimingWindow | None = None
+    watch: Callable[[], None] | None = None
+    """Passed to every timing run (`TimingRequest.watch`): raising stops the run."""
+    call_seconds: float | None = None
+    """How long one timed call may take (`TimingRequest.call_seconds`)."""
 
 
 class TimingSession(Generic[BuildT]):
@@ -313,6 +318,8 @@ class TimingSession(Generic[BuildT]):
                     min_seconds=request.min_seconds,
                     window_open=self.window.open,
                     window_closed=self.window.close,
+                    watch=request.watch,
+                    call_seconds=request.call_seconds,
                 )
             )
         finally:

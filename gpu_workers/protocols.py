@@ -133,6 +133,13 @@ class TimingRequest(Generic[BuildT]):
     window_closed: Callable[[], None] | None = None
     """Called once the run's timed window (warm-up and timed rounds) is over while the run
     goes on (judging, re-check)."""
+    call_seconds: float | None = None
+    """How long one timed call may take (`gpu_workers.deadlines`); None: the back end's
+    run limit only."""
+    watch: Callable[[], None] | None = None
+    """Called every few milliseconds while the run goes on; if it raises (the run went
+    past its deadline, or its worker gave it up), the run's processes are killed and the
+    error raised to the caller."""
 
 
 class DeviceBackend(Protocol[BuildT]):

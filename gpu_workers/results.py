@@ -96,6 +96,14 @@ class WorstElement(msgspec.Struct, frozen=True, kw_only=True):
     """error / allowed: below 1.0 passes; 1 - used is the margin."""
 
 
+class Pace(msgspec.Struct, frozen=True, kw_only=True):
+    """How fast a kernel's verification went: `seconds` for `work` units of cost
+    (`gpu_workers.deadlines`)."""
+
+    seconds: float
+    work: float
+
+
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     """The outcome of verification. `rejection` is None exactly when the kernel is verified."""
 
@@ -116,6 +124,8 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     sandbox: SandboxReport | None = None
     seed: int | None = None
     """The check's seed: its shapes and every trial's inputs derive from it (replayable)."""
+    pace: Pace | None = None
+    """How fast the verified kernel's trials ran: what its timed calls' deadline derives from."""
 
 
 class TimingStats(msgspec.Struct, frozen=True, kw_only=True):

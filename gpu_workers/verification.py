@@ -27,14 +27,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gpu_workers.deadlines import pace_of
 from gpu_workers.protocols import BuildT, CompileOutcome, DeviceBackend, RunOutput, Trial
 from gpu_workers.quick_compare import all_pass
-from gpu_workers.results import Rejection, SandboxReport, TrialReport, Verdict, WorstElement
+from gpu_workers.results import Pace, Rejection, SandboxReport, TrialReport, Verdict, WorstElement
 from kernels.spec import Array, Arrays, Problem, Tolerance
 
 RUNS_PER_TRIAL = 2
@@ -269,11 +271,12 @@ def compare_whole(
         if bad.size:
             i = int(bad[0])
             w = int(bad[np.argmax(used[bad])])
+            edge = near_the_scale_edge(float(err[w]), float(allowed[w]), float(g64[w]))
             return _reject(
                 stage,
                 "wrong_value",
                 f"{arg.name}{_where(g.shape, i)} = {g64[i]:.8g}, expected {e64[i]:.8g} "
-                f"({bad.size} of {err.size} elements outside tolerance)",
+                f"({bad.size} of {err.size} elements outside tolerance)" + edge,
                 {
                     **ctx,
                     "output": arg.name,
@@ -292,6 +295,23 @@ def compare_whole(
                 },
             ), worst
     return None, worst
+
+
+#: A wrong value within this factor of what the scale allows may be rounding the scale
+#: does not foresee, rather than a wrong kernel: the rejection says what governs it.
+EDGE_FACTOR = 1e3
+GOVERNED_BY = (
+    "; within reach of the error scale's edge: the problem's `error_scale` (default "
+    "|expected|, at least the rounding of its row's largest output), its `tolerances` "
+    "(atol + rtol x scale) and its `input_limit` (the largest input drawn) govern it"
+)
+
+
+def near_the_scale_edge(error: float, allowed: float, got: float) -> str:
+    """GOVERNED_BY for a wrong value close to its allowance, or one that underflowed (to
+    zero or a denormal, below float32's smallest normal); else nothing."""
+    underflowed = abs(got) < np.finfo(np.float32).tiny
+    return GOVERNED_BY if underflowed or error <= EDGE_FACTOR * allowed else ""
 
 
 def _all_pass(
@@ -542,6 +562,7 @@ def verify(
         worst: WorstElement | None = None,
         cache_hit: bool = False,
         sandbox: SandboxReport | None = None,
+        pace: Pace | None = None,
     ) -> Verdict:
         return Verdict(
             problem=problem.name,
@@ -557,13 +578,16 @@ def verify(
             compile_cache_hit=cache_hit,
             sandbox=sandbox,
             seed=check_seed,
+            pace=pace,
         )
 
     compiled = precheck(problem, backend, source, flags, dtype)
     if compiled.rejection is not None or compiled.build is None:
         return done(compiled.rejection, cache_hit=compiled.cache_hit)
     trials = plan_trials(problem, dtype, check_seed, smallest)
+    started = time.monotonic()
     outcome = backend.run_trials(problem, compiled.build, trials)
+    pace = pace_of(problem, ((t.shape, t.runs) for t in trials), time.monotonic() - started, dtype)
     if outcome.rejection is not None:
         return done(outcome.rejection, cache_hit=compiled.cache_hit, sandbox=outcome.sandbox)
     judged = judge_runs(problem, problem.tolerances[dtype], trials, outcome.runs)
@@ -574,4 +598,5 @@ def verify(
         worst=judged.worst,
         cache_hit=compiled.cache_hit,
         sandbox=outcome.sandbox,
+        pace=pace,
     )

@@ -21,3 +21,15 @@ def host_cpu_flags() -> frozenset[str]:
 
 def host_has(feature: str) -> bool:
     return feature in host_cpu_flags()
+
+
+#: The vector and matrix extensions a report names, in order.
+SIMD = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_tile")
+
+
+def isa_words() -> str:
+    """The host's vector instruction sets, for a report: `x86-64 sse4_2 avx avx2 fma`."""
+    flags = host_cpu_flags()
+    if not flags:
+        return "unknown (no /proc/cpuinfo flags)"
+    return " ".join(["x86-64", *(f for f in SIMD if f in flags)])

@@ -148,6 +148,27 @@ def tolerances(fp32: Tolerance) -> dict[str, Tolerance]:
     }
 
 
+#: An honest fp32 kernel's error on an output element, in units in the last place of the
+#: largest output of its row: what the default error scale allows at least.
+ROW_ULPS = 16.0
+FP32_EPSILON = 2.0**-23
+
+
+def row_scale(expected: Array, rtol: float) -> Array:
+    """The default error scale: |expected| per element, but at least the share of its
+    row's largest finite |expected| (the last axis; a vector is one row) for which `rtol`
+    allows `ROW_ULPS` fp32 ulps of it. A value that cancels to almost nothing (a
+    log-sum-exp near 0, a SwiGLU whose gate underflows) is judged by the rounding its
+    row's magnitudes carry, not by its own tiny magnitude."""
+    magnitude = np.abs(np.asarray(expected, dtype=np.float64))
+    if magnitude.size == 0:
+        return magnitude
+    finite = np.where(np.isfinite(magnitude), magnitude, 0.0)
+    rows = finite.max(axis=-1, keepdims=True) if finite.ndim > 1 else finite.max(keepdims=True)
+    with np.errstate(invalid="ignore"):
+        return np.maximum(magnitude, rows * (ROW_ULPS * FP32_EPSILON / rtol))
+
+
 def default_tolerances() -> dict[str, Tolerance]:
     return tolerances(Tolerance(rtol=1e-4, atol=1e-30))
 
@@ -170,7 +191,10 @@ class Problem:
     make_inputs: Callable[[Shape, str, np.random.Generator], Arrays] | None = None
     """Custom input generator; by default every input is filled from the distribution."""
     error_scale: Callable[[Arrays, Arrays], Arrays] | None = None
-    """Per-element magnitude the error is judged against; by default |expected|."""
+    """Per-element magnitude the error is judged against (the allowed error is `atol +
+    rtol * scale`, from `tolerances`); by default `row_scale`: |expected|, but never less
+    than a share of the largest |expected| of the element's row, so that an element that
+    nearly cancels is allowed the rounding of its row's magnitude."""
     graph: tuple[str, ...] = ()
     """For graph problems: the chain of elementary ops a fuser may fuse."""
     spec: str = ""
@@ -306,8 +330,11 @@ class Problem:
         return outputs
 
     def scales(self, inputs: Arrays, expected: Arrays) -> Arrays:
+        """The magnitude each output element's error is judged against: the problem's
+        `error_scale`, or by default `row_scale` (never less than |expected|)."""
         if self.error_scale is None:
-            return {k: np.abs(v) for k, v in expected.items()}
+            rtol = self.tolerances["fp32"].rtol
+            return {k: row_scale(v, rtol) for k, v in expected.items()}
         as64 = {k: v.astype(np.float64) for k, v in inputs.items()}
         with np.errstate(all="ignore"):
             return self.error_scale(as64, expected)

@@ -13,7 +13,7 @@ from actors.search.lineage import lineage_of
 from ops.errors import UserError
 from ops.options import HOME, JSON
 from ops.output import to_json
-from ops.store_access import open_home, rebuild_campaign
+from ops.store_access import open_history, rebuild_campaign
 
 BEST_HELP = """Write a campaign's best verified kernel (the one that won its head-to-head run against the previous best; the others follow by their own time): its source after a `// kfactory-flags:` line and a provenance comment, so that `kfactory check` and a plain compiler take the file as it is.
 
@@ -38,7 +38,7 @@ def best(
     home: Path | None = HOME,
     as_json: bool = JSON,
 ) -> None:
-    with open_home(home) as snapshot:
+    with open_history(home) as snapshot:
         rebuilt = rebuild_campaign(snapshot, campaign)
     board = campaign_leaderboard(rebuilt.history, campaign)
     winners, baseline = board.rows[:top], board.baseline

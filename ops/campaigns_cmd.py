@@ -11,11 +11,10 @@ from rich.table import Table
 from actors.campaign.history import HISTORY_TYPES
 from actors.records.overview import diff, row
 from actors.records.story import rebuild
-from eventstore.snapshot import Snapshot
 from ops.errors import UserError
 from ops.options import HOME, JSON
 from ops.output import console, to_json
-from ops.store_access import open_home
+from ops.store_access import HistoryStore, open_history
 
 campaigns_app = typer.Typer(
     name="campaigns",
@@ -32,18 +31,13 @@ campaigns_app = typer.Typer(
 )
 
 
-def _history(snapshot: Snapshot) -> tuple[Any, dict[str, Any]]:
+def _history(snapshot: HistoryStore) -> tuple[Any, dict[str, Any]]:
     events = list(snapshot.events(types=HISTORY_TYPES))
     ids = snapshot.campaign_ids()
     if not ids:
         raise UserError(f"no campaign in {snapshot.path}")
     history = rebuild(events, ids[0]).history
-    last = dict(
-        snapshot.conn.execute(
-            "SELECT campaign_id, max(ts) FROM events GROUP BY campaign_id"
-        ).fetchall()
-    )
-    return history, last
+    return history, dict(snapshot.last_times())
 
 
 @campaigns_app.callback()
@@ -54,7 +48,7 @@ def campaigns(
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    with open_home(home) as snapshot:
+    with open_history(home) as snapshot:
         history, last = _history(snapshot)
     rows = [row(history, c, last.get(c)) for c in history.campaigns]
     if as_json:
@@ -107,7 +101,7 @@ def campaigns_diff(
     home: Path | None = HOME,
     as_json: bool = JSON,
 ) -> None:
-    with open_home(home) as snapshot:
+    with open_history(home) as snapshot:
         history, _ = _history(snapshot)
     for name in (a, b):
         if name not in history.campaigns:

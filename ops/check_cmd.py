@@ -27,6 +27,7 @@ import typer
 
 from gpu_workers.benchmarking import BenchmarkRequest, benchmark
 from gpu_workers.cuda.nvcc import CudaBuild
+from gpu_workers.deadlines import call_deadline
 from gpu_workers.protocols import Backend
 from gpu_workers.results import BenchmarkResult, Rejection, Verdict
 from gpu_workers.targets import TARGET_MAP, TARGETS, calibration_for, device_missing, target_of
@@ -298,6 +299,11 @@ def check(
                 dtype=dtype,
                 seed=check_seed,
                 recalibrate=lambda: recalibrate_device(target),
+                call_seconds=call_deadline(
+                    spec, spec.full_shape(bench_shape or spec.default_shape), verdict.pace, dtype
+                )
+                if verdict.pace is not None
+                else None,
             )
         )
     report = _report(verdict, outcome)

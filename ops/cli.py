@@ -8,7 +8,9 @@ into one clear line (a traceback only with `--debug`).
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 
 import typer
 
@@ -86,7 +88,18 @@ register_commands(app, COMMAND_MODULES)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `kfactory` console script."""
+    """Entry point of the `kfactory` console script (`argv` None: the process's own)."""
+    try:
+        return _main(argv)
+    finally:
+        if argv is None and threading.current_thread() is threading.main_thread():
+            # The command is done: a Ctrl-C from here on ends the process at once and
+            # silently (the default action), never as a KeyboardInterrupt raised inside
+            # the interpreter's shutdown, which would print a traceback.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         app(args=argv)  # standalone: usage errors and --help exit through SystemExit
     except SystemExit as exc:

@@ -7,6 +7,7 @@ straight from the DuckDB file when none runs.
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import typer
@@ -161,8 +162,12 @@ def _on_file(path: Path, statement: str, max_rows: int) -> QueryResult:
 
 
 def _print_rows(payloads: list[str], as_json: bool) -> None:
+    """One line per event; when none matched, `0 events` (on stderr with --json, whose
+    stdout holds only events)."""
     for payload in payloads:
         print(payload if as_json else _line(payload.encode()))
+    if not payloads:
+        print("0 events", file=sys.stderr if as_json else sys.stdout)
 
 
 async def _tail(

@@ -47,7 +47,26 @@ def baseline(a):
     test_shapes=({{"rows": 3, "cols": 37}}, {{"rows": 1, "cols": 1}}, {{"rows": 8, "cols": 256}}),
     default_shape={{"rows": 512, "cols": 1024}},
     cost=lambda s: Cost(bytes_moved=8 * s["rows"] * s["cols"], flops=4 * s["rows"] * s["cols"]),
-    input_limit=1e15,  # the sum of squares of any correct fp32 kernel overflows beyond
+    # How a kernel's outputs are judged: |got - expected| <= atol + rtol * scale, per element.
+    # input_limit: the largest input magnitude drawn (by the `extreme` and `spread` inputs);
+    #   set it where any correct fp32 kernel overflows beyond it. Here the sum of squares.
+    #   (A rotary embedding whose sin and cos are inputs wants e.g. input_limit=1e4.)
+    input_limit=1e15,
+    # tolerances: rtol and atol per dtype; by default rtol 1e-4, atol 1e-30 for fp32, and
+    #   bf16/fp16 widened to their rounding. To loosen fp32 alone:
+    #   tolerances=tolerances(Tolerance(rtol=1e-3, atol=1e-30)),  # from kernels.spec
+    # error_scale: the magnitude each output element's error is judged against. By default
+    #   |expected|, but at least the rounding of its row's largest output, so an element
+    #   that cancels to almost nothing (a log-sum-exp near 0) is judged by its row. Give one
+    #   where the error of a correct kernel follows the inputs, e.g. a dot product's terms:
+    #   error_scale=lambda inputs, expected: {{"y": np.abs(inputs["x"]).sum(axis=1)}},
+    # make_inputs: your own inputs, in place of the built-in distributions, e.g. a
+    #   probability row that sums to 1 (name the distributions it handles in
+    #   supported_distributions):
+    #   make_inputs=lambda shape, distribution, rng: {{
+    #       "x": rng.dirichlet(np.ones(shape["cols"]), shape["rows"]).astype(np.float32)
+    #   }},
+    #   supported_distributions=("normal",),
 )
 
 # The design spaces searched for {attr}: a jinja2 template next to this file. A plain C

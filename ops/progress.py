@@ -5,10 +5,10 @@ needs have no live instance.
 terminal it is a live table; otherwise a line every `LINE_EVERY` (10 s): the generation,
 candidates settled of those proposed (and the budget), verified, benchmarking, those
 waiting for a device worker to join (a cuda campaign on a host without a GPU), the best
-so far (its own median and its speedup over the campaign's baseline, from the
-leaderboard, and the operator behind it: `by omp_simd of g1:c0`), the time elapsed and
-an ETA at the pace so far. `stalled` is the blocking CampaignStalled recorded since this
-run's start or resume, which ends the run.
+so far (its figure from the leaderboard: the median of its own timing run and its speedup
+over the baseline timed in that run, and the operator behind it: `by omp_simd of
+g1:c0`), the time elapsed and an ETA at the pace so far. `stalled` is the blocking
+CampaignStalled recorded since this run's start or resume, which ends the run.
 `LiveActors` tracks, from heartbeats, when each needed role was last heard from: one
 unheard for `bus.heartbeat.LIVE_FOR` (15 s) is missing.
 """
@@ -124,7 +124,7 @@ class Progress:
                 f"{c.waiting_for_device} compiled and checked, not yet run on a "
                 f"{campaign.spec.target} worker",
             )
-        table.add_row("best (own median, speedup over the campaign baseline)", c.best)
+        table.add_row("best (median, speedup over the baseline in its run)", c.best)
         rejected = self.history.rejections_by_stage(self.campaign_id)
         table.add_row(
             "rejected by stage", ", ".join(f"{k} {v}" for k, v in rejected.items()) or "-"
@@ -146,8 +146,8 @@ class Counts:
     benchmarking: int
     waiting_for_device: int
     best_median_ns: float | None
-    """The best's own median: unlike its speedup, it moves only when another kernel is
-    promoted (the campaign baseline a speedup is over moves as candidates settle)."""
+    """The best's figure (`Row.median_ns`, `Row.speedup`): both move only when another
+    kernel is promoted."""
     best_speedup: float | None
     best_by: str
     """What made the best: the variation operator (or LLM operator) behind it; empty for

@@ -13,7 +13,7 @@ from actors.records.story import story
 from ops.errors import UserError
 from ops.options import HOME, JSON
 from ops.output import console, to_json
-from ops.store_access import open_home, rebuild_campaign
+from ops.store_access import open_history, rebuild_campaign
 
 REPLAY_HELP = """Rebuild a campaign's state from its events alone and tell its story.
 
@@ -58,7 +58,7 @@ def replay(
     as_json: bool = JSON,
 ) -> None:
     at_position, at_time = parse_at(at)
-    with open_home(home) as snapshot:
+    with open_history(home) as snapshot:
         told = story(rebuild_campaign(snapshot, campaign, at_position, at_time))
     if as_json:
         print(to_json(told))

@@ -64,6 +64,10 @@ def render_report(rebuilt: Rebuilt, calibrations: list[HostCalibrated]) -> str:
         curve_html=curve.to_html(full_html=False, include_plotlyjs=True, div_id="curve"),
         roofline_html=roofline.to_html(full_html=False, include_plotlyjs=False, div_id="roofline"),
         roofline_note=roofline_note,
+        timings_html=_timings_figure(board.rows).to_html(
+            full_html=False, include_plotlyjs=False, div_id="timings"
+        ),
+        hosts=_hosts(calibrations, board.rows),
         board=[_board_row(row) for row in board.rows],
         baseline=board.baseline.words() if board.baseline else "none timed",
         lessons=campaign.lessons,
@@ -95,7 +99,9 @@ def _curve_figure(history: History, campaign_id: str, board: Leaderboard) -> go.
     figure.add_trace(
         go.Scatter(x=seconds, y=ys, mode="lines+markers", line=line, name="time"), 1, 2
     )
-    figure.update_yaxes(title_text="best speedup so far (x campaign baseline)", row=1, col=1)
+    figure.update_yaxes(
+        title_text="best speedup so far (x the baseline timed in its run)", row=1, col=1
+    )
     figure.update_xaxes(title_text="evaluations", row=1, col=1)
     figure.update_xaxes(title_text="seconds", row=1, col=2)
     figure.update_layout(height=380, showlegend=False, margin={"t": 40, "b": 40})
@@ -111,12 +117,12 @@ def _roofline_figure(rows: list[Row], calibrations: list[HostCalibrated]) -> tup
         timed = row.timed
         problem = load_problem(timed.problem)
         cost = problem.cost_for(dict(row.shape or problem.default_shape), timed.dtype)
-        if cost.bytes_moved <= 0 or cost.flops <= 0 or timed.median_ns <= 0:
+        if cost.bytes_moved <= 0 or cost.flops <= 0 or row.median_ns <= 0:
             continue
         xs, ys, labels = points.setdefault(row.template, ([], [], []))
         xs.append(cost.flops / cost.bytes_moved)
-        ys.append(cost.flops / timed.median_ns)  # flops per ns = GFLOP/s
-        labels.append(f"{row.candidate_id}<br>{timed.speedup:.2f}x, {timed.median_ns / 1e6:.3f} ms")
+        ys.append(cost.flops / row.median_ns)  # flops per ns = GFLOP/s
+        labels.append(f"{row.candidate_id}<br>{row.speedup:.2f}x, {row.median_ns / 1e6:.3f} ms")
         devices.add(timed.device)
     for template, (xs, ys, labels) in points.items():
         figure.add_trace(
@@ -151,10 +157,55 @@ def _roofline_figure(rows: list[Row], calibrations: list[HostCalibrated]) -> tup
         note = f"ceilings measured on {host.device} ({host.method.get('how', 'calibration')})"
     else:
         note = "no calibration of the device these kernels were timed on is recorded"
-    figure.update_xaxes(type="log", title_text="operational intensity (flop / byte moved)")
-    figure.update_yaxes(type="log", title_text="GFLOP/s achieved")
+    # one labelled tick per decade, written out (plotly's default labels 200 as "2")
+    figure.update_xaxes(
+        type="log",
+        dtick=1,
+        exponentformat="none",
+        title_text="operational intensity (flop / byte moved)",
+    )
+    figure.update_yaxes(type="log", dtick=1, exponentformat="none", title_text="GFLOP/s achieved")
     figure.update_layout(height=420, margin={"t": 20, "b": 40})
     return figure, note
+
+
+def _timings_figure(rows: list[Row]) -> go.Figure:
+    """Each kernel's timed calls in its own run, as recorded: the median and quartiles."""
+    figure = go.Figure()
+    for row in rows:
+        if row.q1_ns is None or row.q3_ns is None:
+            continue
+        quartiles = [row.q1_ns / 1e6], [row.median_ns / 1e6], [row.q3_ns / 1e6]
+        figure.add_trace(
+            go.Box(
+                name=f"{row.rank}. {short_id(row.candidate_id)}",
+                q1=quartiles[0],
+                median=quartiles[1],
+                q3=quartiles[2],
+                lowerfence=quartiles[0],
+                upperfence=quartiles[2],
+            )
+        )
+    figure.update_yaxes(title_text="ms per call (median and quartiles of its run)")
+    figure.update_layout(height=380, showlegend=False, margin={"t": 20, "b": 40})
+    return figure
+
+
+def _hosts(calibrations: list[HostCalibrated], rows: list[Row]) -> list[dict[str, Any]]:
+    """The devices the kernels were timed on, as their calibration recorded them."""
+    timed_on = {row.timed.device for row in rows}
+    latest = {h.device: h for h in calibrations if h.device in timed_on}
+    return [
+        {
+            "device": h.device,
+            "cpu": h.method.get("cpu", "not recorded"),
+            "isa": h.method.get("isa", "not recorded"),
+            "cores": h.method.get("cores", "not recorded"),
+            "bandwidth_gbs": h.bandwidth_gbs,
+            "peak_gflops": h.peak_gflops,
+        }
+        for h in latest.values()
+    ]
 
 
 def _board_row(row: Row) -> dict[str, Any]:
@@ -165,8 +216,9 @@ def _board_row(row: Row) -> dict[str, Any]:
         "params": ", ".join(f"{k}={v}" for k, v in row.params.items()),
         "median_ms": row.median_ns / 1e6,
         "iqr_ms": row.iqr_ns / 1e6,
+        "speedup": row.speedup,
+        "pooled_ms": row.pooled_median_ns / 1e6,
         "runs": row.runs,
-        "speedup": row.speedup or row.own_baseline_speedup,
         "roofline": row.roofline_fraction,
         "source": kernel_text(row.candidate),
         "event_id": row.timed.event_id,

@@ -10,7 +10,7 @@ from eventstore.events import SYSTEM_CAMPAIGN, HostCalibrated
 from gpu_workers.atomic_file import write_atomically
 from ops.options import HOME
 from ops.report import render_report
-from ops.store_access import open_home, rebuild_campaign
+from ops.store_access import open_history, rebuild_campaign
 
 REPORT_HELP = """Write a campaign's report as one HTML file that opens with no network.
 
@@ -29,7 +29,7 @@ def report(
     output: Path = typer.Option(Path("report.html"), "--output", "-o", help="The HTML file."),
     home: Path | None = HOME,
 ) -> None:
-    with open_home(home) as snapshot:
+    with open_history(home) as snapshot:
         rebuilt = rebuild_campaign(snapshot, campaign)
         calibrations = [
             e

@@ -86,6 +86,8 @@ from ops.swarm import Swarm, needed_roles, running_swarm
 
 #: The exit status of a campaign that cannot go on (it said why).
 STALLED = 3
+#: Leaderboard rows printed unless `--top` says otherwise.
+SHOWN = 10
 
 RUN_HELP = (
     "Run a campaign: search for the fastest correct kernel of a problem.\n\n"
@@ -165,6 +167,7 @@ def run(
     creds: Path | None = CREDS,
     tls_ca: Path | None = TLS_CA,
     as_json: bool = JSON,
+    top: int = typer.Option(SHOWN, "--top", min=1, help="Leaderboard rows to print."),
     no_local_actors: bool = typer.Option(
         False,
         "--no-local-actors",
@@ -184,7 +187,7 @@ def run(
     url = nats_url(nats, folder)
     auth = client_auth_for(folder, "cli", creds, tls_ca) if url is not None else None
     quiet_logs()
-    settings = Settings(folder, verifiers, benchmarkers, as_json, not no_local_actors, tls_ca)
+    settings = Settings(folder, verifiers, benchmarkers, as_json, not no_local_actors, tls_ca, top)
     try:
         code = run_command(
             lambda stop: _main(stop, spec, url, auth, settings),
@@ -204,6 +207,7 @@ class Settings:
     as_json: bool
     local_actors: bool
     tls_ca: Path | None
+    top: int = SHOWN
 
 
 def _spec(
@@ -307,7 +311,7 @@ async def _main(
     if settings.as_json:
         print(to_json(result), flush=True)
     else:
-        _print_results(result)
+        _print_results(result, settings.top)
     if "stalled" in result:  # said even with --json: the one line a script needs
         stalled = result["stalled"]
         console.print(f"campaign stalled ({stalled['kind']}): {stalled['detail']}")
@@ -493,8 +497,7 @@ def _generations(history: History, campaign_id: str, board: Leaderboard) -> list
                 "generation": number,
                 "proposed": len(candidates),
                 "settled": sum(c.settled for c in candidates),
-                # the generation's best as its GenerationClosed names it, over the
-                # campaign baseline like the leaderboard's
+                # the generation's best as its GenerationClosed names it, with its figure
                 "best_speedup": board.speedup_of(best.candidate_id) or 0.0 if best else 0.0,
                 "closed": generation.closed is not None,
                 "lessons_used": bisect_left(drawn_at, number),
@@ -507,7 +510,7 @@ def _generations(history: History, campaign_id: str, board: Leaderboard) -> list
 def _result(
     history: History, campaign_id: str, console: Console, best_dir: Path | None = None
 ) -> dict[str, Any]:
-    """The campaign's summary and its ten fastest kernels (the best also written to a file)."""
+    """The campaign's summary and its leaderboard (the best also written to a file)."""
     campaign = history.campaigns[campaign_id]
     result = {"campaign_id": campaign_id, **summary(history, campaign)}
     board = campaign_leaderboard(history, campaign_id)
@@ -535,19 +538,21 @@ def _result(
             "params": dict(row.params),
             "median_ms": row.median_ns / 1e6,
             "iqr_ms": row.iqr_ns / 1e6,
-            "runs": row.runs,
             "speedup": row.speedup,
-            "own_baseline_speedup": row.own_baseline_speedup,
+            "pooled_median_ms": row.pooled_median_ns / 1e6,
+            "runs": row.runs,
+            "speedup_vs_campaign_baseline": row.speedup_vs_campaign_baseline,
             "roofline_fraction": row.roofline_fraction,
             "standing": row.standing,
         }
-        for row in board.rows[:10]
+        for row in board.rows
     ]
     return result
 
 
-def _print_results(result: dict[str, Any]) -> None:
-    """The leaderboard and the summary, on stdout (`kfactory run > out.txt` keeps them)."""
+def _print_results(result: dict[str, Any], top: int = SHOWN) -> None:
+    """The leaderboard's `top` rows and the summary, on stdout (`kfactory run > out.txt`
+    keeps them)."""
     out = console()
     campaign_id = result["campaign_id"]
     board = Table(title=f"leaderboard: {campaign_id}")
@@ -558,15 +563,14 @@ def _print_results(result: dict[str, Any]) -> None:
         "params",
         "median ms",
         "IQR ms",
-        "runs",
         "speedup",
         "roofline",
+        "pooled ms (runs)",
         "standing",
     ):
         board.add_column(column)
-    for row in result["leaderboard"]:
+    for row in result["leaderboard"][:top]:
         candidate = str(row["candidate"])
-        speedup = row["speedup"] if row["speedup"] is not None else row["own_baseline_speedup"]
         board.add_row(
             str(row["rank"]),
             short_id(candidate),
@@ -574,9 +578,9 @@ def _print_results(result: dict[str, Any]) -> None:
             " ".join(f"{k}={v}" for k, v in row["params"].items()),
             f"{row['median_ms']:.3f}",
             f"{row['iqr_ms']:.3f}",
-            str(row["runs"]),
-            f"{speedup:.2f}x",
+            f"{row['speedup']:.2f}x",
             f"{row['roofline_fraction']:.0%}",
+            f"{row['pooled_median_ms']:.3f} ({row['runs']})",
             row["standing"],
         )
     for row in result["by_generation"]:
@@ -597,12 +601,17 @@ def _print_results(result: dict[str, Any]) -> None:
     out.print(board)
     if result["leaderboard"]:
         out.print(
-            "rank 1 is the best: the last kernel promoted, by a head-to-head run against the "
-            "best of its time; the others follow by their own time. A median is over every "
-            "run that timed the kernel (runs): its own, and each head-to-head run that timed "
-            "it as the best; the IQR is its own run's",
+            "median, IQR and speedup (over the baseline timed in the same run) are each "
+            "kernel's own timing run's. Rank 1 is the best: the last kernel promoted, by a "
+            "head-to-head run against the best of its time; the others follow by their pooled "
+            "time, the median over every run that timed the kernel (runs): its own, and each "
+            "head-to-head run that timed it as the best",
             markup=False,
         )
+    rows = len(result["leaderboard"])
+    shown = min(top, rows)
+    if shown < rows:
+        out.print(f"{shown} of {rows} shown; `--top N` shows more", markup=False)
     if result["campaign_baseline"] is not None:
         out.print(f"campaign baseline: {result['campaign_baseline']['words']}", markup=False)
     finished = result.get("finished")

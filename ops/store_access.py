@@ -2,20 +2,26 @@
 best, campaigns, report, export), with one-line errors.
 
 They open the file read-only (`eventstore/snapshot.py`). DuckDB lets no reader beside its
-writer: while a server holds the file they say so, with its pid, and read nothing.
+writer: while a server holds the file, `open_history` (campaigns, replay, report, best)
+reads through the server instead (`ops/server_store.py`), and `open_home` (audit and
+export, which read the file itself) says so, with its pid, and reads nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 from actors.campaign.history import HISTORY_TYPES
 from actors.records.story import Rebuilt, UnknownCampaign, rebuild
 from eventstore.duckdb_store import StoreLocked
+from eventstore.events import Event
 from eventstore.snapshot import Snapshot, open_snapshot
 from ops.errors import UserError
-from ops.home import resolve_home, running_server, store_path
+from ops.home import client_auth_for, resolve_home, running_server, store_path
+from ops.server_store import ServerSnapshot
 
 
 def open_home(home: Path | None) -> Snapshot:
@@ -38,8 +44,36 @@ def open_home(home: Path | None) -> Snapshot:
         raise UserError(str(exc)) from exc
 
 
+class HistoryStore(Protocol):
+    """What the history commands read: the store file, or the server that holds it."""
+
+    path: Path
+
+    def __enter__(self) -> HistoryStore: ...
+
+    def __exit__(self, *_: object) -> None: ...
+
+    def events(
+        self, campaign_id: str | None = None, types: list[str] | None = None
+    ) -> Iterator[tuple[int, Event]]: ...
+
+    def campaign_ids(self) -> list[str]: ...
+
+    def last_times(self) -> dict[str, datetime]: ...
+
+
+def open_history(home: Path | None) -> HistoryStore:
+    """The store of --home: the file read-only, or through the running server that holds
+    it (as `kfactory sql` does)."""
+    folder = resolve_home(home)
+    server = running_server(folder)
+    if server is not None:
+        return ServerSnapshot(store_path(folder), server.url, client_auth_for(folder, "cli"))
+    return open_home(folder)
+
+
 def rebuild_campaign(
-    snapshot: Snapshot,
+    snapshot: HistoryStore,
     campaign_id: str,
     at_position: int | None = None,
     at_time: datetime | None = None,

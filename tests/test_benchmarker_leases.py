@@ -88,6 +88,7 @@ class StandInBenchmarker(Benchmarker):
         dtype: str,
         shape: dict[str, int] | None,
         windows: TimingWindows,
+        call_seconds: float | None,
     ) -> tuple[HostCalibration, BenchmarkResult | Rejection]:
         windows.open()  # set up at once: the window opens, as a back end opens it
         self.timing.set()

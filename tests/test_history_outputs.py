@@ -101,12 +101,12 @@ def test_views_answer_the_readme_questions_without_the_payload_layout(home: Path
             [CAMPAIGN_ID],
         ).fetchone()
         top = conn.execute(
-            "SELECT candidate_id, median_ns, runs, run_median_ns FROM leaderboard "
+            "SELECT candidate_id, pooled_median_ns, runs, median_ns FROM leaderboard "
             "WHERE rank = 1 AND campaign_id = ?",
             [CAMPAIGN_ID],
         ).fetchone()
         fastest = conn.execute(
-            "SELECT min(median_ns) FROM leaderboard WHERE campaign_id = ?", [CAMPAIGN_ID]
+            "SELECT min(pooled_median_ns) FROM leaderboard WHERE campaign_id = ?", [CAMPAIGN_ID]
         ).fetchone()
         assert top is not None
         own_run = conn.execute(

@@ -103,11 +103,15 @@ def test_a_log_of_the_old_format_ranks_as_it_did(campaign: str) -> None:
     assert board.baseline is not None and board.baseline.median_ns == baseline
     got = [(":".join(r.candidate_id.split(":")[-2:]), r.runs, r.standing) for r in board.rows]
     assert got == [(name, runs, standing) for name, _, runs, standing in rows]
-    assert [r.median_ns for r in board.rows] == pytest.approx([row[1] for row in rows], rel=1e-12)
+    pooled = [r.pooled_median_ns for r in board.rows]
+    assert pooled == pytest.approx([row[1] for row in rows], rel=1e-12)
     assert board.best is board.rows[0] and board.best.standing.startswith("promoted")
     assert [r.rank for r in board.rows] == list(range(1, len(rows) + 1))
     for row in board.rows:
-        assert row.speedup == pytest.approx(baseline / row.median_ns, rel=1e-12)
+        assert row.speedup_vs_campaign_baseline == pytest.approx(
+            baseline / row.pooled_median_ns, rel=1e-12
+        )
+        assert (row.median_ns, row.speedup) == (row.timed.median_ns, row.timed.speedup)
         assert row.shape == {"rows": 256, "cols": 1024} and row.q1_ns is not None
 
 
@@ -127,19 +131,21 @@ def test_the_sql_leaderboard_gives_the_python_leaderboard_s_figures(
     home = store_of(tmp_path / "home", lines)
     with open_home(home) as snapshot:
         viewed = snapshot.conn.execute(
-            "SELECT candidate_id, rank, median_ns, runs, speedup, campaign_baseline_ns, shape "
+            "SELECT candidate_id, rank, pooled_median_ns, runs, speedup_vs_campaign_baseline, "
+            "campaign_baseline_ns, shape, median_ns, iqr_ns, speedup "
             "FROM leaderboard WHERE campaign_id = ? ORDER BY rank, candidate_id",
             [campaign],
         ).fetchall()
     board = board_of(lines, campaign)
     assert board.baseline is not None
-    by_own_time = sorted(board.rows, key=lambda r: r.median_ns)
+    by_own_time = sorted(board.rows, key=lambda r: r.pooled_median_ns)
     assert [v[0] for v in viewed] == [r.candidate_id for r in by_own_time]
     for v, row in zip(viewed, by_own_time, strict=True):
-        assert v[2] == pytest.approx(row.median_ns, rel=1e-12) and v[3] == row.runs
-        assert v[4] == pytest.approx(row.speedup, rel=1e-12)
+        assert v[2] == pytest.approx(row.pooled_median_ns, rel=1e-12) and v[3] == row.runs
+        assert v[4] == pytest.approx(row.speedup_vs_campaign_baseline, rel=1e-12)
         assert v[5] == pytest.approx(board.baseline.median_ns, rel=1e-12)
         assert msgspec.json.decode(v[6]) == row.shape
+        assert v[7:] == pytest.approx((row.median_ns, row.iqr_ns, row.speedup), rel=1e-12)
 
 
 @pytest.mark.parametrize("campaign", sorted(LOGS))

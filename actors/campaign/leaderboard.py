@@ -1,8 +1,14 @@
 """A campaign's leaderboard, the one read model every view of it renders: a typed row per
 kernel timed at the campaign's shape, the best first (the last kernel promoted, by a
-head-to-head run), then the others by their own time, each with its speedup over the
-campaign's baseline and why it is or is not the best (`actors.campaign.ranking` holds
-the rules).
+head-to-head run), then the others by their pooled time, each with why it is or is not
+the best (`actors.campaign.ranking` holds the rules).
+
+A kernel has one figure everywhere: its time (`Row.median_ns`, with `iqr_ns` the spread
+of the same run) and its speedup (`Row.speedup`) over the baseline measured in the same
+run, as its `BenchmarkCompleted` recorded them. The ranking's own figures are named for
+what they are: `pooled_median_ns` (the median over every run that timed the kernel, what
+the order goes by) and `speedup_vs_campaign_baseline`. Views read these fields and never
+recompute them.
 
 `kfactory run`, `report`, `best`, `replay`, `campaigns`, the progress display and the
 audit render these rows. The SQL `leaderboard` view (`eventstore.views`) gives the same
@@ -29,11 +35,29 @@ from eventstore.events import BenchmarkCompleted, HeadToHeadRecord, KernelWritte
 
 
 @dataclass(frozen=True)
+class Figure:
+    """A kernel's one figure, from its own timing run: its time, that run's spread in the
+    same units, and its speedup over the baseline timed in the same run."""
+
+    median_ns: float
+    iqr_ns: float
+    q1_ns: float | None
+    q3_ns: float | None
+    speedup: float
+
+
+def figure_of(timed: BenchmarkCompleted) -> Figure:
+    """The figure a timing result gives its kernel: every view's time and speedup."""
+    return Figure(timed.median_ns, timed.iqr_ns, timed.q1_ns, timed.q3_ns, timed.speedup)
+
+
+@dataclass(frozen=True)
 class Row:
-    """One kernel on the leaderboard. `median_ns` is its own time: the median over every
-    run that timed it (`runs` of them: its own and each head-to-head run that timed it as
-    the best); `iqr_ns`, `q1_ns`, `q3_ns` and `run_median_ns` are its own run's; `speedup`
-    is over the campaign's baseline, `own_baseline_speedup` over its own run's baseline."""
+    """One kernel on the leaderboard. Its figure: `median_ns` (with `iqr_ns`, `q1_ns`,
+    `q3_ns`) and `speedup` over the baseline timed in that run, all from its own timing
+    run. The ranking's: `pooled_median_ns`, the median over every run that timed it
+    (`runs` of them: its own and each head-to-head run that timed it as the best), and
+    `speedup_vs_campaign_baseline`, the campaign baseline over that."""
 
     rank: int
     candidate_id: str
@@ -44,14 +68,14 @@ class Row:
     median_ns: float
     iqr_ns: float
     runs: int
-    speedup: float | None
+    speedup: float
     standing: str
     """Why it is or is not the best: "promoted: beat g0:c1 head to head", "lost to g0:c1
     head to head", "not clearly faster than g1:c0 by own time" (`ranking.standings`)."""
-    run_median_ns: float
+    pooled_median_ns: float
     q1_ns: float | None
     q3_ns: float | None
-    own_baseline_speedup: float
+    speedup_vs_campaign_baseline: float | None
     roofline_fraction: float
     head_to_head: HeadToHeadRecord | None
     source_hash: str
@@ -65,6 +89,7 @@ def _row(
 ) -> Row:
     timed, written = c.benchmark, c.written
     assert timed is not None and written is not None, "a row is a timed, written kernel"
+    figure = figure_of(timed)
     return Row(
         rank=rank,
         candidate_id=c.candidate_id,
@@ -72,15 +97,15 @@ def _row(
         template=c.proposal.template,
         params=c.proposal.params,
         shape=timed.shape,
-        median_ns=own.median_ns,
-        iqr_ns=own.iqr_ns,
+        median_ns=figure.median_ns,
+        iqr_ns=figure.iqr_ns,
         runs=own.runs,
-        speedup=speedup_over(own, baseline),
+        speedup=figure.speedup,
         standing=standing,
-        run_median_ns=timed.median_ns,
-        q1_ns=timed.q1_ns,
-        q3_ns=timed.q3_ns,
-        own_baseline_speedup=timed.speedup,
+        pooled_median_ns=own.median_ns,
+        q1_ns=figure.q1_ns,
+        q3_ns=figure.q3_ns,
+        speedup_vs_campaign_baseline=speedup_over(own, baseline),
         roofline_fraction=timed.roofline_fraction,
         head_to_head=timed.head_to_head,
         source_hash=written.source_hash,
@@ -99,13 +124,20 @@ class Leaderboard:
     baseline: CampaignBaseline | None
     times: dict[str, OwnTime]
     """Every timed kernel's own time at the campaign's shape, by candidate id."""
+    by_id: dict[str, Row]
+    """The rows by candidate id."""
 
     def own_time(self, candidate_id: str) -> OwnTime | None:
         return self.times.get(candidate_id)
 
+    def row_of(self, candidate_id: str) -> Row | None:
+        """A kernel's row; None if it was not timed at the campaign's shape."""
+        return self.by_id.get(candidate_id)
+
     def speedup_of(self, candidate_id: str) -> float | None:
-        """The campaign baseline over a kernel's own time; None if not timed at the shape."""
-        return speedup_over(self.times.get(candidate_id), self.baseline)
+        """A kernel's figure (`Row.speedup`); None if not timed at the campaign's shape."""
+        row = self.row_of(candidate_id)
+        return row.speedup if row is not None else None
 
 
 def leaderboard(candidates: list[Candidate]) -> Leaderboard:
@@ -123,7 +155,8 @@ def leaderboard(candidates: list[Candidate]) -> Leaderboard:
         for rank, c in enumerate([c for c in order if c.written], 1)
     ]
     best = rows[0] if rows and rows[0].candidate is promoted else None
-    return Leaderboard(rows=rows, best=best, baseline=baseline, times=times)
+    by_id = {row.candidate_id: row for row in rows}
+    return Leaderboard(rows=rows, best=best, baseline=baseline, times=times, by_id=by_id)
 
 
 def campaign_leaderboard(history: History, campaign_id: str) -> Leaderboard:

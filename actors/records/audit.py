@@ -180,8 +180,8 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
         state = "running" if campaign.finished is None else "finished"
         finish = [skipped("projection", "finish reason", f"the campaign is {state}, not finished")]
     top = (
-        f"best {best.candidate_id} at {best.own_baseline_speedup:.3f}x"
-        if best is not None and best.own_baseline_speedup
+        f"best {best.candidate_id} at {best.speedup:.3f}x"
+        if best is not None and best.speedup
         else "no timed kernel"
     )
     return [

@@ -5,8 +5,8 @@ they are: a `// kfactory-flags:` line, a provenance line, then the recorded sour
 others by own time); `kfactory run` writes the winner to `<home>/best/`. A kernel a
 variation operator wrote carries its lineage too: a comment line per operator step from
 its root (the operator, its parameters, the parents it varied). A file is named after its
-candidate id (`.c` for cpu, `.cu` for cuda); its provenance line gives the
-speedup of its own timing run, not the leaderboard's figure.
+candidate id (`.c` for cpu, `.cu` for cuda); its provenance line gives the kernel's
+figure (`actors.campaign.leaderboard.figure_of`), as every view does.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from actors.campaign.history import Candidate
-from actors.campaign.leaderboard import Row
+from actors.campaign.leaderboard import Row, figure_of
 from actors.campaign.ranking import CampaignBaseline
 from actors.search.operators.protocol import Step
 from gpu_workers.atomic_file import write_atomically
@@ -30,11 +30,13 @@ def kernel_text(candidate: Candidate, lineage: Sequence[Step] = ()) -> str:
     per step: the operator, its parameters and the parents it varied."""
     written, timed = candidate.written, candidate.benchmark
     assert written is not None and timed is not None
+    figure = figure_of(timed)
     return (
         f"// kfactory-flags: {' '.join(written.flags)}\n"
         f"// {candidate.candidate_id}: {written.problem} ({written.dtype}) on {written.target}; "
-        f"its own timing run: {timed.median_ns / 1e6:.4f} ms median, {timed.speedup:.3f}x over "
-        f"{timed.baseline} in that run; template {written.template or written.writer}\n"
+        f"{figure.median_ns / 1e6:.4f} ms median (IQR {figure.iqr_ns / 1e6:.4f} ms), "
+        f"{figure.speedup:.2f}x over {timed.baseline} in the same run; "
+        f"template {written.template or written.writer}\n"
         + lineage_comment(lineage)
         + written.source
     )
@@ -65,20 +67,20 @@ def write_kernel(candidate: Candidate, path: Path, lineage: Sequence[Step] = ())
 
 
 def describe(row: Row, path: Path | None, baseline: CampaignBaseline | None) -> dict[str, Any]:
-    """A leaderboard row's figures: `median_ns` is the kernel's own time over every run
-    that timed it, `run_median_ns` its own run's; the campaign's `baseline` (the
-    leaderboard's) and the row's speedup over it."""
+    """A leaderboard row's figure (`median_ns`, `iqr_ns`, `speedup`: its own run's), and
+    the ranking's, named for what they are: `pooled_median_ns` over every run that timed
+    it, the campaign's `baseline` and the speedup over that."""
     return {
         "candidate_id": row.candidate_id,
         "template": row.template,
         "params": row.params,
         "flags": row.written.flags,
         "source_hash": row.source_hash,
-        "speedup": row.own_baseline_speedup,
+        "speedup": row.speedup,
         "median_ns": row.median_ns,
         "iqr_ns": row.iqr_ns,
         "timing_runs": row.runs,
-        "run_median_ns": row.run_median_ns,
+        "pooled_median_ns": row.pooled_median_ns,
         "baseline": row.timed.baseline,
         "baseline_ns": row.timed.baseline_ns,
         "roofline_fraction": row.roofline_fraction,
@@ -86,6 +88,6 @@ def describe(row: Row, path: Path | None, baseline: CampaignBaseline | None) -> 
         "q3_ns": row.q3_ns,
         "head_to_head": msgspec.to_builtins(row.head_to_head),
         "campaign_baseline": baseline.as_dict() if baseline else None,
-        "speedup_vs_campaign_baseline": row.speedup,
+        "speedup_vs_campaign_baseline": row.speedup_vs_campaign_baseline,
         "path": str(path) if path else None,
     }

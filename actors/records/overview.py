@@ -47,8 +47,8 @@ def row(history: History, campaign_id: str, last_ts: datetime | None) -> dict[st
         "state": f"finished: {campaign.finished.reason}" if campaign.finished else "unfinished",
         "evaluated": sum(c.evaluated for c in candidates),
         "best_candidate": best.candidate_id if best else None,
-        "best_ms": best.run_median_ns / 1e6 if best else None,
-        "best_speedup": best.own_baseline_speedup if best else None,
+        "best_ms": best.median_ns / 1e6 if best else None,
+        "best_speedup": best.speedup if best else None,
         "started": started.isoformat(),
         "wall_seconds": (end - started).total_seconds(),
     }
@@ -64,8 +64,8 @@ def diff(history: History, a: str, b: str) -> dict[str, Any]:
         kinds = Counter(lesson.kind for lesson in campaign.lessons)
         sides[campaign_id] = {
             "best_candidate": best.candidate_id if best else None,
-            "best_speedup": best.own_baseline_speedup if best else None,
-            "best_ms": best.run_median_ns / 1e6 if best else None,
+            "best_speedup": best.speedup if best else None,
+            "best_ms": best.median_ns / 1e6 if best else None,
             "best_params": best.params if best else None,
             "best_template": best.template if best else None,
             "evaluated": sum(c.evaluated for c in candidates),

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from actors.campaign.history import Candidate, History
+from actors.campaign.leaderboard import figure_of
 from actors.campaign.ranking import RunningBoard, best_of
 from actors.campaign.summary import identity
 from eventstore.events import CandidateProposed, Event, LessonLearned
@@ -118,14 +119,18 @@ def generations(history: History, campaign_id: str) -> list[dict[str, Any]]:
 
 
 def _brief(candidate: Candidate | None, board: RunningBoard) -> dict[str, Any] | None:
-    """A kernel in a generation's row: `median_ns` its own time on the leaderboard."""
+    """A kernel in a generation's row: its figure (`leaderboard.figure_of`), and the pooled
+    time the ranking goes by."""
     if candidate is None or candidate.benchmark is None:
         return None
     own = board.own_time(candidate)
+    figure = figure_of(candidate.benchmark)
     return {
         "candidate_id": candidate.candidate_id,
-        "speedup": candidate.benchmark.speedup,
-        "median_ns": own.median_ns if own else candidate.benchmark.median_ns,
+        "speedup": figure.speedup,
+        "median_ns": figure.median_ns,
+        "iqr_ns": figure.iqr_ns,
+        "pooled_median_ns": own.median_ns if own else figure.median_ns,
         "timing_runs": own.runs if own else 1,
         "template": candidate.proposal.template,
         "params": candidate.proposal.params,

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -63,6 +64,7 @@ from eventstore.events import (
     new_event,
 )
 from gpu_workers.calibration_cache import is_quiet
+from gpu_workers.deadlines import call_deadline, recorded_pace
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from gpu_workers.targets import (
     TimingBuilds,
@@ -72,8 +74,11 @@ from gpu_workers.targets import (
     recalibrate,
     worker_device_index,
 )
+from kernels.host_isa import isa_words
 from kernels.loading import load_problem
 from kernels.spec import Problem
+
+T = TypeVar("T")
 
 
 class TimedWindow(msgspec.Struct, frozen=True):
@@ -90,6 +95,8 @@ class Incumbent(msgspec.Struct, frozen=True):
     candidate_id: str
     source: str
     flags: tuple[str, ...]
+    median_ns: float | None = None
+    """Its recorded time: its calls in the run get a deadline from it."""
 
 
 class TimingJob(msgspec.Struct, frozen=True):
@@ -106,22 +113,28 @@ class TimingJob(msgspec.Struct, frozen=True):
 def timing_job(history: History, event: KernelVerified, dims: tuple[str, ...]) -> TimingJob | None:
     """The kernel to time and the incumbent to time it against (the campaign's best),
     from the history; None when the candidate already has its outcome (a redelivered
-    message: it is not timed twice). A verified kernel the history has no source for is
-    refused, since its causes are all recorded by now."""
+    message: it is not timed twice) or its campaign has finished (a job left over from a
+    campaign that ended: a later campaign never waits on it). A verified kernel the
+    history has no source for is refused, since its causes are all recorded by now."""
     campaign = history.campaigns.get(event.campaign_id)
     candidate = history.candidates.get(event.candidate_id)
     if campaign is None or candidate is None or candidate.written is None:
         raise PoisonMessage(
             f"no recorded kernel for {event.candidate_id} of campaign {event.campaign_id}"
         )
-    if candidate.benchmark is not None or candidate.rejected is not None:
+    if candidate.benchmark is not None or candidate.rejected is not None or campaign.finished:
         return None
     shape = dict(zip(dims, campaign.spec.shapes[0], strict=True)) if campaign.spec.shapes else None
     written = candidate.written
     best = history.best(event.campaign_id)
     incumbent = None
     if best is not None and best.written is not None:
-        incumbent = Incumbent(best.candidate_id, best.written.source, tuple(best.written.flags))
+        incumbent = Incumbent(
+            best.candidate_id,
+            best.written.source,
+            tuple(best.written.flags),
+            best.benchmark.median_ns if best.benchmark is not None else None,
+        )
     return TimingJob(written.source, tuple(written.flags), shape, incumbent)
 
 
@@ -217,6 +230,8 @@ class Benchmarker(Actor):
                 peak_gflops=calibration.peak_fp32_gflops,
                 method={
                     "cpu": calibration.cpu_model,
+                    "cores": calibration.cores,
+                    "isa": isa_words(),
                     "how": calibration.method,
                     "contention_cores": calibration.host_contention_cores,
                     "quiet": is_quiet(calibration),
@@ -264,8 +279,17 @@ class Benchmarker(Actor):
                 if isinstance(builds, Rejection):  # did not build: no window, no calibration
                     decide_timed(event, out, builds, device="", incumbent=None)
                     return
-                calibration, outcome = await asyncio.to_thread(
-                    self._time, builds, problem, event.dtype, job.shape, windows
+                timing = functools.partial(
+                    self._time,
+                    builds,
+                    problem,
+                    event.dtype,
+                    job.shape,
+                    windows,
+                    call_seconds=_call_deadline(event, problem, job),
+                )
+                calibration, outcome = await _abandoned_on_cancel(
+                    asyncio.to_thread(timing), windows
                 )
             except JobChanged as changed:
                 job = changed.job
@@ -302,6 +326,7 @@ class Benchmarker(Actor):
         dtype: str,
         shape: dict[str, int] | None,
         windows: TimingWindows,
+        call_seconds: float | None,
     ) -> tuple[HostCalibration, BenchmarkResult | Rejection]:
         """The device's calibration, and the kernel timed against it, each timing run in
         a window of its own that opens once the run is set up and closes when its timed
@@ -316,7 +341,36 @@ class Benchmarker(Actor):
             shape=shape,
             recalibrate=lambda: recalibrate(self.target),
             window=windows,
+            watch=windows.watch,
+            call_seconds=call_seconds,
         )
+
+
+def _call_deadline(event: KernelVerified, problem: Problem, job: TimingJob) -> float | None:
+    """How long each timed call may take, from the kernel's verification pace (None for a
+    kernel verified before paces were recorded: the back end's run limit only)."""
+    pace = recorded_pace(event.evidence)
+    if pace is None:
+        return None
+    shape = problem.full_shape(job.shape or problem.default_shape)
+    incumbent_ns = job.incumbent.median_ns if job.incumbent is not None else None
+    return call_deadline(problem, shape, pace, event.dtype, incumbent_ns)
+
+
+async def _abandoned_on_cancel(timing: Awaitable[T], windows: TimingWindows) -> T:
+    """Await the timing thread. If this task is cancelled (the actor is stopping), the
+    job is given up: the thread's run is killed at its next watch and no window opens
+    for it; the cancel goes on once the thread is done, so that the windows are
+    released by this task alone and no thread is left waiting on a loop that stopped."""
+    running = asyncio.ensure_future(timing)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        windows.abandon()
+        await asyncio.wait({running})
+        if not running.cancelled():
+            running.exception()  # given up: what the thread raised on its way out is moot
+        raise
 
 
 class JobChanged(Exception):

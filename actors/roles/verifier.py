@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
+import msgspec
+
 from actors.roles.messages import ask_kernel
 from actors.runtime import Actor, Reactions
 from bus.connection import Client, jetstream
@@ -46,7 +48,11 @@ def decide_verdict(event: KernelWritten | KernelCompiled, out: Reactions, verdic
             KernelVerified,
             max_rel_err=verdict.max_rel_err or 0.0,
             trials=len(verdict.trials),
-            evidence={"compile_cache_hit": verdict.compile_cache_hit},
+            evidence={
+                "compile_cache_hit": verdict.compile_cache_hit,
+                # what the deadline of its timed calls derives from (gpu_workers/deadlines.py)
+                **({"pace": msgspec.to_builtins(verdict.pace)} if verdict.pace else {}),
+            },
             seed=verdict.seed,
             **common,
         )

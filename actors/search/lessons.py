@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.campaign.history import Candidate, History
+from actors.campaign.leaderboard import figure_of
 from actors.search.lesson_stats import (
     CONFIDENCE,
     fisher_greater,
@@ -450,17 +451,23 @@ def _operator_lesson(
     )
 
 
+def _speedup(candidate: Candidate) -> float:
+    assert candidate.benchmark is not None, "the lineage holds timed kernels"
+    return figure_of(candidate.benchmark).speedup
+
+
 def lineage(chain: list[Candidate]) -> list[Lesson]:
     """The kernels that became the campaign's best, in order: promoted by own time and
     head to head (`actors.campaign.ranking`), the rule `run`, `replay` and the audit follow.
-    Each shows its recorded speedup (over its own baseline), so a promotion may show a
+    Each shows its figure (`leaderboard.figure_of`: the speedup over the baseline timed
+    in its own run, as every view shows it), so a promotion may show a
     lower one than the kernel it replaced. A long chain shows its first two and its
     latest ones, `MAX_EVIDENCE` in all."""
     if not chain:
         return []
     head = MAX_EVIDENCE // 4
     shown = chain if len(chain) <= MAX_EVIDENCE else chain[:head] + chain[head - MAX_EVIDENCE :]
-    steps = [f"{c.candidate_id} ({c.speedup:.2f}x)" for c in shown]
+    steps = [f"{c.candidate_id} ({_speedup(c):.2f}x)" for c in shown]
     if len(shown) < len(chain):
         steps.insert(head, f"... ({len(chain) - len(shown)} more)")
     return [

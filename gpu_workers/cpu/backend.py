@@ -86,12 +86,13 @@ class CpuBackend:
         self.bench_limits = bench_limits
         self.dtype = dtype
 
-    def _kernel_host(self, limits: Limits) -> p.KernelHostJob:
+    def _kernel_host(self, limits: Limits, call_seconds: float | None = None) -> p.KernelHostJob:
         return p.KernelHostJob(
             host=str(kernel_host(self.cache_dir)),
             address_space_bytes=limits.address_space_bytes,
             cpu_seconds=limits.cpu_seconds,
             wall_seconds=limits.wall_seconds,
+            call_seconds=call_seconds,
         )
 
     def compile(
@@ -180,7 +181,7 @@ class CpuBackend:
         job = p.BenchJob(
             library=request.build.library,
             incumbent_library=incumbent.library if incumbent is not None else None,
-            kernel_host=self._kernel_host(self.bench_limits),
+            kernel_host=self._kernel_host(self.bench_limits, request.call_seconds),
             fresh_inputs_library=str(fresh_inputs_library(self.cache_dir)),
             cache_flush_library=str(cache_flush_library(self.cache_dir)),
             problem=request.problem.load_spec,
@@ -199,6 +200,8 @@ class CpuBackend:
 
             def watch() -> None:
                 nonlocal opened, closed
+                if request.watch is not None:
+                    request.watch()
                 if window_open is not None and not opened and files.window_ready(workdir):
                     window_open()
                     opened = True

@@ -102,10 +102,18 @@ class HostLimits:
     """The kernel process's address space and CPU time, and the wall-clock time its calls
     may take in all, from its start."""
 
-    def __init__(self, address_space_bytes: int, cpu_seconds: int, wall_seconds: float) -> None:
+    def __init__(
+        self,
+        address_space_bytes: int,
+        cpu_seconds: int,
+        wall_seconds: float,
+        call_seconds: float | None = None,
+    ) -> None:
         self.address_space_bytes = address_space_bytes
         self.cpu_seconds = cpu_seconds
         self.wall_seconds = wall_seconds
+        self.call_seconds = call_seconds
+        """Each call's own deadline (None: only the run's)."""
 
 
 @functools.cache
@@ -144,6 +152,7 @@ class KernelProcess:
     ) -> None:
         self.limits = limits
         self.deadline = time.monotonic() + limits.wall_seconds
+        self._call_deadline: float | None = None
         self.log = log
         self.calls = 0
         self.helper_cpu_ns = 0
@@ -268,11 +277,15 @@ class KernelProcess:
         self._continue()
         helpers = helper_cpu_ns()
         started = time.perf_counter_ns()
+        self._start_call_clock()
         try:
             os.write(self._command, command)
         except BrokenPipeError:
             self._ended(what)
-        reply = self._read(REPLY.size, what)
+        try:
+            reply = self._read(REPLY.size, what)
+        finally:
+            self._call_deadline = None
         elapsed = time.perf_counter_ns() - started
         self.helper_cpu_ns += helper_cpu_ns() - helpers
         status, mxcsr, detail = REPLY.unpack(reply)
@@ -299,9 +312,15 @@ class KernelProcess:
             {"progress": what, "extra_bytes": extra.hex(), "log": self.log_tail()},
         )
 
+    def _start_call_clock(self) -> None:
+        if self.limits.call_seconds is not None:
+            self._call_deadline = time.monotonic() + self.limits.call_seconds
+
     def _read(self, size: int, what: str) -> bytes:
         data = b""
         while len(data) < size:
+            if self._call_deadline is not None and self._call_deadline < self.deadline:
+                self._wait_for_the_call(what)
             left = self.deadline - time.monotonic()
             if left <= 0 or not select.select([self._reply], [], [], left)[0]:
                 self.kill()
@@ -316,6 +335,22 @@ class KernelProcess:
                 self._ended(what)
             data += chunk
         return data
+
+    def _wait_for_the_call(self, what: str) -> None:
+        """Wait for the call's answer until the call's own deadline; past it, the kernel
+        is killed and the call is a timeout."""
+        assert self._call_deadline is not None and self.limits.call_seconds is not None
+        left = self._call_deadline - time.monotonic()
+        if left > 0 and select.select([self._reply], [], [], left)[0]:
+            return
+        self.kill()
+        limit = self.limits.call_seconds
+        raise KernelEnded(
+            "timeout",
+            f"{what} took longer than its {limit:.3g} s deadline (derived from the kernel's "
+            "verification pace and the problem's cost)",
+            {"progress": what, "call_limit_seconds": f"{limit:.3g}", "log": self.log_tail()},
+        )
 
     # --- endings --------------------------------------------------------------------
 
@@ -473,7 +508,9 @@ def kernel_process(
     job: p.KernelHostJob, library: str, n_arrays: int, n_dims: int, arena: Arena
 ) -> Iterator[KernelProcess]:
     """A kernel host for `library` over `arena`, started in the driver's folder."""
-    limits = HostLimits(job.address_space_bytes, job.cpu_seconds, job.wall_seconds)
+    limits = HostLimits(
+        job.address_space_bytes, job.cpu_seconds, job.wall_seconds, job.call_seconds
+    )
     with tempfile.TemporaryDirectory(prefix="log-", dir=".") as logs:
         process = KernelProcess(
             job.host,

@@ -24,6 +24,8 @@ class KernelHostJob(msgspec.Struct, frozen=True, kw_only=True):
     cpu_seconds: int
     wall_seconds: float
     """Wall-clock time the kernel's calls may take in all (loading included)."""
+    call_seconds: float | None = None
+    """Wall-clock time one call may take (`gpu_workers.deadlines`); None: only the above."""
 
 
 class TrialJob(msgspec.Struct, frozen=True, kw_only=True):

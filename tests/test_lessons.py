@@ -39,6 +39,7 @@ from eventstore.events import (
     Event,
     GenerationClosed,
     GenerationOpened,
+    HostCalibrated,
     KernelRejected,
     KernelVerified,
     KernelWritten,
@@ -52,6 +53,9 @@ from tests.recorded_campaign import kfactory
 CAMPAIGN = "lessons"
 TEMPLATE = "rows"
 ACTOR = ActorRef(role="librarian", instance="librarian-0", host="test")
+VERIFIER = ActorRef(role="verifier", instance="verifier-0", host="test")
+BENCHMARKER = ActorRef(role="benchmarker", instance="benchmarker-0", host="test")
+DEVICE = "cpu.test"
 START = datetime(2026, 1, 1, tzinfo=UTC)
 FAST_MATH = "-O3 -march=native -ffast-math"
 PLAIN = "-O3 -march=native"
@@ -81,7 +85,7 @@ class Campaign:
         event = event_type(
             event_id=payload.pop("event_id", f"{self.campaign_id}-{len(self.events):06d}"),
             campaign_id=self.campaign_id,
-            actor=ACTOR,
+            actor=payload.pop("actor", ACTOR),
             ts=payload.pop("ts", START + timedelta(seconds=len(self.events))),
             **payload,
         )
@@ -139,10 +143,23 @@ class Campaign:
                 **work,
             )
             return candidate_id
-        self.emit(KernelVerified, source_hash=digest, max_rel_err=1e-7, trials=20, **work)
+        self.emit(
+            KernelVerified,
+            actor=VERIFIER,
+            source_hash=digest,
+            max_rel_err=1e-7,
+            trials=20,
+            **work,
+        )
         assert speedup is not None
+        if not any(isinstance(e, HostCalibrated) for e in self.events):
+            self.emit(
+                HostCalibrated, actor=BENCHMARKER, device=DEVICE, bandwidth_gbs=1, peak_gflops=1
+            )
         self.emit(
             BenchmarkCompleted,
+            actor=BENCHMARKER,
+            device=DEVICE,
             source_hash=digest,
             median_ns=1e6 / speedup,
             iqr_ns=1e3,

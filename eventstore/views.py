@@ -3,11 +3,13 @@
 - `candidates`: one row per candidate, through all its stages (proposal, kernel,
   compile, verdict, benchmark or rejection, duplicate);
 - `leaderboard`: a campaign's timed candidates at its shape (the one most of them were
-  timed at), ranked by their own time: `median_ns` is the median over the `runs` that
-  timed the kernel (its own, `run_median_ns`, and each head-to-head run that timed it as
-  the incumbent: the challenger's median times `speedup_vs_incumbent`); `speedup` is over
-  the campaign's baseline (the median of its candidates' baseline medians,
-  `campaign_baseline_ns`), `own_baseline_speedup` the recorded one. The figures are those
+  timed at), ranked by their own time: `median_ns` is the median of the times of the
+  `runs` that timed the kernel (its own, and each head-to-head run that timed it as the
+  incumbent: the challenger's time times `speedup_vs_incumbent`). A run's time is the mean
+  over its timed calls (`run_mean_ns`), which moving work between calls cannot lower, or
+  its median (`run_median_ns`) in events recorded before the mean was kept. `speedup` is
+  over the campaign's baseline (the median of its candidates' baseline times under the
+  same rule, `campaign_baseline_ns`), `own_baseline_speedup` the recorded one. The figures are those
   of `actors.campaign.leaderboard` (tests/test_leaderboard.py pins them), whose order
   puts the best, promoted head to head, first;
 - `lessons`: every lesson with the ids of the events it cites;
@@ -65,6 +67,8 @@ SELECT
     CAST({first}('iqr_ns', 'BenchmarkCompleted') AS DOUBLE) AS iqr_ns,
     {first}('baseline', 'BenchmarkCompleted') AS baseline,
     CAST({first}('baseline_ns', 'BenchmarkCompleted') AS DOUBLE) AS baseline_ns,
+    CAST({first}('mean_ns', 'BenchmarkCompleted') AS DOUBLE) AS mean_ns,
+    CAST({first}('baseline_mean_ns', 'BenchmarkCompleted') AS DOUBLE) AS baseline_mean_ns,
     CAST({first}('speedup', 'BenchmarkCompleted') AS DOUBLE) AS speedup,
     CAST({first}('roofline_fraction', 'BenchmarkCompleted') AS DOUBLE) AS roofline_fraction,
     CAST(arg_min({fact}('shape', '->'), e.position)
@@ -125,14 +129,15 @@ at_shape AS (
     JOIN campaign_shape AS s
         ON t.campaign_id = s.campaign_id AND t.shape IS NOT DISTINCT FROM s.shape
 ),
-runs AS (  -- the median of each run that timed a kernel: its own, and each as the incumbent
-    SELECT campaign_id, candidate_id, median_ns FROM at_shape
+runs AS (  -- the time of each run that timed a kernel: its own, and each as the incumbent
+    SELECT campaign_id, candidate_id, coalesce(mean_ns, median_ns) AS time_ns FROM at_shape
     UNION ALL
-    SELECT campaign_id, incumbent, median_ns * speedup_vs_incumbent FROM at_shape
+    SELECT campaign_id, incumbent, coalesce(mean_ns, median_ns) * speedup_vs_incumbent
+    FROM at_shape
     WHERE speedup_vs_incumbent IS NOT NULL
 ),
 own AS (
-    SELECT t.campaign_id, t.candidate_id, median(r.median_ns) AS median_ns, count(*) AS runs
+    SELECT t.campaign_id, t.candidate_id, median(r.time_ns) AS median_ns, count(*) AS runs
     FROM at_shape AS t
     JOIN runs AS r USING (campaign_id, candidate_id)
     GROUP BY t.campaign_id, t.candidate_id
@@ -141,9 +146,12 @@ SELECT
     rank() OVER (PARTITION BY t.campaign_id ORDER BY own.median_ns) AS rank,
     t.campaign_id, t.problem, t.target, t.dtype, t.shape, t.candidate_id, t.generation,
     t.template, t.params,
-    own.median_ns, t.iqr_ns, own.runs, t.median_ns AS run_median_ns, t.baseline, t.baseline_ns,
-    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id) AS campaign_baseline_ns,
-    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id) / own.median_ns AS speedup,
+    own.median_ns, t.iqr_ns, own.runs, t.median_ns AS run_median_ns, t.mean_ns AS run_mean_ns,
+    t.baseline, t.baseline_ns,
+    median(coalesce(t.baseline_mean_ns, t.baseline_ns)) OVER (PARTITION BY t.campaign_id)
+        AS campaign_baseline_ns,
+    median(coalesce(t.baseline_mean_ns, t.baseline_ns)) OVER (PARTITION BY t.campaign_id)
+        / own.median_ns AS speedup,
     t.speedup AS own_baseline_speedup,
     t.roofline_fraction, t.device, t.source_hash, t.flags, t.source
 FROM at_shape AS t

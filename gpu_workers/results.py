@@ -119,6 +119,11 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TimingStats(msgspec.Struct, frozen=True, kw_only=True):
+    """One contender's timed calls. `mean_ns` is the figure it is ranked by: the mean over
+    the timed calls, which moving work from one call to another cannot lower (a median
+    can: heavy, light, light reads as light). The median and IQR describe the spread."""
+
+    mean_ns: float
     median_ns: float
     q1_ns: float
     q3_ns: float
@@ -173,9 +178,13 @@ class HeadToHead(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     of the two runs pooled."""
     wins: int | None = None
     """Rounds the kernel won (ratio below 1); None in events recorded before it was kept."""
+    ratio_of_means: float | None = None
+    """The kernel's total time over the incumbent's in the same rounds: the ranking figure,
+    which shifting work between calls cannot lower. `faster` requires it below 1 too."""
     faster: bool
-    """The kernel beat the incumbent: its median ratio is below 1 and it won more rounds
-    than equal speed would give but rarely (`gpu_workers.benchmarking.PROMOTION_ALPHA`)."""
+    """The kernel beat the incumbent: its median ratio and its ratio of means are below 1
+    and it won more rounds than equal speed would give but rarely
+    (`gpu_workers.benchmarking.PROMOTION_ALPHA`)."""
 
 
 class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -187,12 +196,13 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     baseline_name: str
     incumbent: TimingStats | None
     speedup: float
-    """baseline median / kernel median."""
+    """baseline mean / kernel mean (`TimingStats.mean_ns`: the figure shifting cannot
+    lower)."""
     speedup_vs_incumbent: float | None
     roofline_ns: float
     """The least time physics allows: max(bytes / bandwidth, flops / peak)."""
     roofline_fraction: float
-    """roofline_ns / kernel median (1.0 = at the ceiling)."""
+    """roofline_ns / kernel mean (1.0 = at the ceiling)."""
     input_sets: int
     rotated_bytes: int
     timed_seconds: float

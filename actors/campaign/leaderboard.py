@@ -30,10 +30,12 @@ from eventstore.events import BenchmarkCompleted, HeadToHeadRecord, KernelWritte
 
 @dataclass(frozen=True)
 class Row:
-    """One kernel on the leaderboard. `median_ns` is its own time: the median over every
-    run that timed it (`runs` of them: its own and each head-to-head run that timed it as
-    the best); `iqr_ns`, `q1_ns`, `q3_ns` and `run_median_ns` are its own run's; `speedup`
-    is over the campaign's baseline, `own_baseline_speedup` over its own run's baseline."""
+    """One kernel on the leaderboard. `median_ns` is its own time: the median of the times
+    (`BenchmarkCompleted.time_ns`: the mean over the timed calls) of every run that timed
+    it (`runs` of them: its own and each head-to-head run that timed it as the best);
+    `run_mean_ns` (None in events recorded before it was kept), `iqr_ns`, `q1_ns`, `q3_ns`
+    and `run_median_ns` are its own run's; `speedup` is over the campaign's baseline,
+    `own_baseline_speedup` over its own run's baseline."""
 
     rank: int
     candidate_id: str
@@ -49,6 +51,7 @@ class Row:
     """Why it is or is not the best: "promoted: beat g0:c1 head to head", "lost to g0:c1
     head to head", "not clearly faster than g1:c0 by own time" (`ranking.standings`)."""
     run_median_ns: float
+    run_mean_ns: float | None
     q1_ns: float | None
     q3_ns: float | None
     own_baseline_speedup: float
@@ -78,6 +81,7 @@ def _row(
         speedup=speedup_over(own, baseline),
         standing=standing,
         run_median_ns=timed.median_ns,
+        run_mean_ns=timed.mean_ns,
         q1_ns=timed.q1_ns,
         q3_ns=timed.q3_ns,
         own_baseline_speedup=timed.speedup,

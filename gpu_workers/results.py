@@ -24,13 +24,14 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     signature_mismatch, bad_launch, launch_bounds, too_many_registers,
     shared_memory_exceeded, register_spill. run: crashed, timeout, memory_limit, exited,
     load_failed, forbidden_syscall (the kernel's process made a call a kernel may not),
-    fp_state (it changed the floating-point control state), out_of_bounds_write,
-    missing_result, launch_failed, bad_launch. compare: unwritten, non_finite,
-    lost_non_finite (the reference's NaN or infinity not given), wrong_value, wrong_shape,
-    input_modified, nondeterministic. benchmark: the run stage's endings, plus
-    out_of_bounds_write, timing_stall, timing_inconsistent. recheck (timed calls chosen at
-    random, and every distribution after timing): unwritten, non_finite, lost_non_finite,
-    wrong_value, input_modified. roofline: beyond_roofline."""
+    input_written (it stored into an input, read-only in its process), fp_state (it
+    changed the floating-point control state), out_of_bounds_write, missing_result,
+    launch_failed, bad_launch. compare: unwritten, non_finite, lost_non_finite (the
+    reference's NaN or infinity not given), wrong_value, wrong_shape, input_modified,
+    nondeterministic. benchmark: the run stage's endings, plus out_of_bounds_write,
+    timing_stall, timing_inconsistent. recheck (every timed call on a few rows, timed calls
+    chosen at random in full, and every distribution after timing): unwritten, non_finite,
+    lost_non_finite, wrong_value, input_modified. roofline: beyond_roofline."""
     message: str
     """One line for a human."""
     evidence: dict[str, str] = msgspec.field(default_factory=dict)

@@ -198,6 +198,10 @@ class Problem:
     constraints: tuple[str, ...] = ()
     """Conditions every shape must meet, over dims and derived dims: `("cols % 2 == 0",)`.
     Test shapes and campaign shapes that break one are refused."""
+    rows_independent: bool = True
+    """Each row (along the first dim) of every output depends only on the same row of the
+    inputs that have that dim, and on the whole of the others: every timed call is then
+    judged on a few rows (`gpu_workers.sampled_rows`). False where that does not hold."""
 
     @property
     def load_spec(self) -> str:

@@ -79,7 +79,7 @@ PLANTED = [
     ("gelu_wrong_for_negatives", "gelu", "compare", {"wrong_value"}),
     ("reads_out_of_bounds", "softmax", "run", {"crashed"}),
     ("writes_past_end", "softmax", "run", {"out_of_bounds_write"}),
-    ("modifies_input", "softmax", "compare", {"input_modified"}),
+    ("modifies_input", "softmax", "run", {"input_written"}),
     ("returns_previous_result", "softmax", "static", {"kernel_state"}),
     ("writes_nothing", "softmax", "compare", {"unwritten"}),
     # the race on the shared sum can also read it as 0 mid-row: 0/0 and x/0

@@ -57,9 +57,15 @@ def trial_shapes(problem: Problem, seed: int) -> tuple[dict[str, int], ...]:
     return problem.trial_shapes(np.random.default_rng(trial_seed(seed, 0, "shapes")))
 
 
+def contract_shapes(problem: Problem, seed: int) -> tuple[dict[str, int], ...]:
+    """The contract shapes one check verifies once each (`Problem.contract_shapes`)."""
+    return problem.contract_trial_shapes(np.random.default_rng(trial_seed(seed, 0, "contract")))
+
+
 def plan_trials(problem: Problem, dtype: str = "fp32", seed: int = 0) -> list[Trial]:
     """Fresh inputs for every (shape, distribution) pair; `seed` makes them reproducible.
-    The largest shape is the race-stress shape: its first distribution runs STRESS_RUNS times."""
+    The largest shape is the race-stress shape: its first distribution runs STRESS_RUNS times.
+    Then the problem's contract shapes (`Problem.contract_shapes`), one call each."""
     trials: list[Trial] = []
     shapes = trial_shapes(problem, seed)
     largest = max(range(len(shapes)), key=lambda i: problem.nbytes(shapes[i]))
@@ -70,6 +76,12 @@ def plan_trials(problem: Problem, dtype: str = "fp32", seed: int = 0) -> list[Tr
             s = trial_seed(seed, index)
             inputs = problem.generate(shape, distribution, s, dtype)
             trials.append(Trial(index, dict(shape), distribution, s, inputs, runs))
+    for shape in contract_shapes(problem, seed):  # large: one call each, first distribution
+        index = len(trials)
+        s = trial_seed(seed, index)
+        distribution = problem.distributions[0]
+        inputs = problem.generate(shape, distribution, s, dtype)
+        trials.append(Trial(index, dict(shape), distribution, s, inputs, 1))
     return trials
 
 

@@ -184,6 +184,8 @@ def _print_human(report: dict[str, Any]) -> None:
         _print_worst(report["worst"])
     if report["seed"] is not None:
         print(f"seed:     {report['seed']} (the same inputs again: --seed {report['seed']})")
+    if report.get("envelope"):
+        print(f"shapes:   verified on {report['envelope']}")
     if report["median_ns"] is not None:
         print(
             f"time:     {report['mean_ns'] / 1e6:.3f} ms mean, {report['median_ns'] / 1e6:.3f} ms "
@@ -306,7 +308,7 @@ def check(
                 recalibrate=lambda: recalibrate_device(target),
             )
         )
-    report = _report(verdict, outcome)
+    report = {**_report(verdict, outcome), "envelope": spec.envelope}
     if json_out:
         print(msgspec.json.encode(report).decode())
     else:

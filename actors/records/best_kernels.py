@@ -6,7 +6,8 @@ others by own time); `kfactory run` writes the winner to `<home>/best/`. A kerne
 variation operator wrote carries its lineage too: a comment line per operator step from
 its root (the operator, its parameters, the parents it varied). A file is named after its
 candidate id (`.c` for cpu, `.cu` for cuda); its provenance line gives the
-speedup of its own timing run, not the leaderboard's figure.
+speedup of its own timing run, not the leaderboard's figure, and a `// verified on:` line
+the shapes a check of its problem verifies on (`Problem.envelope`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from actors.campaign.ranking import CampaignBaseline
 from actors.search.operators.protocol import Step
 from gpu_workers.atomic_file import write_atomically
 from gpu_workers.targets import target_of
+from kernels.loading import ProblemLoadError, load_problem
 
 
 def kernel_text(candidate: Candidate, lineage: Sequence[Step] = ()) -> str:
@@ -30,14 +32,26 @@ def kernel_text(candidate: Candidate, lineage: Sequence[Step] = ()) -> str:
     per step: the operator, its parameters and the parents it varied."""
     written, timed = candidate.written, candidate.benchmark
     assert written is not None and timed is not None
+    rule = "median" if timed.mean_ns is None else "mean"
     return (
         f"// kfactory-flags: {' '.join(written.flags)}\n"
         f"// {candidate.candidate_id}: {written.problem} ({written.dtype}) on {written.target}; "
-        f"its own timing run: {timed.median_ns / 1e6:.4f} ms median, {timed.speedup:.3f}x over "
+        f"its own timing run: {timed.time_ns / 1e6:.4f} ms {rule}, {timed.speedup:.3f}x over "
         f"{timed.baseline} in that run; template {written.template or written.writer}\n"
+        + envelope_comment(written.problem)
         + lineage_comment(lineage)
         + written.source
     )
+
+
+def envelope_comment(problem: str) -> str:
+    """`// verified on:` the shapes a check of the problem verifies on (its spec's
+    envelope), or why they cannot be told here."""
+    try:
+        envelope = load_problem(problem).envelope
+    except ProblemLoadError as exc:
+        return f"// verified on: unknown here ({exc})\n"
+    return f"// verified on: {envelope or 'the problem states no envelope'}\n"
 
 
 def lineage_comment(lineage: Sequence[Step]) -> str:

@@ -2,10 +2,12 @@
 
 Every timed call gets inputs no earlier call has seen, written while the kernel's process
 is stopped, and starts from poisoned outputs, with its inputs and outputs flushed from
-every cache level (no call finds them cached, however large the caches); which calls are
-judged is drawn from the check's secret before the call. After timing, the same loaded
-kernel is re-checked on every distribution of the problem at the timed shape. The driver
-judges what it kept (it holds the inputs and outputs), with the benchmarker's own rule.
+every cache level (no call finds them cached, however large the caches). Every call is
+judged on a few rows drawn from the check's secret after it (`gpu_workers.sampled_rows`),
+and a few calls, drawn the same way, in full. After timing, the same loaded kernel is
+re-checked on every distribution of the problem at the timed shape, from the timed calls'
+poison. The driver judges what it kept (it holds the inputs and outputs), with the
+benchmarker's own rule.
 
 - The kernel, and the incumbent in a host of its own, each have one input set in their
   arena (`Contender`), read-only in their process; the baseline rotates over

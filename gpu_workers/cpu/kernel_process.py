@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.arena import Arena
+from gpu_workers.cpu.arena import Arena, Slot, guard_ranges, read_only_ranges
 from gpu_workers.results import Mechanism, Rejection, Stage
 from gpu_workers.sandbox_outcome import ALLOCATION_REFUSED_MARK
 
@@ -252,6 +252,10 @@ class KernelProcess:
             self._command_ok(OP_GUARD, [o for o, _ in chunk], [n for _, n in chunk])
         self._command_ok(OP_READ_ONLY, [o for _, o, _ in read_only], [n for *_, n in read_only])
         self._read_only_names = [name for name, *_ in read_only]
+
+    def protect(self, slots: Sequence[Slot], names: Sequence[str], outputs: Sequence[bool]) -> None:
+        """`guard` for these buffers: their guard pages inaccessible, the inputs' read-only."""
+        self.guard(guard_ranges(slots), read_only_ranges(names, outputs, slots))
 
     def _command_ok(self, op: int, offsets: list[int], lengths: list[int]) -> None:
         command = COMMAND.pack(

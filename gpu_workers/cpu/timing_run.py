@@ -46,15 +46,7 @@ import numpy.typing as npt
 from gpu_workers import runner_files as files
 from gpu_workers.benchmarking import judge_calls
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.arena import (
-    ITEMSIZE,
-    Arena,
-    guard_ranges,
-    layout,
-    poison,
-    read_only_ranges,
-    slot_bytes,
-)
+from gpu_workers.cpu.arena import ITEMSIZE, Arena, layout, poison, slot_bytes
 from gpu_workers.cpu.freed_memory import keep_freed_memory
 from gpu_workers.cpu.kernel_process import (
     KernelEnded,
@@ -179,7 +171,7 @@ class Contender:
             kernel_process(job.kernel_host, library, len(problem.args), len(self.dims), self.arena)
         )
         names, outputs = [a.name for a in problem.args], [a.output for a in problem.args]
-        self.process.guard(guard_ranges(self.slots), read_only_ranges(names, outputs, self.slots))
+        self.process.protect(self.slots, names, outputs)
         self.arena.fill_canaries(self.slots)
         self._refresh()
 

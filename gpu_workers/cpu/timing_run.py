@@ -173,7 +173,7 @@ class Contender:
         names, outputs = [a.name for a in problem.args], [a.output for a in problem.args]
         self.process.protect(self.slots, names, outputs)
         self.arena.fill_canaries(self.slots)
-        self._refresh()
+        self.refresh()
 
     def views(self) -> dict[str, FloatArray]:
         return {
@@ -181,7 +181,7 @@ class Contender:
             for a, slot in zip(self.problem.args, self.slots, strict=True)
         }
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         """New inputs and poisoned outputs for the next call, none of them in any cache."""
         views = self.views()
         for a in self.problem.outputs:
@@ -217,7 +217,7 @@ class Contender:
                 self.kept[slot] = kept
             for array in (*kept.outputs.values(), *kept.inputs_after.values()):
                 self.flush(array)  # the next call does not pay for writing them back
-        self._refresh()
+        self.refresh()
         return ns
 
     def row_calls(self) -> list[JudgedCall]:
@@ -327,17 +327,58 @@ PREPARED_AHEAD = 2
 threads of their own while the kernel runs and the judges judge the ones before."""
 
 
+def recheck_draws(problem: Problem, job: p.BenchJob) -> list[tuple[str, int]]:
+    """(distribution, seed) of every re-check at the timed shape (none unless asked)."""
+    if job.recheck_seed is None:
+        return []
+    return [(d, trial_seed(job.recheck_seed, i, d)) for i, d in enumerate(problem.distributions)]
+
+
+class InterleavedRecheck:
+    """The re-check among the timed calls: each distribution's call comes just before a
+    timed call drawn from the secret among the first `warmup + min_runs`, on the same path
+    with the same poison and shape, so a kernel cannot tell it from the calls around it
+    (only its inputs differ, and every timed call is judged besides). Its time is not a
+    sample. Inputs are prepared before the timed window; what the run ends before reaching
+    is re-checked after timing."""
+
+    def __init__(self, problem: Problem, job: p.BenchJob, secret: np.random.Generator) -> None:
+        draws = recheck_draws(problem, job)
+        span = job.warmup + job.min_runs
+        at = [int(n) for n in secret.choice(span, size=min(len(draws), span), replace=False)]
+        self.due = {n: draw for n, draw in zip(at, draws, strict=False)}
+        self.prepared = {
+            n: (d, _recheck_inputs(problem, job, d, seed)) for n, (d, seed) in self.due.items()
+        }
+        self.calls = 0
+        self.done: list[JudgedCall] = []
+        self.distributions: list[str] = []
+
+    def before_timed_call(self, kernel: Contender) -> None:
+        n, self.calls = self.calls, self.calls + 1
+        if n not in self.prepared:
+            return
+        distribution, (inputs, reference, seed) = self.prepared.pop(n)
+        what = f"re-check among the timed calls: {distribution} inputs at {kernel.job.shape}"
+        call = kernel.run_once(inputs, f"{what}, seed {seed}", seed)
+        call.expected, call.scales, call.bands = reference
+        self.done.append(call)
+        self.distributions.append(distribution)
+        kernel.refresh()
+
+
 def _judge_and_recheck(
-    problem: Problem, job: p.BenchJob, kernel: Contender, rechecked: list[str]
+    problem: Problem,
+    job: p.BenchJob,
+    kernel: Contender,
+    interleaved: InterleavedRecheck,
+    rechecked: list[str],
 ) -> Rejection | None:
-    """Judge the kept timed calls, then re-check every distribution at the timed shape on
-    the same loaded kernel (when the job asks for it); the first failure, in that order."""
-    recheck_seed = job.recheck_seed
-    draws = (
-        [(d, trial_seed(recheck_seed, i, d)) for i, d in enumerate(problem.distributions)]
-        if recheck_seed is not None
-        else []
-    )
+    """Judge the kept timed calls and the re-check calls made among them, then re-check
+    every distribution the run did not reach on the same loaded kernel; the first failure,
+    in that order."""
+    rechecked += [d for d in problem.distributions if d in interleaved.distributions]
+    draws = [(d, seed) for d, seed in recheck_draws(problem, job) if d not in rechecked]
     with (
         ThreadPoolExecutor(max_workers=JUDGES) as judges,
         ThreadPoolExecutor(max_workers=PREPARED_AHEAD) as preparers,
@@ -347,8 +388,12 @@ def _judge_and_recheck(
         if rows is not None:
             return rows
         kernel.row_samples.clear()
-        pending = [judges.submit(judge_calls, problem, job.dtype, [c]) for c in kernel.judged()]
+        pending = [
+            judges.submit(judge_calls, problem, job.dtype, [c])
+            for c in (*kernel.judged(), *interleaved.done)
+        ]
         kernel.kept.clear()
+        interleaved.done.clear()
         prepared: dict[int, Future[tuple[Arrays, Reference, int]]] = {}
         for index, (distribution, seed) in enumerate(draws):
             for ahead in range(index, min(index + PREPARED_AHEAD, len(draws))):
@@ -439,6 +484,8 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         if job.incumbent_library:
             incumbent = Contender(problem, job, job.incumbent_library, secret, 0, flush)
             contenders.append(incumbent)
+        files.write_progress("re-check inputs")
+        interleaved = InterleavedRecheck(problem, job, secret)
         if job.wait_for_window:
             files.write_progress("waiting for the timed window")
             files.wait_for_window()
@@ -447,6 +494,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         meter = ContentionMeter(contenders)
 
         def call_kernel(_: int) -> int:
+            interleaved.before_timed_call(kernel)
             return kernel.timed(f"timed call {kernel.process.calls}")
 
         def call_incumbent(_: int) -> int:
@@ -490,7 +538,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             contenders.remove(incumbent)
         distinct.clear()
         judged_calls = [k.call for k in kernel.kept]
-        rejection = _judge_and_recheck(problem, job, kernel, rechecked)
+        rejection = _judge_and_recheck(problem, job, kernel, interleaved, rechecked)
     except KernelEnded as ended:
         rejection = ended_rejection("benchmark", ended)
     except OutOfBounds as oob:

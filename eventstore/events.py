@@ -261,6 +261,8 @@ class HeadToHeadRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     rounds: int
     remeasured: bool
     wins: int | None = None  # None in events recorded before the wins were kept
+    # the kernel's total time over the incumbent's in the same rounds; None before it was kept
+    ratio_of_means: float | None = None
     faster: bool  # it beat the incumbent: the only way a kernel is promoted
 
 
@@ -290,10 +292,25 @@ class BenchmarkCompleted(_Targeted, tag=True, frozen=True):
     baseline_iqr_ns: float | None = None
     roofline_ns: float | None = None  # the least time physics allows at that shape
     incumbent: str | None = None  # the candidate it was timed against, in the same run
-    speedup_vs_incumbent: float | None = None  # the incumbent's median over its own
+    speedup_vs_incumbent: float | None = None  # the incumbent's time over its own (time_ns)
     head_to_head: HeadToHeadRecord | None = None
     host_contention_cores: float | None = None  # CPU other work used during the run
     timing_attempts: int | None = None  # timing runs made; the quietest one kept
+    # the mean over its timed calls (and the baseline's), which `speedup` is the ratio of:
+    # moving work between calls cannot lower it; None in events recorded before
+    mean_ns: float | None = None
+    baseline_mean_ns: float | None = None
+
+    @property
+    def time_ns(self) -> float:
+        """The kernel's time in this run as ranked: the mean over its timed calls, or, in an
+        event recorded before the mean was kept, the median its figures were derived from."""
+        return self.median_ns if self.mean_ns is None else self.mean_ns
+
+    @property
+    def baseline_time_ns(self) -> float:
+        """The baseline's time in this run under the same rule as `time_ns`."""
+        return self.baseline_ns if self.baseline_mean_ns is None else self.baseline_mean_ns
 
 
 class LessonLearned(Event, tag=True, frozen=True):

@@ -4,13 +4,16 @@
   compile, verdict, benchmark or rejection, duplicate);
 - `leaderboard`: a campaign's timed candidates at its shape (the one most of them were
   timed at). Each kernel's figure is its own timing run's, as recorded: `median_ns`,
-  `iqr_ns`, and `speedup` over the baseline timed in that run. The rank goes by
-  `pooled_median_ns`, the median over the `runs` that timed the kernel (its own, and
-  each head-to-head run that timed it as the incumbent: the challenger's median times
-  `speedup_vs_incumbent`); `speedup_vs_campaign_baseline` is the campaign's baseline
-  (the median of its candidates' baseline medians, `campaign_baseline_ns`) over that.
-  The figures are those of `actors.campaign.leaderboard` (tests/test_leaderboard.py pins
-  them), whose order puts the best, promoted head to head, first;
+  `iqr_ns`, and `speedup` over the baseline timed in that run (the ratio of the means over
+  the timed calls, `baseline_mean_ns` over `run_mean_ns`, which moving work between calls
+  cannot lower; the medians' in events recorded before the mean was kept). The rank goes
+  by `pooled_median_ns`, the median of the run times (the mean, or the median before it
+  was kept) over the `runs` that timed the kernel (its own, and each head-to-head run
+  that timed it as the incumbent: the challenger's time times `speedup_vs_incumbent`);
+  `speedup_vs_campaign_baseline` is the campaign's baseline (the median of its candidates'
+  baseline times, `campaign_baseline_ns`) over that. The figures are those of
+  `actors.campaign.leaderboard` (tests/test_leaderboard.py pins them), whose order puts
+  the best, promoted head to head, first;
 - `lessons`: every lesson with the ids of the events it cites;
 - `rejections`: one row per rejected candidate (stage, reason, first message line, and
   the operator that proposed it: a variation operator, an LLM's improve or fix, or
@@ -76,6 +79,8 @@ SELECT
     CAST({first}('iqr_ns', 'BenchmarkCompleted') AS DOUBLE) AS iqr_ns,
     {first}('baseline', 'BenchmarkCompleted') AS baseline,
     CAST({first}('baseline_ns', 'BenchmarkCompleted') AS DOUBLE) AS baseline_ns,
+    CAST({first}('mean_ns', 'BenchmarkCompleted') AS DOUBLE) AS mean_ns,
+    CAST({first}('baseline_mean_ns', 'BenchmarkCompleted') AS DOUBLE) AS baseline_mean_ns,
     CAST({first}('speedup', 'BenchmarkCompleted') AS DOUBLE) AS speedup,
     CAST({first}('roofline_fraction', 'BenchmarkCompleted') AS DOUBLE) AS roofline_fraction,
     CAST(arg_min({fact}('shape', '->'), e.position)
@@ -136,14 +141,15 @@ at_shape AS (
     JOIN campaign_shape AS s
         ON t.campaign_id = s.campaign_id AND t.shape IS NOT DISTINCT FROM s.shape
 ),
-runs AS (  -- the median of each run that timed a kernel: its own, and each as the incumbent
-    SELECT campaign_id, candidate_id, median_ns FROM at_shape
+runs AS (  -- the time of each run that timed a kernel: its own, and each as the incumbent
+    SELECT campaign_id, candidate_id, coalesce(mean_ns, median_ns) AS time_ns FROM at_shape
     UNION ALL
-    SELECT campaign_id, incumbent, median_ns * speedup_vs_incumbent FROM at_shape
+    SELECT campaign_id, incumbent, coalesce(mean_ns, median_ns) * speedup_vs_incumbent
+    FROM at_shape
     WHERE speedup_vs_incumbent IS NOT NULL
 ),
 own AS (
-    SELECT t.campaign_id, t.candidate_id, median(r.median_ns) AS median_ns, count(*) AS runs
+    SELECT t.campaign_id, t.candidate_id, median(r.time_ns) AS median_ns, count(*) AS runs
     FROM at_shape AS t
     JOIN runs AS r USING (campaign_id, candidate_id)
     GROUP BY t.campaign_id, t.candidate_id
@@ -153,10 +159,11 @@ SELECT
     t.campaign_id, t.problem, t.target, t.dtype, t.shape, t.candidate_id, t.generation,
     t.template, t.params,
     t.median_ns, t.iqr_ns, t.speedup, own.median_ns AS pooled_median_ns, own.runs,
-    t.baseline, t.baseline_ns,
-    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id) AS campaign_baseline_ns,
-    median(t.baseline_ns) OVER (PARTITION BY t.campaign_id) / own.median_ns
-        AS speedup_vs_campaign_baseline,
+    t.mean_ns AS run_mean_ns, t.baseline, t.baseline_ns,
+    median(coalesce(t.baseline_mean_ns, t.baseline_ns)) OVER (PARTITION BY t.campaign_id)
+        AS campaign_baseline_ns,
+    median(coalesce(t.baseline_mean_ns, t.baseline_ns)) OVER (PARTITION BY t.campaign_id)
+        / own.median_ns AS speedup_vs_campaign_baseline,
     t.roofline_fraction, t.device, t.source_hash, t.flags, t.source
 FROM at_shape AS t
 JOIN own USING (campaign_id, candidate_id)

@@ -7,7 +7,11 @@ rounds and `MIN_SECONDS` (0.5 s) unless it has already lost to the incumbent (`l
 timed call. Both back ends evict every timed call's inputs and outputs from the caches
 before it (a CPU's every level; a GPU's L2, by writing the request's `rotate_bytes`,
 twice the last-level cache), and the result says so (`caches_flushed`). This module
-turns samples into statistics (median and IQR) and refuses what cannot be trusted:
+turns samples into statistics and refuses what cannot be trusted. A kernel is ranked by
+the mean over its timed calls (`TimingStats.mean_ns`; speedups, the roofline fraction
+and the head-to-head are ratios of means): moving work from one call to another cannot
+lower it, where a median reads heavy, light, light calls as light. The median and IQR
+stay beside it as descriptive figures. Refused:
 samples that add up to more than the run took (`timing_inconsistent`), outputs of
 randomly chosen timed calls or of the re-check after timing that are wrong
 (`judge_calls`), a stall (`find_stall`: a call, warm-up included, over `STALL_FACTOR`
@@ -18,11 +22,12 @@ measured again once, alone on the device (`BenchmarkRequest.recalibrate`): a cei
 measured on a busy host may simply be too low.
 
 Against the incumbent the kernel is compared round by round (paired ratios): it is
-faster only when its median ratio is below 1 and its round wins pass a one-sided sign
-test at `PROMOTION_ALPHA` (5%), so that of kernels equal to the best, one in twenty at
-most is promoted (`head_to_head`). One that looks faster but is in doubt (`in_doubt`: the
-ratios' IQR straddles 1, or too few wins) is timed against it again and the rounds of
-both runs are pooled before it is decided.
+faster only when its mean time per round is below the incumbent's beyond chance (a
+one-sided paired z-test at 5%, `faster_on_average`), its median ratio is below 1 and its
+round wins pass a one-sided sign test at `PROMOTION_ALPHA` (5%), so that of kernels
+equal to the best, one in twenty at most is promoted (`head_to_head`). One that looks
+faster but is in doubt (`in_doubt`: the ratios' IQR straddles 1, or too few wins) is
+timed against it again and the rounds of both runs are pooled before it is decided.
 
 A run that cannot be taken as it is gets timed again by a named retry policy
 (`RETRY_POLICIES`, in this order): a busy host (other work used more than `QUIET_CORES`
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
@@ -127,8 +132,10 @@ class NoWindow:
 def timing_stats(samples: list[int]) -> TimingStats:
     if not samples:
         raise ValueError("no samples")
-    q1, median, q3 = np.percentile(np.asarray(samples, dtype=np.float64), [25, 50, 75])
+    values = np.asarray(samples, dtype=np.float64)
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
     return TimingStats(
+        mean_ns=float(values.mean()),
         median_ns=float(median),
         q1_ns=float(q1),
         q3_ns=float(q3),
@@ -146,20 +153,44 @@ def roofline_ns(cost: Cost, calibration: HostCalibration, dtype: str = "fp32") -
     return max(memory, compute) * 1e9
 
 
-def paired_ratios(run: TimingRun) -> list[float]:
-    """The kernel's time over the incumbent's, round by round (they share each round)."""
-    return [k / i for k, i in zip(run.kernel_ns, run.incumbent_ns, strict=False) if i > 0]
-
-
 def wins_by_chance(wins: int, rounds: int) -> float:
     """How often two kernels of equal speed give at least `wins` of `rounds` to one of them:
     the one-sided sign test."""
     return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
 
 
-def head_to_head(ratios: list[float], remeasured: bool) -> HeadToHead:
+def paired_rounds(runs: Sequence[TimingRun]) -> list[tuple[int, int]]:
+    """(kernel ns, incumbent ns) of every round both were timed in."""
+    return [(k, i) for run in runs for k, i in zip(run.kernel_ns, run.incumbent_ns, strict=False)]
+
+
+MEAN_Z = 1.645
+"""One-sided 5%: how many standard errors the kernel's mean time per round must be below
+the incumbent's. Shifting work between calls cannot lower the mean difference, and only
+widens its spread."""
+
+
+def faster_on_average(pairs: Sequence[tuple[int, int]]) -> tuple[float | None, bool]:
+    """The ratio of the kernel's total time to the incumbent's over `pairs`, and whether
+    the kernel's mean is below the incumbent's by more than chance (a paired z-test)."""
+    incumbent = sum(i for _, i in pairs)
+    if incumbent <= 0 or len(pairs) < 2:
+        return None, False
+    differences = np.asarray([k - i for k, i in pairs], dtype=np.float64)
+    error = float(differences.std(ddof=1)) / math.sqrt(len(pairs))
+    mean = float(differences.mean())
+    return sum(k for k, _ in pairs) / incumbent, mean < 0 and mean < -MEAN_Z * error
+
+
+def head_to_head(pairs: Sequence[tuple[int, int]], remeasured: bool) -> HeadToHead:
+    """The kernel against the incumbent over the rounds' (kernel ns, incumbent ns) `pairs`,
+    round by round and by the ranking figure: a kernel whose mean time is not below the
+    incumbent's beyond chance is not faster, however many rounds it won (heavy, light,
+    light calls win two rounds in three)."""
+    ratios = [k / i for k, i in pairs if i > 0]
     q1, median, q3 = np.percentile(np.asarray(ratios, dtype=np.float64), [25, 50, 75])
     wins = sum(r < 1.0 for r in ratios)
+    of_means, on_average = faster_on_average(pairs)
     return HeadToHead(
         ratio_median=float(median),
         ratio_q1=float(q1),
@@ -167,7 +198,10 @@ def head_to_head(ratios: list[float], remeasured: bool) -> HeadToHead:
         rounds=len(ratios),
         remeasured=remeasured,
         wins=wins,
-        faster=bool(median < 1.0) and wins_by_chance(wins, len(ratios)) <= PROMOTION_ALPHA,
+        faster=bool(median < 1.0)
+        and on_average
+        and wins_by_chance(wins, len(ratios)) <= PROMOTION_ALPHA,
+        ratio_of_means=of_means,
     )
 
 
@@ -367,8 +401,8 @@ def versus_incumbent(measured: Measured) -> HeadToHead | None:
     """The kernel against the incumbent over every pooled round; None: timed without one."""
     if not measured.run.incumbent_ns:
         return None
-    ratios = [ratio for run in (measured.run, *measured.pooled) for ratio in paired_ratios(run)]
-    return head_to_head(ratios, remeasured=bool(measured.pooled))
+    runs = (measured.run, *measured.pooled)
+    return head_to_head(paired_rounds(runs), remeasured=bool(measured.pooled))
 
 
 def _contention(run: TimingRun) -> float:
@@ -471,10 +505,10 @@ def _result(session: TimingSession[Any], measured: Measured) -> BenchmarkResult:
         baseline=baseline,
         baseline_name=run.baseline_name,
         incumbent=incumbent,
-        speedup=baseline.median_ns / kernel.median_ns,
-        speedup_vs_incumbent=incumbent.median_ns / kernel.median_ns if incumbent else None,
+        speedup=baseline.mean_ns / kernel.mean_ns,
+        speedup_vs_incumbent=incumbent.mean_ns / kernel.mean_ns if incumbent else None,
         roofline_ns=floor,
-        roofline_fraction=floor / kernel.median_ns,
+        roofline_fraction=floor / kernel.mean_ns,
         input_sets=run.input_sets,
         rotated_bytes=run.rotated_bytes,
         caches_flushed=run.caches_flushed,

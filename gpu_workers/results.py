@@ -24,13 +24,14 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     signature_mismatch, bad_launch, launch_bounds, too_many_registers,
     shared_memory_exceeded, register_spill. run: crashed, timeout, memory_limit, exited,
     load_failed, forbidden_syscall (the kernel's process made a call a kernel may not),
-    fp_state (it changed the floating-point control state), out_of_bounds_write,
-    missing_result, launch_failed, bad_launch. compare: unwritten, non_finite,
-    lost_non_finite (the reference's NaN or infinity not given), wrong_value, wrong_shape,
-    input_modified, nondeterministic. benchmark: the run stage's endings, plus
-    out_of_bounds_write, timing_stall, timing_inconsistent. recheck (timed calls chosen at
-    random, and every distribution after timing): unwritten, non_finite, lost_non_finite,
-    wrong_value, input_modified. roofline: beyond_roofline."""
+    input_written (it stored into an input, read-only in its process), fp_state (it
+    changed the floating-point control state), out_of_bounds_write, missing_result,
+    launch_failed, bad_launch. compare: unwritten, non_finite, lost_non_finite (the
+    reference's NaN or infinity not given), wrong_value, wrong_shape, input_modified,
+    nondeterministic. benchmark: the run stage's endings, plus out_of_bounds_write,
+    timing_stall, timing_inconsistent. recheck (every timed call on a few rows, timed calls
+    chosen at random in full, and every distribution after timing): unwritten, non_finite,
+    lost_non_finite, wrong_value, input_modified. roofline: beyond_roofline."""
     message: str
     """One line for a human."""
     evidence: dict[str, str] = msgspec.field(default_factory=dict)
@@ -129,6 +130,11 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TimingStats(msgspec.Struct, frozen=True, kw_only=True):
+    """One contender's timed calls. `mean_ns` is the figure it is ranked by: the mean over
+    the timed calls, which moving work from one call to another cannot lower (a median
+    can: heavy, light, light reads as light). The median and IQR describe the spread."""
+
+    mean_ns: float
     median_ns: float
     q1_ns: float
     q3_ns: float
@@ -183,9 +189,13 @@ class HeadToHead(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     of the two runs pooled."""
     wins: int | None = None
     """Rounds the kernel won (ratio below 1); None in events recorded before it was kept."""
+    ratio_of_means: float | None = None
+    """The kernel's total time over the incumbent's in the same rounds: the ranking figure,
+    which shifting work between calls cannot lower. `faster` requires it below 1 too."""
     faster: bool
-    """The kernel beat the incumbent: its median ratio is below 1 and it won more rounds
-    than equal speed would give but rarely (`gpu_workers.benchmarking.PROMOTION_ALPHA`)."""
+    """The kernel beat the incumbent: its median ratio and its ratio of means are below 1
+    and it won more rounds than equal speed would give but rarely
+    (`gpu_workers.benchmarking.PROMOTION_ALPHA`)."""
 
 
 class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -197,12 +207,13 @@ class BenchmarkResult(msgspec.Struct, frozen=True, kw_only=True):
     baseline_name: str
     incumbent: TimingStats | None
     speedup: float
-    """baseline median / kernel median."""
+    """baseline mean / kernel mean (`TimingStats.mean_ns`: the figure shifting cannot
+    lower)."""
     speedup_vs_incumbent: float | None
     roofline_ns: float
     """The least time physics allows: max(bytes / bandwidth, flops / peak)."""
     roofline_fraction: float
-    """roofline_ns / kernel median (1.0 = at the ceiling)."""
+    """roofline_ns / kernel mean (1.0 = at the ceiling)."""
     input_sets: int
     rotated_bytes: int
     timed_seconds: float

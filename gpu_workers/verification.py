@@ -59,12 +59,19 @@ def trial_shapes(problem: Problem, seed: int) -> tuple[dict[str, int], ...]:
     return problem.trial_shapes(np.random.default_rng(trial_seed(seed, 0, "shapes")))
 
 
+def contract_shapes(problem: Problem, seed: int) -> tuple[dict[str, int], ...]:
+    """The contract shapes one check verifies once each (`Problem.contract_shapes`)."""
+    return problem.contract_trial_shapes(np.random.default_rng(trial_seed(seed, 0, "contract")))
+
+
 def plan_trials(
     problem: Problem, dtype: str = "fp32", seed: int = 0, smallest: int | None = None
 ) -> list[Trial]:
     """Fresh inputs for every (shape, distribution) pair; `seed` makes them reproducible.
     The largest shape is the race-stress shape: its first distribution runs STRESS_RUNS times.
-    `smallest`: only that many of the shapes, the smallest in bytes (a quick check)."""
+    Then the problem's contract shapes (`Problem.contract_shapes`), one call each.
+    `smallest`: only that many of the shapes, the smallest in bytes, and no contract
+    shape (a quick check)."""
     trials: list[Trial] = []
     shapes = trial_shapes(problem, seed)
     if smallest is not None:
@@ -77,6 +84,13 @@ def plan_trials(
             s = trial_seed(seed, index)
             inputs = problem.generate(shape, distribution, s, dtype)
             trials.append(Trial(index, dict(shape), distribution, s, inputs, runs))
+    contract = contract_shapes(problem, seed) if smallest is None else ()
+    for shape in contract:  # large: one call each, first distribution
+        index = len(trials)
+        s = trial_seed(seed, index)
+        distribution = problem.distributions[0]
+        inputs = problem.generate(shape, distribution, s, dtype)
+        trials.append(Trial(index, dict(shape), distribution, s, inputs, 1))
     return trials
 
 

@@ -41,6 +41,23 @@ def _row_shapes(rng: np.random.Generator) -> tuple[dict[str, int], ...]:
     )
 
 
+def _row_contract(rng: np.random.Generator) -> tuple[dict[str, int], ...]:
+    """The shapes that cover a row problem's contract, verified once each: both dims large,
+    cols beyond 8192 (and beyond 8208, a vector loop's tail past it), and 2^20 elements
+    or more."""
+    return (
+        {"rows": ragged(rng, 256, 513), "cols": ragged(rng, 256, 513)},
+        {"rows": int(rng.integers(1, 5)), "cols": ragged(rng, 8209, 16385)},
+        {"rows": int(rng.integers(1025, 1101)), "cols": int(rng.integers(1024, 1101))},
+    )
+
+
+ROW_ENVELOPE = (
+    "rows 1-2048 by cols 1-16384: tall (rows 1025-2048, cols 1-33), wide (cols up to 8192 "
+    "and 8209-16384), both dims 256-512, and 1025-1100 by 1024-1100 (at least 2^20 elements)"
+)
+
+
 def _n(shape: Shape, *dims: str) -> int:
     return math.prod(int(shape[d]) for d in dims)
 
@@ -68,6 +85,8 @@ SOFTMAX = Problem(
     test_shapes=ROW_TEST_SHAPES,
     default_shape=ROW_DEFAULT,
     draw_shapes=_row_shapes,
+    contract_shapes=_row_contract,
+    envelope=ROW_ENVELOPE,
     cost=lambda s: Cost(bytes_moved=8 * _n(s, "rows", "cols"), flops=5 * _n(s, "rows", "cols")),
 )
 
@@ -101,6 +120,8 @@ RMSNORM = Problem(
     default_shape=ROW_DEFAULT,
     input_limit=SQUARES_LIMIT,
     draw_shapes=_row_shapes,
+    contract_shapes=_row_contract,
+    envelope=ROW_ENVELOPE,
     cost=lambda s: Cost(
         bytes_moved=4 * (2 * _n(s, "rows", "cols") + _n(s, "cols")),
         flops=4 * _n(s, "rows", "cols"),
@@ -152,6 +173,8 @@ LAYERNORM = Problem(
     default_shape=ROW_DEFAULT,
     input_limit=SQUARES_LIMIT,
     draw_shapes=_row_shapes,
+    contract_shapes=_row_contract,
+    envelope=ROW_ENVELOPE,
     cost=lambda s: Cost(
         bytes_moved=4 * (2 * _n(s, "rows", "cols") + 2 * _n(s, "cols")),
         flops=8 * _n(s, "rows", "cols"),
@@ -283,6 +306,8 @@ RESIDUAL_RMSNORM_GELU = Problem(
     input_limit=SQUARES_LIMIT,
     nonfinite_inputs=(math.nan,),
     draw_shapes=_row_shapes,
+    contract_shapes=_row_contract,
+    envelope=ROW_ENVELOPE,
     cost=lambda s: Cost(
         bytes_moved=4 * (3 * _n(s, "rows", "cols") + _n(s, "cols")),
         flops=16 * _n(s, "rows", "cols"),

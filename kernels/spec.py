@@ -222,6 +222,17 @@ class Problem:
     constraints: tuple[str, ...] = ()
     """Conditions every shape must meet, over dims and derived dims: `("cols % 2 == 0",)`.
     Test shapes and campaign shapes that break one are refused."""
+    contract_shapes: ShapeDrawer | None = None
+    """Shapes that cover the contract, drawn per check besides the test shapes, each
+    verified once on `normal` inputs (a single call: they are large): both dims large, the
+    last dim wide, and at least 2^20 elements. None: none drawn."""
+    envelope: str = ""
+    """The shapes a check verifies on, in words: `kfactory check` prints it and `kfactory
+    best` writes it in the kernel's header."""
+    rows_independent: bool = True
+    """Each row (along the first dim) of every output depends only on the same row of the
+    inputs that have that dim, and on the whole of the others: every timed call is then
+    judged on a few rows (`gpu_workers.sampled_rows`). False where that does not hold."""
 
     @property
     def load_spec(self) -> str:
@@ -250,6 +261,11 @@ class Problem:
                 raise ProblemError(f"{self.load_spec}: no drawn shape near {shape}: {faults}")
             fitted.append(moved)
         return tuple(self.full_shape(s) for s in (*self.test_shapes, *fitted))
+
+    def contract_trial_shapes(self, rng: np.random.Generator) -> tuple[dict[str, int], ...]:
+        """The contract shapes drawn for one check from `rng`, each with its derived dims."""
+        drawn = self.contract_shapes(rng) if self.contract_shapes is not None else ()
+        return tuple(self.full_shape(s) for s in drawn)
 
     def full_shape(self, shape: Shape) -> dict[str, int]:
         """`shape`'s dims with the derived dims computed."""

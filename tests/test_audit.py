@@ -337,6 +337,7 @@ def forge_faster(rows: list[Row], factor: float) -> str:
             best,
             speedup=best.speedup * factor,
             median_ns=best.median_ns / factor,
+            mean_ns=None if best.mean_ns is None else best.mean_ns / factor,
             iqr_ns=best.iqr_ns / factor,
             roofline_fraction=best.roofline_fraction * factor,
         ),

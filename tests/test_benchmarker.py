@@ -17,6 +17,9 @@ from gpu_workers.benchmarking import (
     MIN_SECONDS,
     ROOFLINE_SLACK,
     BenchmarkRequest,
+    Measured,
+    TimingSession,
+    _result,
     benchmark,
     find_stall,
     roofline_ns,
@@ -136,7 +139,7 @@ def test_a_correct_kernel_is_timed_interleaved_with_baseline_and_incumbent(
     assert result.incumbent is not None
     assert abs(result.incumbent.runs - result.kernel.runs) <= 1
     assert result.kernel.q1_ns <= result.kernel.median_ns <= result.kernel.q3_ns
-    assert result.speedup == pytest.approx(result.baseline.median_ns / result.kernel.median_ns)
+    assert result.speedup == pytest.approx(result.baseline.mean_ns / result.kernel.mean_ns)
     assert result.speedup_vs_incumbent is not None
     assert 0 < result.roofline_fraction <= 1.10, (result, calibration)
     assert result.host_contention_cores is not None and result.host_contention_cores >= 0
@@ -368,6 +371,31 @@ def test_every_timing_attempt_has_a_fresh_seed_and_the_result_records_each(
     assert len(seeds) == 3 and len(set(seeds)) == 3
     assert len({r.seeds for r in backend.requests}) == 3  # new inputs every run
     assert result.seed == 7 and result.attempt_seeds == tuple(seeds)
+
+
+def test_work_shifted_between_calls_earns_no_speedup(calibration: HostCalibration) -> None:
+    """Issue 33, class 2: heavy, light, light calls (the same total work) read as the light
+    calls' time under a median: 1.7x for nothing. The speedup and the head-to-head are
+    figures over all the timed calls, which moving work between them cannot lower."""
+    even = [30_000_000] * 30  # well above any host's roofline at the default shape
+    shifted = [60_000_000, 15_000_000, 15_000_000] * 10
+    baseline = [300_000_000] * 30
+
+    def result(kernel_ns: list[int]) -> BenchmarkResult:
+        run = TimingRun(
+            kernel_ns=kernel_ns, baseline_ns=baseline, incumbent_ns=even, wall_seconds=1.0
+        )
+        session = TimingSession(
+            BenchmarkRequest(BUILTIN["softmax"], ScriptedTiming("softmax", []), None, calibration)
+        )
+        return _result(session, Measured(run=run, rechecked=[]))
+
+    honest, shifter = result(even), result(shifted)
+    assert shifter.kernel.median_ns < honest.kernel.median_ns  # the median is fooled
+    assert shifter.speedup == pytest.approx(honest.speedup)
+    assert shifter.speedup_vs_incumbent == pytest.approx(1.0)
+    assert shifter.head_to_head is not None and not shifter.head_to_head.faster
+    assert shifter.head_to_head.wins == 20  # it won two rounds in three, and still is not
 
 
 def test_a_run_beyond_the_roofline_recalibrates_once_then_is_refused(

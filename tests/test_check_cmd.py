@@ -79,10 +79,12 @@ def test_check_verifies_and_benches_an_example(cli: tuple[CliRunner, typer.Typer
     assert set(report) >= JSON_KEYS
     assert report["verdict"] == "verified" and report["stage"] is None
     assert report["median_ns"] > 0 and report["baseline_ns"] > 0
-    assert report["speedup"] == pytest.approx(report["baseline_ns"] / report["median_ns"])
+    assert report["speedup"] == pytest.approx(report["baseline_mean_ns"] / report["mean_ns"])
     assert 0 < report["roofline_fraction"] <= 1.1
+    assert report["envelope"] == BUILTIN["softmax"].envelope and "2^20" in report["envelope"]
     human = runner.invoke(app, args)
     assert human.exit_code == 0 and human.output.startswith("verified: softmax on cpu")
+    assert f"shapes:   verified on {BUILTIN['softmax'].envelope}" in human.output
 
 
 def test_check_reports_a_rejection_with_exit_status_1(cli: tuple[CliRunner, typer.Typer]) -> None:

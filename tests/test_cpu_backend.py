@@ -10,7 +10,9 @@ import pytest
 
 from gpu_workers.calibration_cache import contended_path, is_quiet
 from gpu_workers.compile_failure import CompileFailure
+from gpu_workers.cpu import compile_root, toolchain
 from gpu_workers.cpu.arena import PAGE, Arena, guard_ranges, layout
+from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.build import CompiledKernel, compile_kernel
 from gpu_workers.cpu.calibrate import calibration_path, llc_bytes, load_or_calibrate
 from gpu_workers.cpu.static import source_check, static_check
@@ -200,3 +202,33 @@ def test_concurrent_compiles_of_one_kernel_share_the_cache(tmp_path: Path) -> No
     assert len({r.library for r in results if isinstance(r, CompiledKernel)}) == 1
     again = compile_kernel(source, FLAGS, prototype=prototype, cache_dir=tmp_path)
     assert isinstance(again, CompiledKernel) and again.cache_hit
+
+
+def test_a_compile_sets_up_the_compilers_root_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33 (cost): a cold compile confines the compiler once, scanning the source and
+    compiling it in the same mount namespace (the static stage reads that scan); a cached
+    build needs none. It took three: the static scan, the build's scan and the compile."""
+    if compile_root.unavailable() is not None:
+        pytest.skip(f"this host cannot confine a compile: {compile_root.unavailable()}")
+    set_ups: list[list[str]] = []
+    real = toolchain.confined
+
+    def counted(
+        argv: list[str], work: Path, **options: str | None
+    ) -> tuple[list[str], dict[str, str]]:
+        set_ups.append(argv)
+        return real(argv, work, **options)
+
+    monkeypatch.setattr(toolchain, "confined", counted)
+    backend = CpuBackend(cache_dir=tmp_path / "cpu-kernels")
+    source = f"// {tmp_path.name}\n" + (EXAMPLES / "softmax.c").read_text()
+    built = backend.compile(BUILTIN["softmax"], source, FLAGS)
+    assert built.build is not None and not built.cache_hit, built.rejection
+    assert len(set_ups) == 1, set_ups
+    again = backend.compile(BUILTIN["softmax"], source, FLAGS)
+    assert again.cache_hit and len(set_ups) == 1
+    refused = backend.compile(BUILTIN["softmax"], planted("static_include_macro"), FLAGS)
+    assert refused.rejection is not None and refused.rejection.stage == "static"
+    assert len(set_ups) == 2

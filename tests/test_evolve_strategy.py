@@ -184,6 +184,7 @@ def test_progress_and_the_best_file_name_the_operators_behind_the_best(tmp_path:
     child = log.history.candidates[proposal.candidate_id]
     text = kernel_text(child, lineage_of(log.history, child))
     assert f"//   1. {proposal.operator}(" in text
+    assert "// verified on: the problem states no envelope\n" in text  # a user's problem
     assert text.startswith("// kfactory-flags:") and text.endswith(child.written.source)  # type: ignore[union-attr]
 
 

@@ -160,7 +160,7 @@ def test_a_kernel_the_driver_cannot_stop_is_rejected_as_unstoppable(
         tmp_path / "root",
         tmp_path / "log",
     ) as process:
-        process.guard(guard_ranges(slots))
+        process.guard(guard_ranges(slots), [])
         monkeypatch.setattr(kernel_process, "STOP_SECONDS", 0.2)
         monkeypatch.setattr(kernel_process, "_state", lambda stat: "D")
         with pytest.raises(KernelEnded) as ended:
@@ -286,7 +286,7 @@ def test_nothing_of_the_kernel_runs_between_calls(kf_cache: Path, tmp_path: Path
     with KernelProcess(
         host, build.library, 2, 2, arena, limits, tmp_path / "root", tmp_path / "log"
     ) as process:
-        process.guard(guard_ranges(slots))
+        process.guard(guard_ranges(slots), [])
         process.call([s.offset for s in slots], [4, 64], "a first call")
         tasks = list(Path(f"/proc/{process.pid}/task").iterdir())
         assert len(tasks) >= 2  # the spinning thread exists
@@ -345,7 +345,7 @@ def test_no_call_pays_for_mapping_the_harness_memory(kf_cache: Path, tmp_path: P
     ) as process:
         if _linux_at_least(5, 14):  # MADV_POPULATE_WRITE; older kernels map it clean
             assert _arena_dirty_kib(process.pid) >= arena.nbytes // 1024
-        process.guard(guard_ranges(first) + guard_ranges(second))
+        process.guard(guard_ranges(first) + guard_ranges(second), [])
         process.call([s.offset for s in first], list(shape), "a call on the first set")
         before = _minor_faults(process.pid)
         process.call([s.offset for s in second], list(shape), "the first call on another set")
@@ -477,7 +477,7 @@ def test_a_driver_thread_running_while_a_call_is_timed_is_counted(
         tmp_path / "r",
         tmp_path / "l",
     ) as process:
-        process.guard(guard_ranges(slots))
+        process.guard(guard_ranges(slots), [])
         offsets = [s.offset for s in slots]
         for _ in range(3):
             process.call(offsets, list(shape), "a quiet call")
@@ -521,3 +521,56 @@ def test_a_kernels_process_holds_no_descriptor_but_its_own(kf_cache: Path, tmp_p
         assert held == [0, 1, 2]
     first.close()
     second.close()
+
+
+def test_only_the_current_calls_inputs_are_in_reach(
+    cpu_backend: CpuBackend, kf_cache: Path, calibration: HostCalibration
+) -> None:
+    """Issue 33, class 1: with two input sets in the arena, the next timed call's inputs
+    sat beside the current one's, and a kernel could do part of the next call's work in
+    this one (heavy, light calls, every output right). The arena now holds one input set,
+    written while the kernel is stopped: every call's inputs are where the first call's
+    were, so a kernel never has another set in reach (the probe leaves its outputs
+    unwritten the moment it sees one)."""
+    build = _compiled(kf_cache, "harness_looks_for_another_input_set")
+    result = benchmark(
+        BenchmarkRequest(SOFTMAX, cpu_backend, build, calibration, shape=SMALL, seed=5)
+    )
+    assert isinstance(result, BenchmarkResult), result
+
+
+def test_a_write_to_an_input_during_timing_is_named(
+    cpu_backend: CpuBackend, kf_cache: Path, calibration: HostCalibration
+) -> None:
+    """Inputs are read-only in the kernel's process: a store into one, even of the value
+    already there (no bit changes, so comparing the inputs afterwards cannot see it), ends
+    the run as `input_written`, naming the input, on whichever call it comes."""
+    build = _compiled(kf_cache, "harness_writes_its_input")
+    result = benchmark(
+        BenchmarkRequest(SOFTMAX, cpu_backend, build, calibration, shape=SMALL, seed=5)
+    )
+    assert isinstance(result, Rejection), result
+    assert (result.stage, result.reason) == ("benchmark", "input_written"), result
+    assert result.evidence["buffer"] == "x"
+    assert result.evidence["progress"] == "timed call 3"
+
+
+@pytest.mark.parametrize(
+    "name", ["harness_wrong_on_one_call_in_40", "harness_tells_the_recheck_by_its_poison"]
+)
+def test_a_kernel_wrong_on_one_call_in_40_is_caught_on_its_rows(
+    name: str, cpu_backend: CpuBackend, kf_cache: Path, calibration: HostCalibration
+) -> None:
+    """Issue 33, class 2: a kernel that counts its calls (in freed heap memory), is honest
+    while warming up and wrong on one late call in 40, escaped the few timed calls judged
+    in full; so did one honest wherever the output's poison was the re-check's. Every timed
+    call is now judged on rows drawn from the secret seed (`gpu_workers.sampled_rows`: a
+    call wrong on half its rows escapes with probability 2^-8), and the re-check starts
+    from the timed calls' poison."""
+    build = _compiled(kf_cache, name)
+    result = benchmark(
+        BenchmarkRequest(SOFTMAX, cpu_backend, build, calibration, shape=SMALL, seed=5)
+    )
+    assert isinstance(result, Rejection), result
+    assert (result.stage, result.reason) == ("recheck", "wrong_value"), result
+    assert re.fullmatch(r"timed call 79 \(rows [\d, ]+\)", result.evidence["when"]), result

@@ -50,7 +50,7 @@ from gpu_workers.benchmarking import (
     PROMOTION_ALPHA,
     head_to_head,
     in_doubt,
-    paired_ratios,
+    paired_rounds,
     wins_by_chance,
     within_noise,
 )
@@ -117,8 +117,11 @@ class Recorder:
         ratio: float | None = None,
         incumbent_ms: float | None = None,
         shape: dict[str, int] = SHAPE,
+        mean_ms: float | None = None,
+        baseline_mean_ms: float | None = None,
     ) -> str:
-        """A candidate that was written, verified and timed with these figures."""
+        """A candidate that was written, verified and timed with these figures: recorded
+        under the mean rule when `mean_ms` is given, else as before the mean was kept."""
         candidate_id = f"{CAMPAIGN}:g0:{name}"
         work = {"problem": "softmax", "target": "cpu", "candidate_id": candidate_id}
         proposed = self.emit(
@@ -173,8 +176,13 @@ class Recorder:
                 remeasured=False,
                 faster=bool(faster),
             )
-        if incumbent_ms is not None:  # the incumbent's median in this run, as recorded
-            versus_fields["speedup_vs_incumbent"] = incumbent_ms / median_ms
+        time_ms = median_ms if mean_ms is None else mean_ms
+        if incumbent_ms is not None:  # the incumbent's time in this run, as recorded
+            versus_fields["speedup_vs_incumbent"] = incumbent_ms / time_ms
+        if mean_ms is not None:
+            versus_fields["mean_ns"] = mean_ms * 1e6
+            versus_fields["baseline_mean_ns"] = (baseline_mean_ms or baseline_ms) * 1e6
+        baseline_time_ms = baseline_ms if mean_ms is None else baseline_mean_ms or baseline_ms
         self.emit(
             new_event(
                 BenchmarkCompleted,
@@ -187,7 +195,7 @@ class Recorder:
                 iqr_ns=iqr_ms * 1e6,
                 baseline="numpy float32",
                 baseline_ns=baseline_ms * 1e6,
-                speedup=baseline_ms / median_ms,
+                speedup=baseline_time_ms / time_ms,
                 roofline_fraction=0.5,
                 shape=shape,
                 **versus_fields,
@@ -378,11 +386,11 @@ def test_the_view_and_the_leaderboard_take_the_shape_most_kernels_were_timed_at(
 
 def test_head_to_head_pairs_rounds_and_calls_a_straddle_noise() -> None:
     clear = TimingRun(kernel_ns=[90, 91, 92, 89, 90, 91], incumbent_ns=[100] * 6)
-    versus = head_to_head(paired_ratios(clear), remeasured=False)
+    versus = head_to_head(paired_rounds([clear]), remeasured=False)
     assert versus.faster and not within_noise(versus) and not in_doubt(versus)
     assert (versus.rounds, versus.wins) == (6, 6)
     close = TimingRun(kernel_ns=[95, 104, 97, 102], incumbent_ns=[100, 100, 100, 100])
-    versus = head_to_head(paired_ratios(close), remeasured=False)
+    versus = head_to_head(paired_rounds([close]), remeasured=False)
     assert versus.ratio_median < 1 and within_noise(versus)  # looks faster, not in most rounds
     assert not versus.faster and in_doubt(versus)
 
@@ -393,15 +401,15 @@ def test_a_kernel_is_faster_only_with_more_round_wins_than_chance_gives() -> Non
     one-sided sign test: 4.6% by chance), and 36 of 60 is not (7.7%)."""
 
     def over(wins: int, rounds: int) -> HeadToHead:
-        ratios = [0.97] * wins + [1.02] * (rounds - wins)
-        return head_to_head(ratios, remeasured=True)
+        pairs = [(97, 100)] * wins + [(102, 100)] * (rounds - wins)
+        return head_to_head(pairs, remeasured=True)
 
     assert [over(w, 60).faster for w in (31, 36, 37, 60)] == [False, False, True, True]
     assert over(31, 60).ratio_median < 1.0 and over(31, 60).wins == 31
     assert wins_by_chance(37, 60) < PROMOTION_ALPHA < wins_by_chance(36, 60)
     assert wins_by_chance(0, 60) == 1.0 and wins_by_chance(60, 60) == 2.0**-60
     # three rounds all won is still chance (1 in 8): in doubt, so both are timed again
-    few = head_to_head([0.8, 0.8, 0.8], remeasured=False)
+    few = head_to_head([(80, 100)] * 3, remeasured=False)
     assert not few.faster and not within_noise(few) and in_doubt(few)
     # a loser is never in doubt
     assert not in_doubt(over(10, 60))
@@ -528,3 +536,19 @@ def test_a_running_board_ranks_a_growing_list_as_ranking_all_of_it_does() -> Non
             assert [board.own_time(c) for c in so_far] == [
                 times.get(c.candidate_id) for c in so_far
             ]
+
+
+def test_a_kernel_that_shifts_work_between_calls_ranks_by_its_mean(tmp_path: Path) -> None:
+    """Issue 33, class 2: heavy, light, light calls have a median of a light call. Ranked by
+    the mean over its timed calls, the shifter (median 5 ms, mean 10 ms) ranks behind an
+    even kernel of 8 ms, and its speedup is over its mean; the SQL view agrees. An event
+    recorded before the mean was kept still ranks by its median."""
+    log = Recorder()
+    log.timed("even", median_ms=8.0, mean_ms=8.0, baseline_ms=100.0, baseline_mean_ms=100.0)
+    log.timed("shift", median_ms=5.0, mean_ms=10.0, baseline_ms=100.0, baseline_mean_ms=100.0)
+    log.timed("old", median_ms=9.0, baseline_ms=100.0)
+    board = by_own_time(log)
+    assert [name for name, *_ in board] == ["even", "old", "shift"]
+    speedups = [round(speedup or 0.0, 9) for *_, speedup in board]
+    assert speedups == [12.5, round(100 / 9, 9), 10.0]
+    assert viewed(log, tmp_path / "shift.duckdb") == board

@@ -11,7 +11,13 @@ import pytest
 
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.sandbox import Limits
-from gpu_workers.verification import check_outputs, plan_trials, trial_shapes, verify
+from gpu_workers.verification import (
+    check_outputs,
+    contract_shapes,
+    plan_trials,
+    trial_shapes,
+    verify,
+)
 from kernels.builtin import BUILTIN
 from kernels.templates import EXAMPLE_TEMPLATES, TEMPLATES, example_file_text
 from tests.cpu_support import EXAMPLES, FLAGS, calibration, cpu_backend, kf_cache, planted
@@ -34,7 +40,8 @@ def test_the_example_kernel_of_every_problem_is_verified(
     assert verdict.rejection is None
     assert verdict.seed is not None
     shapes = trial_shapes(spec, verdict.seed)
-    assert len(verdict.trials) == len(shapes) * len(spec.distributions)
+    contract = contract_shapes(spec, verdict.seed)  # once each
+    assert len(verdict.trials) == len(shapes) * len(spec.distributions) + len(contract)
     assert {t.distribution for t in verdict.trials} == set(spec.distributions)
     assert verdict.max_rel_err is not None and verdict.max_rel_err < 1e-4
     assert verdict.sandbox is not None
@@ -60,7 +67,8 @@ def test_trials_cover_every_shape_and_distribution_with_fresh_inputs() -> None:
     trials = plan_trials(spec, seed=5)
     shapes = trial_shapes(spec, 5)
     pairs = {(tuple(t.shape.values()), t.distribution) for t in trials}
-    assert len(pairs) == len(trials) == len(shapes) * len(spec.distributions)
+    contract = contract_shapes(spec, 5)  # once each, on the first distribution
+    assert len(pairs) == len(trials) == len(shapes) * len(spec.distributions) + len(contract)
     assert len({t.seed for t in trials}) == len(trials)
     again = plan_trials(spec, seed=6)
     assert trial_shapes(spec, 6) != shapes
@@ -69,6 +77,7 @@ def test_trials_cover_every_shape_and_distribution_with_fresh_inputs() -> None:
     stressed = [t for t in trials if t.runs > 2]
     assert len(stressed) == 1
     assert spec.nbytes(stressed[0].shape) == max(spec.nbytes(s) for s in shapes)
+    assert [t.shape for t in trials if t.runs == 1] == list(contract)
 
 
 PLANTED = [
@@ -79,9 +88,12 @@ PLANTED = [
     ("gelu_wrong_for_negatives", "gelu", "compare", {"wrong_value"}),
     ("reads_out_of_bounds", "softmax", "run", {"crashed"}),
     ("writes_past_end", "softmax", "run", {"out_of_bounds_write"}),
-    ("modifies_input", "softmax", "compare", {"input_modified"}),
+    ("modifies_input", "softmax", "run", {"input_written"}),
     ("returns_previous_result", "softmax", "static", {"kernel_state"}),
     ("writes_nothing", "softmax", "compare", {"unwritten"}),
+    # issue 33, class 4: shapes the draw never made (the contract shapes make them)
+    ("wrong_when_cols_over_8208", "softmax", "compare", {"wrong_value"}),
+    ("wrong_when_rows_over_128_and_cols_over_64", "softmax", "compare", {"unwritten"}),
     # the race on the shared sum can also read it as 0 mid-row: 0/0 and x/0
     ("data_race", "softmax", "compare", {"wrong_value", "nondeterministic", "non_finite"}),
     ("segfaults", "softmax", "run", {"crashed"}),
@@ -175,3 +187,19 @@ def test_where_the_exact_result_overflows_only_that_infinity_passes() -> None:
         rejection, _ = check_outputs(spec, tolerance, inputs, {"C": wrong}, poison)
         assert rejection is not None
         assert rejection.reason in {"wrong_value", "non_finite"}, rejection
+
+
+@pytest.mark.parametrize("problem", ["softmax", "rmsnorm", "layernorm"])
+def test_the_draw_covers_the_contract(problem: str) -> None:
+    """Issue 33, class 4: each check verifies one shape with both dims at least 256, one
+    with cols beyond 8208, and one of at least 2^20 elements, each once (single calls),
+    and the problem states the envelope it verifies on."""
+    spec = BUILTIN[problem]
+    for seed in range(5):
+        contract = [t for t in plan_trials(spec, "fp32", seed) if t.runs == 1]
+        shapes = [t.shape for t in contract]
+        assert any(s["rows"] >= 256 and s["cols"] >= 256 for s in shapes), shapes
+        assert any(s["cols"] > 8208 for s in shapes), shapes
+        assert any(s["rows"] * s["cols"] >= 1 << 20 for s in shapes), shapes
+        assert {t.distribution for t in contract} == {spec.distributions[0]}
+    assert "2^20" in spec.envelope

@@ -55,7 +55,11 @@ def figure_of(timed: BenchmarkCompleted) -> Figure:
 class Row:
     """One kernel on the leaderboard. Its figure: `median_ns` (with `iqr_ns`, `q1_ns`,
     `q3_ns`) and `speedup` over the baseline timed in that run, all from its own timing
-    run. The ranking's: `pooled_median_ns`, the median over every run that timed it
+    run; the speedup is the ratio of the means over the timed calls (the baseline's over
+    the kernel's, `run_mean_ns`), which moving work from one call to another cannot lower,
+    the median and IQR beside it describe the calls (events recorded before the mean was
+    kept: the medians' ratio). The ranking's: `pooled_median_ns`, the median of the run
+    times (the mean, or the median before it was kept) over every run that timed it
     (`runs` of them: its own and each head-to-head run that timed it as the best), and
     `speedup_vs_campaign_baseline`, the campaign baseline over that."""
 
@@ -73,6 +77,7 @@ class Row:
     """Why it is or is not the best: "promoted: beat g0:c1 head to head", "lost to g0:c1
     head to head", "not clearly faster than g1:c0 by own time" (`ranking.standings`)."""
     pooled_median_ns: float
+    run_mean_ns: float | None
     q1_ns: float | None
     q3_ns: float | None
     speedup_vs_campaign_baseline: float | None
@@ -106,6 +111,7 @@ def _row(
         q1_ns=figure.q1_ns,
         q3_ns=figure.q3_ns,
         speedup_vs_campaign_baseline=speedup_over(own, baseline),
+        run_mean_ns=timed.mean_ns,
         roofline_fraction=timed.roofline_fraction,
         head_to_head=timed.head_to_head,
         source_hash=written.source_hash,

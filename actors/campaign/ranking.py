@@ -5,11 +5,16 @@ run. `actors.campaign.leaderboard` turns them into the leaderboard's rows.
 Each candidate's speedup is a ratio over its own baseline samples, which drift by tens of
 percent over a campaign on a shared host; ranking by it can put a slower kernel first.
 Here:
+- a run's time is `BenchmarkCompleted.time_ns`: the mean over its timed calls, which
+  moving work from one call to another cannot lower (a median can: heavy, light, light
+  calls read as light), or the median in events recorded before the mean was kept; the
+  median and IQR stay beside it as descriptive figures;
 - timed kernels compare by their own time (IQR beside it) at the campaign's shape, and
   every speedup is stated against the campaign's baseline: the median of all its
-  candidates' baseline medians, reported with their spread. A kernel's own time is the
-  median over every run that timed it: its own, and each later head-to-head run that
-  timed it as the incumbent (`own_times`). The best is timed again in every such run, so
+  candidates' baseline times, reported with their spread. A kernel's own time is the
+  median of the times of every run that timed it: its own, and each later head-to-head
+  run that timed it as the incumbent (`own_times`). Runs are separate processes on fresh
+  inputs, so no work moves between them. The best is timed again in every such run, so
   one run of it on a busy host does not stand as its figure;
 - the best (the incumbent new kernels are timed against) changes only when a kernel beat
   it in a head-to-head interleaved run (`BenchmarkCompleted.head_to_head`, written by
@@ -35,7 +40,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class CampaignBaseline:
-    """The baseline of a campaign: the median of its candidates' baseline medians."""
+    """The baseline of a campaign: the median of its candidates' baseline times."""
 
     name: str
     median_ns: float
@@ -45,13 +50,13 @@ class CampaignBaseline:
 
     @property
     def spread(self) -> float:
-        """(q3 - q1) / median of the candidates' baseline medians."""
+        """(q3 - q1) / median of the candidates' baseline times."""
         return (self.q3_ns - self.q1_ns) / self.median_ns if self.median_ns else 0.0
 
     def words(self) -> str:
         return (
             f"{self.name} {self.median_ns / 1e6:.3f} ms (median of {self.candidates} "
-            f"candidates' medians, IQR {self.q1_ns / 1e6:.3f}-{self.q3_ns / 1e6:.3f} ms)"
+            f"candidates' times, IQR {self.q1_ns / 1e6:.3f}-{self.q3_ns / 1e6:.3f} ms)"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -89,16 +94,16 @@ def campaign_baseline(candidates: list[Candidate]) -> CampaignBaseline | None:
     timed = at_campaign_shape(candidates)
     if not timed:
         return None
-    medians = [c.benchmark.baseline_ns for c in timed if c.benchmark is not None]
-    q1, median, q3 = np.percentile(np.asarray(medians, dtype=np.float64), [25, 50, 75])
+    times = [c.benchmark.baseline_time_ns for c in timed if c.benchmark is not None]
+    q1, median, q3 = np.percentile(np.asarray(times, dtype=np.float64), [25, 50, 75])
     name = timed[0].benchmark.baseline if timed[0].benchmark is not None else ""
-    return CampaignBaseline(name, float(median), float(q1), float(q3), len(medians))
+    return CampaignBaseline(name, float(median), float(q1), float(q3), len(times))
 
 
 @dataclass(frozen=True)
 class OwnTime:
-    """A kernel's time at the campaign's shape: the median of the medians of the runs that
-    timed it, and the IQR of its own run."""
+    """A kernel's time at the campaign's shape: the median of the times (`time_ns`) of the
+    runs that timed it, and the IQR of its own run."""
 
     median_ns: float
     iqr_ns: float
@@ -108,49 +113,51 @@ class OwnTime:
 def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
     """Each timed kernel's own time, by candidate id, over its own run and every
     head-to-head run at the campaign's shape that timed it as the incumbent. Such a run
-    records the challenger's median and `speedup_vs_incumbent`, the incumbent's median
-    over the challenger's: their product is the incumbent's median in that run."""
+    records the challenger's time and `speedup_vs_incumbent`, the incumbent's time over
+    the challenger's: their product is the incumbent's time in that run."""
     timed = at_campaign_shape(candidates)
-    medians: dict[str, list[float]] = {}
+    times: dict[str, list[float]] = {}
     for c in timed:
         assert c.benchmark is not None
-        medians[c.candidate_id] = [c.benchmark.median_ns]
+        times[c.candidate_id] = [c.benchmark.time_ns]
     for c in timed:
         assert c.benchmark is not None
         incumbent, ratio = c.benchmark.incumbent, c.benchmark.speedup_vs_incumbent
-        if incumbent is not None and incumbent in medians and ratio is not None:
-            medians[incumbent].append(c.benchmark.median_ns * ratio)
-    return {c.candidate_id: _own_time(c, medians[c.candidate_id]) for c in timed}
+        if incumbent is not None and incumbent in times and ratio is not None:
+            times[incumbent].append(c.benchmark.time_ns * ratio)
+    return {c.candidate_id: _own_time(c, times[c.candidate_id]) for c in timed}
 
 
-def _own_time(candidate: Candidate, medians: list[float]) -> OwnTime:
-    """A kernel's own time over the medians of the runs that timed it (its own first)."""
+def _own_time(candidate: Candidate, times: list[float]) -> OwnTime:
+    """A kernel's own time over the times of the runs that timed it (its own first)."""
     assert candidate.benchmark is not None
     return OwnTime(
-        median_ns=float(statistics.median(medians)),
+        median_ns=float(statistics.median(times)),
         iqr_ns=candidate.benchmark.iqr_ns,
-        runs=len(medians),
+        runs=len(times),
     )
 
 
 def head_to_head_words(challenger: Candidate, incumbent: Candidate) -> tuple[bool, str] | None:
     """What the challenger's head-to-head run against `incumbent` decided, and in which
-    words: "beat", "not clearly faster than" (a median ratio below 1, but too few round
-    wins to tell from chance) or "lost to"; None when it was not timed against that kernel."""
+    words: "beat", "not clearly faster than" (a ratio of means, or in an older event of
+    medians, below 1, but not beyond chance) or "lost to"; None when it was not timed
+    against that kernel."""
     assert challenger.benchmark is not None
     versus = challenger.benchmark.head_to_head
     if challenger.benchmark.incumbent != incumbent.candidate_id or versus is None:
         return None
     if versus.faster:
         return True, "beat"
-    return False, "not clearly faster than" if versus.ratio_median < 1.0 else "lost to"
+    ratio = versus.ratio_median if versus.ratio_of_means is None else versus.ratio_of_means
+    return False, "not clearly faster than" if ratio < 1.0 else "lost to"
 
 
 def clearly_faster(challenger: Candidate, incumbent: Candidate) -> bool:
-    """Own medians apart by more than both kernels' half IQRs (no head-to-head to go by)."""
+    """Run times apart by more than both kernels' half IQRs (no head-to-head to go by)."""
     a, b = challenger.benchmark, incumbent.benchmark
     assert a is not None and b is not None
-    return a.median_ns + a.iqr_ns / 2 < b.median_ns - b.iqr_ns / 2
+    return a.time_ns + a.iqr_ns / 2 < b.time_ns - b.iqr_ns / 2
 
 
 def _timed_at(candidate: Candidate) -> datetime:
@@ -263,7 +270,7 @@ def standings(candidates: list[Candidate]) -> dict[str, str]:
     """Why each timed kernel is or is not the best, by candidate id: "promoted: beat g0:c1
     head to head", "lost to g0:c1 head to head", "not clearly faster than g0:c1 head to
     head", "not clearly faster than g1:c0 by own time". A leaderboard shows it, since its
-    other rows are sorted by own median, which can put a kernel faster than the best that
+    other rows are sorted by own time, which can put a kernel faster than the best that
     never beat it."""
     return promotion_walk(candidates).standing
 
@@ -291,7 +298,7 @@ class RunningBoard:
         self.candidates: list[Candidate] = []
         self.best = RunningBest()
         self._runs: dict[tuple[Shape, str], list[float]] = {}
-        """(shape, incumbent) -> the incumbent's medians in the runs that timed it."""
+        """(shape, incumbent) -> the incumbent's times in the runs that timed it."""
 
     def add(self, candidates: list[Candidate]) -> None:
         self.candidates += candidates
@@ -302,7 +309,7 @@ class RunningBoard:
             self.best.add(c)
             if timed.incumbent is not None and timed.speedup_vs_incumbent is not None:
                 incumbent = self._runs.setdefault((shape_key(c), timed.incumbent), [])
-                incumbent.append(timed.median_ns * timed.speedup_vs_incumbent)
+                incumbent.append(timed.time_ns * timed.speedup_vs_incumbent)
 
     def chain(self) -> list[Candidate]:
         return self.best.chain(lambda: self.candidates)
@@ -314,4 +321,4 @@ class RunningBoard:
         if candidate.benchmark is None or shape_key(candidate) != shape:
             return None
         runs = self._runs.get((shape, candidate.candidate_id), [])
-        return _own_time(candidate, [candidate.benchmark.median_ns, *runs])
+        return _own_time(candidate, [candidate.benchmark.time_ns, *runs])

@@ -4,7 +4,8 @@ Replays the history of the campaign's problem (every campaign of it: lessons dra
 them all) and, at the moment each claim was made, rebuilds what the claim should have
 been: each generation's lessons and close (best candidate, counts), the dedupe answers,
 the finish reason and summary. Every kernel's source must hash to the identity that
-later events name, and every benchmark's speedup must be its own baseline over median.
+later events name, and every benchmark's speedup must be its own baseline over its time
+(the mean over the timed calls; the median in events recorded before the mean was kept).
 
 It rebuilds them with the code the actors run: lessons with `draw_lessons`, each
 close's best with `actors.campaign.ranking.best_of`, dedupe answers from the same
@@ -320,19 +321,24 @@ def _close(a: float, b: float) -> bool:
 
 
 def _check_benchmark(event: BenchmarkCompleted, position: int, board: _Area) -> None:
-    ratio = event.baseline_ns / event.median_ns if event.median_ns > 0 else math.inf
+    """The speedup and roofline fraction re-derived under the rule the event was recorded
+    with: from the means over the timed calls where it holds them, else from the medians
+    (events recorded before the means were kept)."""
+    rule = "median" if event.mean_ns is None else "mean"
+    kernel, baseline = event.time_ns, event.baseline_time_ns
+    ratio = baseline / kernel if kernel > 0 else math.inf
     board.check(
         _close(ratio, event.speedup),
-        f"{event.candidate_id}: speedup {event.speedup:.4g} is not baseline/median "
-        f"{event.baseline_ns:.6g}/{event.median_ns:.6g} = {ratio:.4g}",
+        f"{event.candidate_id}: speedup {event.speedup:.4g} is not baseline/{rule} "
+        f"{baseline:.6g}/{kernel:.6g} = {ratio:.4g}",
         position,
     )
     floor = event.roofline_ns
-    if floor is not None and event.median_ns > 0:
+    if floor is not None and kernel > 0:
         board.check(
-            _close(floor / event.median_ns, event.roofline_fraction),
+            _close(floor / kernel, event.roofline_fraction),
             f"{event.candidate_id}: roofline fraction {event.roofline_fraction:.4g} is not "
-            f"roofline/median {floor:.6g}/{event.median_ns:.6g}",
+            f"roofline/{rule} {floor:.6g}/{kernel:.6g}",
             position,
         )
 

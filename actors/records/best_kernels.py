@@ -6,7 +6,8 @@ others by own time); `kfactory run` writes the winner to `<home>/best/`. A kerne
 variation operator wrote carries its lineage too: a comment line per operator step from
 its root (the operator, its parameters, the parents it varied). A file is named after its
 candidate id (`.c` for cpu, `.cu` for cuda); its provenance line gives the kernel's
-figure (`actors.campaign.leaderboard.figure_of`), as every view does.
+figure (`actors.campaign.leaderboard.figure_of`), as every view does, and a `// verified
+on:` line the shapes a check of its problem verifies on (`Problem.envelope`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from actors.campaign.ranking import CampaignBaseline
 from actors.search.operators.protocol import Step
 from gpu_workers.atomic_file import write_atomically
 from gpu_workers.targets import target_of
+from kernels.loading import ProblemLoadError, load_problem
 
 
 def kernel_text(candidate: Candidate, lineage: Sequence[Step] = ()) -> str:
@@ -37,9 +39,20 @@ def kernel_text(candidate: Candidate, lineage: Sequence[Step] = ()) -> str:
         f"{figure.median_ns / 1e6:.4f} ms median (IQR {figure.iqr_ns / 1e6:.4f} ms), "
         f"{figure.speedup:.2f}x over {timed.baseline} in the same run; "
         f"template {written.template or written.writer}\n"
+        + envelope_comment(written.problem)
         + lineage_comment(lineage)
         + written.source
     )
+
+
+def envelope_comment(problem: str) -> str:
+    """`// verified on:` the shapes a check of the problem verifies on (its spec's
+    envelope), or why they cannot be told here."""
+    try:
+        envelope = load_problem(problem).envelope
+    except ProblemLoadError as exc:
+        return f"// verified on: unknown here ({exc})\n"
+    return f"// verified on: {envelope or 'the problem states no envelope'}\n"
 
 
 def lineage_comment(lineage: Sequence[Step]) -> str:

@@ -186,6 +186,8 @@ def decide_timed(
         ),
         host_contention_cores=outcome.host_contention_cores,
         timing_attempts=outcome.timing_attempts,
+        mean_ns=outcome.kernel.mean_ns,
+        baseline_mean_ns=outcome.baseline.mean_ns,
         evidence={
             "judged_calls": list(outcome.judged_calls),
             # every timing run's own seed; a result timed before runs had one has none

@@ -5,8 +5,10 @@ and canary bytes in whatever lies between its data and those pages, on both side
 in its pages a buffer starts varies between layouts (64-byte steps): right after the
 guard page before it, as close to the guard page after it as alignment allows, or
 anywhere between, so a read past either end faults in some layouts, and a kernel cannot
-count on the slack around its data. A canary word is a huge finite float (0x5A5A5A5A,
-about 1.5e16): read into a max or a sum, it ruins the result.
+count on the slack around its data. An input's pages are read-only in the kernel's
+process (`read_only_ranges`): the driver writes them through its own mapping. A canary
+word is a huge finite float (0x5A5A5A5A, about 1.5e16): read into a max or a sum, it
+ruins the result.
 """
 
 from __future__ import annotations
@@ -72,6 +74,18 @@ def layout(
 
 def guard_ranges(slots: Sequence[Slot]) -> list[tuple[int, int]]:
     return [r for s in slots for r in ((s.start - PAGE, PAGE), (s.end, PAGE))]
+
+
+def read_only_ranges(
+    names: Sequence[str], outputs: Sequence[bool], slots: Sequence[Slot]
+) -> list[tuple[str, int, int]]:
+    """(name, offset, length) of each input's pages between its guards: read-only in the
+    kernel's process, so a write to an input faults and is named."""
+    return [
+        (name, s.start, s.end - s.start)
+        for name, out, s in zip(names, outputs, slots, strict=True)
+        if not out
+    ]
 
 
 class Arena:

@@ -13,7 +13,7 @@ from gpu_workers import runner_files as files
 from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.build import CompiledKernel, compile_kernel
-from gpu_workers.cpu.static import source_check, static_check
+from gpu_workers.cpu.static import file_reader_check, source_check, static_check
 from gpu_workers.cpu.timing_run import arena_bytes
 from gpu_workers.cpu.toolchain import nan_safe
 from gpu_workers.cpu.trusted_build import cache_flush_library, fresh_inputs_library, kernel_host
@@ -105,14 +105,16 @@ class CpuBackend:
                 rejection=Rejection(stage="compile", reason="unsupported_dtype", message=message),
             )
         flags = nan_safe(flags)
-        unsafe = source_check(source, flags, prototype=problem.c_signature(self.dtype))
-        if unsafe is not None:
-            return CompileOutcome(build=None, rejection=unsafe)
-        result = compile_kernel(
-            source, flags, prototype=problem.c_signature(self.dtype), cache_dir=self.cache_dir
-        )
+        reads = file_reader_check(source)
+        if reads is not None:
+            return CompileOutcome(build=None, rejection=reads)
+        prototype = problem.c_signature(self.dtype)
+        result = compile_kernel(source, flags, prototype=prototype, cache_dir=self.cache_dir)
         if isinstance(result, CompileFailure):
-            return CompileOutcome(build=None, rejection=compile_rejection(result))
+            # the static stage's findings first: the build's own scan, not run again
+            unsafe = source_check(source, flags, prototype=prototype)
+            return CompileOutcome(build=None, rejection=unsafe or compile_rejection(result))
+        # built (now, or before: the cache keeps only builds whose scan was clean)
         return CompileOutcome(build=result, rejection=None, cache_hit=result.cache_hit)
 
     def static_check(self, problem: Problem, build: CompiledKernel) -> Rejection | None:

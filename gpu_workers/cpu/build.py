@@ -25,7 +25,7 @@ import msgspec
 from gpu_workers.build_cache import cached_build
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu.object_facts import foreign_assembler, object_facts
-from gpu_workers.cpu.source_scan import scan_failure, scan_source
+from gpu_workers.cpu.source_scan import scan_and_compile, scan_failure
 from gpu_workers.cpu.toolchain import (
     COMPILER,
     DIAGNOSTIC_FLAGS,
@@ -34,7 +34,6 @@ from gpu_workers.cpu.toolchain import (
     compiler_identity,
     default_cache_dir,
     kernel_lines,
-    prelude,
     run_tool,
     system_include_dirs,
 )
@@ -154,16 +153,12 @@ def _build(
     entry: Path,
     trusted_assembler: bool,
 ) -> CompiledKernel | CompileFailure:
-    scan = scan_source(source, flags, prototype=prototype)
+    scan, code, out = scan_and_compile(source, flags, prototype=prototype, work=work)
     refused = scan_failure(scan, trusted_assembler=trusted_assembler)
     if refused is not None:
         return refused
-    (work / KERNEL_FILE).write_text(prelude(prototype) + source)
     (work / "support.c").write_text(SUPPORT_SOURCE)
     common = [COMPILER, *flags, "-fPIC"]
-    code, out = run_tool(
-        [*common, *DIAGNOSTIC_FLAGS, "-S", KERNEL_FILE, "-o", "kernel.s"], work, confine=True
-    )
     log = kernel_lines(out)[-LOG_LIMIT:]
     if code is None:
         return CompileFailure(reason="compile_timeout", message=out, log="")

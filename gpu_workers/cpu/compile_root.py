@@ -100,10 +100,13 @@ def unavailable() -> str | None:
     return None
 
 
-def confined(argv: list[str], work: Path) -> tuple[list[str], dict[str, str]]:
+def confined(
+    argv: list[str], work: Path, *, compiler: str | None = None
+) -> tuple[list[str], dict[str, str]]:
     """`argv` run with `work` as its folder, seeing nothing else of the host but the
-    compiler's installation and the system headers; and the environment it needs. Paths
-    in `argv` must be relative to `work`. Unchanged where `unavailable()`."""
+    compiler's installation (`compiler`'s, or `argv[0]`'s) and the system headers; and the
+    environment it needs. Paths in `argv` must be relative to `work`. Unchanged where
+    `unavailable()`."""
     if unavailable() is not None:
         return argv, {}
     root = work / ".root"
@@ -114,4 +117,4 @@ def confined(argv: list[str], work: Path) -> tuple[list[str], dict[str, str]]:
     found = shutil.which(argv[0])  # through any links the root does not hold (alternatives)
     tool = os.path.realpath(found) if found else argv[0]
     wrapped = [*unshare, "/bin/sh", "-c", _SETUP, "sh", str(root), str(work), tool, *argv[1:]]
-    return wrapped, {"KF_HOST_PATHS": " ".join(host_paths(argv[0]))}
+    return wrapped, {"KF_HOST_PATHS": " ".join(host_paths(compiler or argv[0]))}

@@ -32,8 +32,9 @@
    number (ST_FORBIDDEN_SYSCALL). Each mechanism is reported in the hello as applied, or
    refused with the errno.
 
-   The whole arena is mapped writable and dirty before the first call
-   (MADV_POPULATE_WRITE), so no call pays a page fault or a dirty-bit update for memory the
+   The inputs' pages are read-only here (OP_READ_ONLY, before the first call): a write to
+   one faults and is reported by the input's index (ST_INPUT_WRITTEN). The whole arena is
+   mapped writable and dirty before the first call (MADV_POPULATE_WRITE), so no call pays a page fault or a dirty-bit update for memory the
    harness set up. MXCSR and the x87 state are reset before and after every call, and a
    change is reported (ST_FP_STATE); 64 KiB of stack below the host's frame are scrubbed
    after every call. */
@@ -80,8 +81,8 @@
 #define KF_MXCSR_FLAGS 0x3fu /* sticky exception flags: a kernel may set these */
 #define KF_X87_DEFAULT 0x037fu
 
-enum { OP_CALL = 1, OP_GUARD = 2, OP_NOP = 3, OP_EXIT = 4, OP_UNGUARD = 5 };
-enum { ST_OK = 0, ST_FORBIDDEN_SYSCALL = 1, ST_FP_STATE = 2, ST_BAD_COMMAND = 3 };
+enum { OP_CALL = 1, OP_GUARD = 2, OP_NOP = 3, OP_EXIT = 4, OP_UNGUARD = 5, OP_READ_ONLY = 6 };
+enum { ST_OK = 0, ST_FORBIDDEN_SYSCALL = 1, ST_FP_STATE = 2, ST_BAD_COMMAND = 3, ST_INPUT_WRITTEN = 4 };
 enum { EXIT_LOAD_FAILED = 90, EXIT_FORBIDDEN = 91, EXIT_SETUP_FAILED = 92 };
 
 /* The mechanisms, in the order kernel_process.MECHANISMS names them. */
@@ -146,6 +147,11 @@ static int read_all(int fd, void *data, size_t n) {
    here and faults, and is reported as the refused clock call it is. */
 static uintptr_t vdso_lo, vdso_hi;
 
+/* The inputs' pages (OP_READ_ONLY): read-only here, written only by the driver through
+   its own mapping. A write to one faults, and is reported by the index of its range. */
+static uint64_t read_only_offset[KF_MAX_GUARDS], read_only_length[KF_MAX_GUARDS];
+static uint32_t read_only_count;
+
 static void on_sigsegv(int sig, siginfo_t *info, void *context) {
     (void)context;
     uintptr_t at = (uintptr_t)info->si_addr;
@@ -153,6 +159,14 @@ static void on_sigsegv(int sig, siginfo_t *info, void *context) {
         struct kf_reply reply = {ST_FORBIDDEN_SYSCALL, 0, SYS_clock_gettime};
         (void)!write(1, &reply, sizeof reply);
         syscall(SYS_exit_group, EXIT_FORBIDDEN);
+    }
+    for (uint32_t i = 0; i < read_only_count; ++i) {
+        uintptr_t lo = (uintptr_t)arena + read_only_offset[i];
+        if (at >= lo && at < lo + read_only_length[i]) {
+            struct kf_reply reply = {ST_INPUT_WRITTEN, 0, (int64_t)i};
+            (void)!write(1, &reply, sizeof reply);
+            syscall(SYS_exit_group, EXIT_FORBIDDEN);
+        }
     }
     (void)sig; /* any other fault: the handler is reset (SA_RESETHAND), the instruction runs
                   again and kills the process */
@@ -544,13 +558,24 @@ static int protect(void *at, size_t n, int prot, uint64_t key) {
     return (int)syscall(SYS_mprotect, at, n, prot, key);
 }
 
-static int guard(const struct kf_command *c) {
+static int guard(const struct kf_command *c, int prot) {
     for (uint32_t i = 0; i < c->count && i < KF_MAX_GUARDS; ++i) {
         if (c->guard_offset[i] + c->guard_length[i] > arena_bytes) return -1;
-        if (protect(arena + c->guard_offset[i], c->guard_length[i], PROT_NONE,
+        if (protect(arena + c->guard_offset[i], c->guard_length[i], prot,
                     (uint64_t)c->dims[0]) != 0)
             return -1;
     }
+    return 0;
+}
+
+static int read_only(const struct kf_command *c) {
+    if (guard(c, PROT_READ) != 0) return -1;
+    read_only_count = 0;
+    for (uint32_t i = 0; i < c->count && i < KF_MAX_GUARDS; ++i) {
+        read_only_offset[i] = c->guard_offset[i];
+        read_only_length[i] = c->guard_length[i];
+    }
+    read_only_count = c->count < KF_MAX_GUARDS ? c->count : KF_MAX_GUARDS;
     return 0;
 }
 
@@ -633,7 +658,8 @@ int main(int argc, char **argv) {
     int filtered = 0;
     while (read_all(0, &command, sizeof command) == 0) {
         struct kf_reply reply = {ST_OK, KF_MXCSR_DEFAULT, 0};
-        if ((command.op == OP_GUARD || command.op == OP_UNGUARD) && !filtered)
+        if ((command.op == OP_GUARD || command.op == OP_UNGUARD || command.op == OP_READ_ONLY) &&
+            !filtered)
             guard_key = (uint64_t)command.dims[0];
         if (command.op == OP_CALL && !filtered) {
             /* The guard pages are set: from the first call on, nothing but the host (with
@@ -651,8 +677,11 @@ int main(int argc, char **argv) {
                 x87 != KF_X87_DEFAULT)
                 reply.status = ST_FP_STATE;
         } else if (command.op == OP_GUARD) {
-            if (guard(&command) != 0) reply.status = ST_BAD_COMMAND;
+            if (guard(&command, PROT_NONE) != 0) reply.status = ST_BAD_COMMAND;
+        } else if (command.op == OP_READ_ONLY) {
+            if (read_only(&command) != 0) reply.status = ST_BAD_COMMAND;
         } else if (command.op == OP_UNGUARD) {
+            read_only_count = 0;
             if (protect(arena, arena_bytes, PROT_READ | PROT_WRITE, (uint64_t)command.dims[0]) != 0)
                 reply.status = ST_BAD_COMMAND;
         } else if (command.op == OP_EXIT) {

@@ -12,7 +12,8 @@ the baseline. An ending of the host is the kernel's doing and is raised as Kerne
   `forged_reply`.
 - Other endings: `timeout` (no answer within the run's wall-clock limit, or its CPU time
   used up), `memory_limit` (an allocation refused under the address-space limit),
-  `crashed`, `exited`, `load_failed`, `forbidden_syscall` (named), `fp_state` (the
+  `crashed`, `exited`, `load_failed`, `forbidden_syscall` (named), `input_written` (a
+  write to an input, whose pages are read-only in the host: named), `fp_state` (the
   floating-point control state changed) and `unstoppable` (a thread that SIGSTOP did not
   stop within STOP_SECONDS, such as one waiting uninterruptibly: the kernel's doing).
 - `mechanisms` records each containment the host applied, or why not; `kfactory check`
@@ -39,13 +40,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.arena import Arena
+from gpu_workers.cpu.arena import Arena, Slot, guard_ranges, read_only_ranges
 from gpu_workers.results import Mechanism, Rejection, Stage
 from gpu_workers.sandbox_outcome import ALLOCATION_REFUSED_MARK
 
 MAX_ARRAYS, MAX_DIMS, MAX_GUARDS = 16, 8, 64
-OP_CALL, OP_GUARD, OP_NOP, OP_EXIT, OP_UNGUARD = 1, 2, 3, 4, 5
-ST_OK, ST_FORBIDDEN_SYSCALL, ST_FP_STATE, ST_BAD_COMMAND = 0, 1, 2, 3
+OP_CALL, OP_GUARD, OP_NOP, OP_EXIT, OP_UNGUARD, OP_READ_ONLY = 1, 2, 3, 4, 5, 6
+ST_OK, ST_FORBIDDEN_SYSCALL, ST_FP_STATE, ST_BAD_COMMAND, ST_INPUT_WRITTEN = 0, 1, 2, 3, 4
 EXIT_LOAD_FAILED, EXIT_FORBIDDEN, EXIT_SETUP_FAILED = 90, 91, 92
 MAGIC = 0x6B66686F
 NOT_NEEDED = -1
@@ -156,6 +157,7 @@ class KernelProcess:
         self.log = log
         self.calls = 0
         self.helper_cpu_ns = 0
+        self._read_only_names: list[str] = []
         """CPU time the driver's other threads used while this kernel's calls were timed."""
         root.mkdir(mode=0o755, exist_ok=True)
         command_r, self._command = os.pipe()
@@ -245,12 +247,24 @@ class KernelProcess:
         command = COMMAND.pack(OP_NOP, 0, *([0] * (MAX_ARRAYS + MAX_DIMS + 2 * MAX_GUARDS)))
         return self._roundtrip(command, "a handshake")[3]
 
-    def guard(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """Make exactly these (offset, length) ranges of the arena inaccessible to the kernel."""
+    def guard(
+        self, ranges: Sequence[tuple[int, int]], read_only: Sequence[tuple[str, int, int]]
+    ) -> None:
+        """Make exactly these (offset, length) ranges of the arena inaccessible to the kernel,
+        and the (name, offset, length) ranges of its inputs read-only: a write there ends
+        the run as `input_written`, naming the input."""
+        if len(read_only) > MAX_GUARDS:
+            raise ValueError(f"more than {MAX_GUARDS} read-only ranges")
         self._command_ok(OP_UNGUARD, [], [])
         for first in range(0, len(ranges), MAX_GUARDS):
             chunk = ranges[first : first + MAX_GUARDS]
             self._command_ok(OP_GUARD, [o for o, _ in chunk], [n for _, n in chunk])
+        self._command_ok(OP_READ_ONLY, [o for _, o, _ in read_only], [n for *_, n in read_only])
+        self._read_only_names = [name for name, *_ in read_only]
+
+    def protect(self, slots: Sequence[Slot], names: Sequence[str], outputs: Sequence[bool]) -> None:
+        """`guard` for these buffers: their guard pages inaccessible, the inputs' read-only."""
+        self.guard(guard_ranges(slots), read_only_ranges(names, outputs, slots))
 
     def _command_ok(self, op: int, offsets: list[int], lengths: list[int]) -> None:
         command = COMMAND.pack(
@@ -291,6 +305,8 @@ class KernelProcess:
         status, mxcsr, detail = REPLY.unpack(reply)
         if status == ST_FORBIDDEN_SYSCALL:
             self._forbidden(detail, what)
+        if status == ST_INPUT_WRITTEN:
+            self._input_written(detail, what)
         self._stop()
         self._no_second_answer(what)
         return status, mxcsr, detail, elapsed
@@ -361,6 +377,16 @@ class KernelProcess:
             "forbidden_syscall",
             f"the kernel made the system call {name}, which a kernel may not make, during {what}",
             {"syscall": name, "number": str(number), "progress": what, "log": self.log_tail()},
+        )
+
+    def _input_written(self, index: int, what: str) -> None:
+        self.kill()
+        names = self._read_only_names
+        name = names[index] if 0 <= index < len(names) else f"read-only range {index}"
+        raise KernelEnded(
+            "input_written",
+            f"the kernel wrote to its input {name} during {what}: inputs are read-only",
+            {"buffer": name, "progress": what, "log": self.log_tail()},
         )
 
     def _ended(self, what: str) -> None:

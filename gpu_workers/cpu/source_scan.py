@@ -1,22 +1,26 @@
 """The preprocessor's view of an untrusted C source, taken before anything is compiled.
 
 The source goes through the real preprocessor once, with the flags it will be built with
-(`scan_source`). Every file it reads must resolve under the compiler's own system include
-directories (a refusal names only the path, never what a file says), so the compiler is
-never made to read another file into its log or the object; and the kernel's own tokens,
-after macro expansion (system macros expanded in the kernel included), may hold no
-assembler keyword. Line markers in the preprocessed text tell the kernel's tokens from a
-system header's; a source that writes its own (`#line`, GNU markers, however spelled) to
-pass its tokens off as a header's is refused (`line_control_directives`). A source that
-fails the scan is never compiled (`scan_failure`), and the static stage reports the same
-findings as its own (`static.source_check`).
+(`scan_source`; a build runs it with the compile in one confined set-up,
+`scan_and_compile`, and the static stage then reads what it found). Every file it reads
+must resolve under the compiler's own system include directories (a refusal names only
+the path, never what a file says), so the compiler is never made to read another file
+into its log or the object; and the kernel's own tokens, after macro expansion (system
+macros expanded in the kernel included), may hold no assembler keyword. Line markers in
+the preprocessed text tell the kernel's tokens from a system header's; a source that
+writes its own (`#line`, GNU markers, however spelled) to pass its tokens off as a
+header's is refused (`line_control_directives`). A source that fails the scan is never
+compiled to an object (`scan_failure`), and the static stage reports the same findings
+as its own (`static.source_check`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 
 import msgspec
@@ -78,12 +82,37 @@ ASSEMBLER_KEYWORDS = frozenset({"asm", "__asm", "__asm__"})
 _PREAMBLE_NAMES = frozenset({"<built-in>", "<command-line>"})
 
 
+SCANS_KEPT = 64
+"""Scans remembered in this process, the latest first out: a build's scan is the static
+stage's, with no second preprocessor run."""
+_scans: OrderedDict[tuple[str, tuple[str, ...], str], SourceScan] = OrderedDict()
+
+_SCAN_THEN_COMPILE = (
+    '"$@" -H -E kernel.c -o kernel.i 2> kernel.scan.log; echo $? > kernel.scan.status\n'
+    'exec "$@" -S kernel.c -o kernel.s\n'
+)
+"""The preprocessor's scan and the compile to assembler, in one confined set-up: the
+scan's output goes to files, the compile's to the caller."""
+
+
+def _remember(key: tuple[str, tuple[str, ...], str], scan: SourceScan) -> SourceScan:
+    _scans[key] = scan
+    _scans.move_to_end(key)
+    while len(_scans) > SCANS_KEPT:
+        _scans.popitem(last=False)
+    return scan
+
+
 def scan_source(source: str, flags: tuple[str, ...], *, prototype: str) -> SourceScan:
     """Run the preprocessor on `source` as it will be compiled and report what it read and
-    whether the kernel's own tokens hold assembler. Nothing any file says is reported."""
+    whether the kernel's own tokens hold assembler. Nothing any file says is reported. A
+    source this process scanned already (its build did) is not run again."""
+    key = (source, flags, prototype)
+    if key in _scans:
+        return _scans[key]
     forged = list(line_control_directives(source))
     if unavailable() is not None and (probes := host_path_probes(source)):
-        return SourceScan(host_probes=probes)
+        return _remember(key, SourceScan(host_probes=probes))
     with tempfile.TemporaryDirectory(prefix="kf-cpp-") as tmp:
         work = Path(tmp)
         (work / KERNEL_FILE).write_text(prelude(prototype) + source)
@@ -92,32 +121,61 @@ def scan_source(source: str, flags: tuple[str, ...], *, prototype: str) -> Sourc
             work,
             confine=True,
         )
-        if code is None:
-            return SourceScan(
-                failure=CompileFailure(
-                    reason="compile_timeout",
-                    message="the preprocessor timed out",
-                    log="",
-                )
+        return _remember(key, _read_scan(code, out, work, forged))
+
+
+def scan_and_compile(
+    source: str, flags: tuple[str, ...], *, prototype: str, work: Path
+) -> tuple[SourceScan, int | None, str]:
+    """The scan of `scan_source` and the compile of `work/kernel.c` (written here) to
+    `kernel.s`, in one confined set-up (two cost twice the namespace's): the scan, and the
+    compile's exit status and output (not to be used where the scan refuses)."""
+    key = (source, flags, prototype)
+    forged = list(line_control_directives(source))
+    if unavailable() is not None and (probes := host_path_probes(source)):
+        return _remember(key, SourceScan(host_probes=probes)), None, ""
+    (work / KERNEL_FILE).write_text(prelude(prototype) + source)
+    compiler = shutil.which(COMPILER)  # through any links the root does not hold
+    common = [os.path.realpath(compiler) if compiler else COMPILER, *flags, "-fPIC"]
+    code, out = run_tool(
+        ["/bin/sh", "-c", _SCAN_THEN_COMPILE, "sh", *common, *DIAGNOSTIC_FLAGS],
+        work,
+        confine=True,
+        compiler=COMPILER,
+    )
+    status = work / "kernel.scan.status"
+    scanned = int(status.read_text()) if code is not None and status.exists() else None
+    log = (work / "kernel.scan.log").read_text(errors="replace") if scanned is not None else ""
+    return _remember(key, _read_scan(scanned, log, work, forged)), code, out
+
+
+def _read_scan(code: int | None, out: str, work: Path, forged: list[str]) -> SourceScan:
+    """The scan from the preprocessor's exit status (None: it timed out), its log (`-H`'s
+    header lines and errors) and `work/kernel.i`."""
+    if code is None:
+        return SourceScan(
+            failure=CompileFailure(
+                reason="compile_timeout",
+                message="the preprocessor timed out",
+                log="",
             )
-        headers = [m.group(2) for ln in out.splitlines() if (m := _HEADER_LINE.match(ln))]
-        # confined, a file outside the compile's root is not there: the include names it
-        headers += [m.group(1) for m in _MISSING.finditer(kernel_lines(out))]
-        outside = _outside_system_dirs(headers, work)
-        if outside:
-            return SourceScan(outside_includes=outside, forged_line_markers=tuple(forged))
-        if code != 0:
-            log = kernel_lines(out)
-            first = next((ln for ln in log.splitlines() if "error" in ln), "preprocessor error")
-            return SourceScan(
-                failure=CompileFailure(reason="compile_error", message=first.strip(), log=log)
-            )
-        try:
-            text = (work / "kernel.i").read_text(errors="replace")
-        except OSError as exc:
-            return SourceScan(
-                failure=CompileFailure(reason="compile_error", message=str(exc), log="")
-            )
+        )
+    headers = [m.group(2) for ln in out.splitlines() if (m := _HEADER_LINE.match(ln))]
+    # confined, a file outside the compile's root is not there: the include names it
+    headers += [m.group(1) for m in _MISSING.finditer(kernel_lines(out))]
+    outside = _outside_system_dirs(headers, work)
+    if outside:
+        return SourceScan(outside_includes=outside, forged_line_markers=tuple(forged))
+    if code != 0:
+        log = kernel_lines(out)
+        first = next((ln for ln in log.splitlines() if "error" in ln), "preprocessor error")
+        return SourceScan(
+            failure=CompileFailure(reason="compile_error", message=first.strip(), log=log)
+        )
+    try:
+        text = (work / "kernel.i").read_text(errors="replace")
+    except OSError as exc:
+        return SourceScan(failure=CompileFailure(reason="compile_error", message=str(exc), log=""))
     return _scan_tokens(text, work, forged)
 
 

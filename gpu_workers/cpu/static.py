@@ -186,6 +186,20 @@ ALLOWED_PATTERNS = (
 _FILE_READERS = re.compile(r"\.incbin|#\s*embed|__has_embed")
 
 
+def file_reader_check(source: str) -> Rejection | None:
+    """`.incbin`, `#embed` or `__has_embed`: a construct that would read a file into the
+    kernel, refused before anything reads the source."""
+    found = _FILE_READERS.search(source)
+    if found is None:
+        return None
+    return Rejection(
+        stage="static",
+        reason="forbidden_construct",
+        message=f"{found.group(0)} would read a file into the kernel",
+        evidence={"construct": found.group(0)},
+    )
+
+
 def source_check(
     source: str, flags: tuple[str, ...] = (), *, prototype: str = ""
 ) -> Rejection | None:
@@ -195,14 +209,9 @@ def source_check(
     tokens, after macro expansion, may hold no assembler. A refusal names only the paths
     and positions: nothing a file says. Sources the preprocessor cannot handle, and flags
     that are not allowed, are left to the compile stage to report."""
-    found = _FILE_READERS.search(source)
-    if found:
-        return Rejection(
-            stage="static",
-            reason="forbidden_construct",
-            message=f"{found.group(0)} would read a file into the kernel",
-            evidence={"construct": found.group(0)},
-        )
+    reads = file_reader_check(source)
+    if reads is not None:
+        return reads
     if bad_flags(flags):
         return None
     scan = scan_source(source, flags, prototype=prototype)

@@ -2,13 +2,16 @@
 
 Every timed call gets inputs no earlier call has seen, written while the kernel's process
 is stopped, and starts from poisoned outputs, with its inputs and outputs flushed from
-every cache level (no call finds them cached, however large the caches); which calls are
-judged is drawn from the check's secret before the call. After timing, the same loaded
-kernel is re-checked on every distribution of the problem at the timed shape. The driver
-judges what it kept (it holds the inputs and outputs), with the benchmarker's own rule.
+every cache level (no call finds them cached, however large the caches). Every call is
+judged on a few rows drawn from the check's secret after it (`gpu_workers.sampled_rows`),
+and a few calls, drawn the same way, in full. After timing, the same loaded kernel is
+re-checked on every distribution of the problem at the timed shape, from the timed calls'
+poison. The driver judges what it kept (it holds the inputs and outputs), with the
+benchmarker's own rule.
 
-- The kernel, and the incumbent in a host of its own, rotate over `input_sets` (2, or one
-  per baseline seed) in their arenas. Fresh inputs come from `fresh_inputs.c` (N(0, 1)
+- The kernel, and the incumbent in a host of its own, each have one input set in their
+  arena (`Contender`), read-only in their process; the baseline rotates over
+  `input_sets` (2, or one per baseline seed). Fresh inputs come from `fresh_inputs.c` (N(0, 1)
   by Box-Muller from a keyed counter hash) for an fp32 problem that fills its inputs from
   a distribution, else from the problem's own generator with a fresh seed; the flush is
   `cache_flush.c` (CLFLUSHOPT or CLFLUSH on x86-64, `dc civac` on AArch64).
@@ -43,7 +46,7 @@ import numpy.typing as npt
 from gpu_workers import runner_files as files
 from gpu_workers.benchmarking import judge_calls
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.arena import ITEMSIZE, Arena, guard_ranges, layout, poison, slot_bytes
+from gpu_workers.cpu.arena import ITEMSIZE, Arena, layout, poison, slot_bytes
 from gpu_workers.cpu.freed_memory import keep_freed_memory
 from gpu_workers.cpu.kernel_process import (
     KernelEnded,
@@ -55,6 +58,14 @@ from gpu_workers.pass_band import Band
 from gpu_workers.protocols import JudgedCall
 from gpu_workers.recheck_pool import entry
 from gpu_workers.results import Rejection
+from gpu_workers.sampled_rows import (
+    RowSample,
+    draw_rows,
+    needs_whole_inputs,
+    row_call,
+    sampled,
+    take_rows,
+)
 from gpu_workers.sandbox import host_busy_seconds
 from gpu_workers.verification import trial_seed
 from kernels.loading import load_problem
@@ -126,8 +137,12 @@ def cache_flush(library: str) -> Flush:
 
 
 class Contender:
-    """A kernel in its own host and arena, over `sets` rotating input sets; every call gets
-    fresh inputs and starts from poisoned outputs. `judge` calls, drawn by reservoir
+    """A kernel in its own host and arena, which holds one input set: every call gets fresh
+    inputs, written while the kernel is stopped after the call before, and starts from
+    poisoned outputs, so nothing of a later call is in the kernel's reach before that call
+    (with two sets, the next call's inputs sat beside the current one's, and a kernel could
+    do part of the next call's work in this one). The inputs are read-only in the kernel's
+    process: a write to one ends the run as `input_written`. `judge` calls, drawn by reservoir
     sampling from the secret (every call equally likely, however many there are), are kept
     for judging; which ones is decided after each call, and the kernel cannot see it."""
 
@@ -136,7 +151,6 @@ class Contender:
         problem: Problem,
         job: p.BenchJob,
         library: str,
-        n_sets: int,
         secret: np.random.Generator,
         judge: int,
         flush: Flush,
@@ -144,48 +158,53 @@ class Contender:
         self.problem, self.job, self.secret, self.judge = problem, job, secret, judge
         self.flush = flush
         shapes = [a.shape(job.shape) for a in problem.args]
-        per_set = set_slot_bytes(problem, job)
-        self.arena = Arena(per_set * n_sets)
-        self.sets = [layout(shapes, ITEMSIZE, secret, base=i * per_set) for i in range(n_sets)]
+        self.arena = Arena(set_slot_bytes(problem, job))
+        self.slots = layout(shapes, ITEMSIZE, secret)
         self.dims = [int(job.shape[d]) for d in problem.dims]
         self.fresh = FreshInputs(problem, job, secret)
-        self.recipes: list[Recipe] = [()] * n_sets
+        self.recipe: Recipe = ()
         self.kept: list[Kept] = []
+        self.rows_checked = judge > 0 and sampled(problem)
+        self.row_samples: list[tuple[RowSample, Recipe]] = []
         self._stack = contextlib.ExitStack()
         self.process = self._stack.enter_context(
             kernel_process(job.kernel_host, library, len(problem.args), len(self.dims), self.arena)
         )
-        self.process.guard([r for slots in self.sets for r in guard_ranges(slots)])
-        for i in range(n_sets):
-            self.arena.fill_canaries(self.sets[i])
-            self._refresh(i)
+        names, outputs = [a.name for a in problem.args], [a.output for a in problem.args]
+        self.process.protect(self.slots, names, outputs)
+        self.arena.fill_canaries(self.slots)
+        self.refresh()
 
-    def views(self, i: int) -> dict[str, FloatArray]:
+    def views(self) -> dict[str, FloatArray]:
         return {
             a.name: self.arena.floats(slot)
-            for a, slot in zip(self.problem.args, self.sets[i], strict=True)
+            for a, slot in zip(self.problem.args, self.slots, strict=True)
         }
 
-    def _refresh(self, i: int) -> None:
-        """New inputs and poisoned outputs for set i, none of them left in any cache."""
-        views = self.views(i)
+    def refresh(self) -> None:
+        """New inputs and poisoned outputs for the next call, none of them in any cache."""
+        views = self.views()
         for a in self.problem.outputs:
             poison(views[a.name], p.POISON_BITS[0])
-        self.recipes[i] = self.fresh.write({a.name: views[a.name] for a in self.problem.inputs})
+        self.recipe = self.fresh.write({a.name: views[a.name] for a in self.problem.inputs})
         for view in views.values():
             self.flush(view)
 
-    def timed(self, i: int, what: str) -> int:
-        ns = self.process.call([s.offset for s in self.sets[i]], self.dims, what)
+    def timed(self, what: str) -> int:
+        ns = self.process.call([s.offset for s in self.slots], self.dims, what)
         call = self.process.calls - 1
-        self._check_canaries(i, what)
+        self._check_canaries(what)
+        if self.rows_checked:  # every call, on rows drawn now: the kernel cannot know which
+            rows = draw_rows(self.problem, self.job.shape, self.secret)
+            sample = take_rows(self.problem, call, rows, self.views())
+            self.row_samples.append((sample, self.recipe))
         slot = call if call < self.judge else int(self.secret.integers(0, call + 1))
         if slot < self.judge:  # Algorithm R
-            views = self.views(i)
+            views = self.views()
             if len(self.kept) < self.judge:
                 kept = Kept(
                     call=call,
-                    recipe=self.recipes[i],
+                    recipe=self.recipe,
                     outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
                     inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
                 )
@@ -194,12 +213,26 @@ class Contender:
                 evicted = self.kept[slot]
                 for name, array in (*evicted.outputs.items(), *evicted.inputs_after.items()):
                     np.copyto(array, views[name])
-                kept = Kept(call, self.recipes[i], evicted.outputs, evicted.inputs_after)
+                kept = Kept(call, self.recipe, evicted.outputs, evicted.inputs_after)
                 self.kept[slot] = kept
             for array in (*kept.outputs.values(), *kept.inputs_after.values()):
                 self.flush(array)  # the next call does not pay for writing them back
-        self._refresh(i)
+        self.refresh()
         return ns
+
+    def row_calls(self) -> list[JudgedCall]:
+        """Every call's sampled rows as calls of their own (the whole of any input without
+        the rows' dim made again from the call's recipe)."""
+        whole = needs_whole_inputs(self.problem)
+        return [
+            row_call(
+                self.problem,
+                sample,
+                self.fresh.make(recipe) if whole else {},
+                p.POISON_BITS[0],
+            )
+            for sample, recipe in self.row_samples
+        ]
 
     def judged(self) -> list[JudgedCall]:
         """The kept calls, their inputs made again, in the order they were made."""
@@ -216,25 +249,25 @@ class Contender:
         ]
 
     def run_once(self, inputs: Arrays, what: str, seed: int) -> JudgedCall:
-        """One call on `inputs` (set 0), its outputs read back for judging."""
-        views = self.views(0)
+        """One call on `inputs`, its outputs read back for judging."""
+        views = self.views()
         for a in self.problem.outputs:
-            poison(views[a.name], p.POISON_BITS[1])
+            poison(views[a.name], p.POISON_BITS[0])  # as every timed call's
         for a in self.problem.inputs:
             views[a.name][...] = inputs[a.name]
-        self.process.call([s.offset for s in self.sets[0]], self.dims, what)
-        self._check_canaries(0, what)
+        self.process.call([s.offset for s in self.slots], self.dims, what)
+        self._check_canaries(what)
         return JudgedCall(
             when=what,
             inputs=inputs,
             outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
             inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
-            poison_bits=p.POISON_BITS[1],
+            poison_bits=p.POISON_BITS[0],
             seed=seed,
         )
 
-    def _check_canaries(self, i: int, what: str) -> None:
-        for arg, slot in zip(self.problem.args, self.sets[i], strict=True):
+    def _check_canaries(self, what: str) -> None:
+        for arg, slot in zip(self.problem.args, self.slots, strict=True):
             side = self.arena.damaged(slot)
             if side is not None:
                 raise OutOfBounds(arg.name, side, what)
@@ -294,24 +327,73 @@ PREPARED_AHEAD = 2
 threads of their own while the kernel runs and the judges judge the ones before."""
 
 
+def recheck_draws(problem: Problem, job: p.BenchJob) -> list[tuple[str, int]]:
+    """(distribution, seed) of every re-check at the timed shape (none unless asked)."""
+    if job.recheck_seed is None:
+        return []
+    return [(d, trial_seed(job.recheck_seed, i, d)) for i, d in enumerate(problem.distributions)]
+
+
+class InterleavedRecheck:
+    """The re-check among the timed calls: each distribution's call comes just before a
+    timed call drawn from the secret among the first `warmup + min_runs`, on the same path
+    with the same poison and shape, so a kernel cannot tell it from the calls around it
+    (only its inputs differ, and every timed call is judged besides). Its time is not a
+    sample. Inputs are prepared before the timed window; what the run ends before reaching
+    is re-checked after timing."""
+
+    def __init__(self, problem: Problem, job: p.BenchJob, secret: np.random.Generator) -> None:
+        draws = recheck_draws(problem, job)
+        span = job.warmup + job.min_runs
+        at = [int(n) for n in secret.choice(span, size=min(len(draws), span), replace=False)]
+        self.due = {n: draw for n, draw in zip(at, draws, strict=False)}
+        self.prepared = {
+            n: (d, _recheck_inputs(problem, job, d, seed)) for n, (d, seed) in self.due.items()
+        }
+        self.calls = 0
+        self.done: list[JudgedCall] = []
+        self.distributions: list[str] = []
+
+    def before_timed_call(self, kernel: Contender) -> None:
+        n, self.calls = self.calls, self.calls + 1
+        if n not in self.prepared:
+            return
+        distribution, (inputs, reference, seed) = self.prepared.pop(n)
+        what = f"re-check among the timed calls: {distribution} inputs at {kernel.job.shape}"
+        call = kernel.run_once(inputs, f"{what}, seed {seed}", seed)
+        call.expected, call.scales, call.bands = reference
+        self.done.append(call)
+        self.distributions.append(distribution)
+        kernel.refresh()
+
+
 def _judge_and_recheck(
-    problem: Problem, job: p.BenchJob, kernel: Contender, rechecked: list[str]
+    problem: Problem,
+    job: p.BenchJob,
+    kernel: Contender,
+    interleaved: InterleavedRecheck,
+    rechecked: list[str],
 ) -> Rejection | None:
-    """Judge the kept timed calls, then re-check every distribution at the timed shape on
-    the same loaded kernel (when the job asks for it); the first failure, in that order."""
-    recheck_seed = job.recheck_seed
-    draws = (
-        [(d, trial_seed(recheck_seed, i, d)) for i, d in enumerate(problem.distributions)]
-        if recheck_seed is not None
-        else []
-    )
+    """Judge the kept timed calls and the re-check calls made among them, then re-check
+    every distribution the run did not reach on the same loaded kernel; the first failure,
+    in that order."""
+    rechecked += [d for d in problem.distributions if d in interleaved.distributions]
+    draws = [(d, seed) for d, seed in recheck_draws(problem, job) if d not in rechecked]
     with (
         ThreadPoolExecutor(max_workers=JUDGES) as judges,
         ThreadPoolExecutor(max_workers=PREPARED_AHEAD) as preparers,
     ):
         files.write_progress("judging the timed calls")
-        pending = [judges.submit(judge_calls, problem, job.dtype, [c]) for c in kernel.judged()]
+        rows = judge_calls(problem, job.dtype, kernel.row_calls())
+        if rows is not None:
+            return rows
+        kernel.row_samples.clear()
+        pending = [
+            judges.submit(judge_calls, problem, job.dtype, [c])
+            for c in (*kernel.judged(), *interleaved.done)
+        ]
         kernel.kept.clear()
+        interleaved.done.clear()
         prepared: dict[int, Future[tuple[Arrays, Reference, int]]] = {}
         for index, (distribution, seed) in enumerate(draws):
             for ahead in range(index, min(index + PREPARED_AHEAD, len(draws))):
@@ -367,8 +449,9 @@ def set_slot_bytes(problem: Problem, job: p.BenchJob) -> int:
 
 
 def arena_bytes(problem: Problem, job: p.BenchJob) -> int:
-    """The size of each contender's arena, the largest file the driver makes."""
-    return input_sets(job) * set_slot_bytes(problem, job)
+    """The size of each contender's arena (one input set), the largest file the driver
+    makes."""
+    return set_slot_bytes(problem, job)
 
 
 def bench(job: p.BenchJob) -> p.BenchReply:
@@ -395,12 +478,14 @@ def bench(job: p.BenchJob) -> p.BenchReply:
     cpu_before = cpu_after = 0.0
     contention: float | None = None
     try:
-        kernel = Contender(problem, job, job.library, n_sets, secret, job.judged_calls, flush)
+        kernel = Contender(problem, job, job.library, secret, job.judged_calls, flush)
         contenders.append(kernel)
         incumbent = None
         if job.incumbent_library:
-            incumbent = Contender(problem, job, job.incumbent_library, n_sets, secret, 0, flush)
+            incumbent = Contender(problem, job, job.incumbent_library, secret, 0, flush)
             contenders.append(incumbent)
+        files.write_progress("re-check inputs")
+        interleaved = InterleavedRecheck(problem, job, secret)
         if job.wait_for_window:
             files.write_progress("waiting for the timed window")
             files.wait_for_window()
@@ -408,12 +493,13 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         cpu_before = kernel.process.cpu_seconds()
         meter = ContentionMeter(contenders)
 
-        def call_kernel(i: int) -> int:
-            return kernel.timed(i, f"timed call {kernel.process.calls}")
+        def call_kernel(_: int) -> int:
+            interleaved.before_timed_call(kernel)
+            return kernel.timed(f"timed call {kernel.process.calls}")
 
-        def call_incumbent(i: int) -> int:
+        def call_incumbent(_: int) -> int:
             assert incumbent is not None
-            return incumbent.timed(i, f"incumbent call {incumbent.process.calls}")
+            return incumbent.timed(f"incumbent call {incumbent.process.calls}")
 
         def call_baseline(i: int) -> int:
             inputs = distinct[i % len(distinct)]
@@ -452,7 +538,7 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             contenders.remove(incumbent)
         distinct.clear()
         judged_calls = [k.call for k in kernel.kept]
-        rejection = _judge_and_recheck(problem, job, kernel, rechecked)
+        rejection = _judge_and_recheck(problem, job, kernel, interleaved, rechecked)
     except KernelEnded as ended:
         rejection = ended_rejection("benchmark", ended)
     except OutOfBounds as oob:

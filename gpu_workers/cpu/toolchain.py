@@ -115,14 +115,16 @@ def kernel_lines(log: str) -> str:
     return "\n".join(ln for ln in log.splitlines() if ln.startswith(keep) or "kernel.o" in ln)
 
 
-def run_tool(argv: list[str], cwd: Path, *, confine: bool = False) -> tuple[int | None, str]:
+def run_tool(
+    argv: list[str], cwd: Path, *, confine: bool = False, compiler: str | None = None
+) -> tuple[int | None, str]:
     """Run the compiler (or objdump) in `cwd` under the compile limits: (exit status,
     output), status None when it timed out. `confine`: where it reads a kernel's source,
     in a root that holds only the compiler's installation, the system headers and `cwd`
-    (`compile_root`)."""
+    (`compile_root`); `compiler`: the compiler `argv` runs, where `argv[0]` is a shell."""
     extra_env: dict[str, str] = {}
     if confine:
-        argv, extra_env = confined(argv, cwd)
+        argv, extra_env = confined(argv, cwd, compiler=compiler)
     return run_compiler(
         argv,
         cwd,

@@ -12,7 +12,7 @@ import numpy as np
 
 from gpu_workers import runner_files as files
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.arena import ITEMSIZE, Arena, guard_ranges, layout, poison, slot_bytes
+from gpu_workers.cpu.arena import ITEMSIZE, Arena, layout, poison, slot_bytes
 from gpu_workers.cpu.kernel_process import (
     KernelEnded,
     KernelProcess,
@@ -57,7 +57,7 @@ def _verify_trial(
 ) -> None:
     slots = layout([tuple(s) for s in trial.arg_shapes], ITEMSIZE, placement)
     arena.bytes[:] = 0  # nothing of an earlier trial stays anywhere in the kernel's reach
-    kernel.guard(guard_ranges(slots))
+    kernel.protect(slots, job.arg_names, job.outputs)
     inputs = {
         name: np.load(files.input_file(trial.index, name))
         for name, out in zip(job.arg_names, job.outputs, strict=True)

@@ -213,6 +213,8 @@ GELU = Problem(
     ),
     cost=lambda s: Cost(bytes_moved=8 * _n(s, "n"), flops=10 * _n(s, "n")),
     error_scale=lambda i, e: {"y": np.abs(e["y"]) + GELU_TAIL_FLOOR * np.abs(i["x"])},
+    contract_shapes=lambda rng: ({"n": ragged(rng, 1 << 20, (1 << 20) + 4097)},),
+    envelope="n 1-(2^20 + 4096): short, ragged, whole pages, and at least 2^20 elements",
 )
 
 
@@ -273,6 +275,19 @@ MATMUL = Problem(
     ),
     # Cancellation makes |C| meaningless as a scale; fp32 error grows with sum |a||b|.
     error_scale=lambda i, e: {"C": _matmul_scale(i["A"], i["B"])},
+    contract_shapes=lambda rng: (
+        {"M": ragged(rng, 256, 385), "N": ragged(rng, 256, 385), "K": ragged(rng, 256, 385)},
+        {
+            "M": int(rng.integers(1, 5)),
+            "N": int(rng.integers(1, 65)),
+            "K": ragged(rng, 8209, 16385),
+        },
+        {"M": ragged(rng, 1025, 1101), "N": ragged(rng, 1024, 1101), "K": int(rng.integers(1, 9))},
+    ),
+    envelope=(
+        "M, N, K 1-4096 and K up to 16384: each dim long with the others small, all three "
+        "256-384, K 8209-16384, and an M x N output of at least 2^20 elements"
+    ),
 )
 
 

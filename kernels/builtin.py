@@ -453,6 +453,15 @@ KDA = Problem(
     make_inputs=_kda_inputs,
     supported_distributions=KDA_DISTRIBUTIONS,
     draw_shapes=_kda_shapes,
+    contract_shapes=lambda rng: (
+        {"B": 1, "T": 2, "H": 1, "K": ragged(rng, 256, 321), "V": ragged(rng, 256, 321)},
+        {"B": 1, "T": 2, "H": 1, "K": int(rng.integers(1, 5)), "V": ragged(rng, 8209, 16385)},
+        {"B": 1, "T": 64, "H": 16, "K": int(rng.integers(4, 9)), "V": ragged(rng, 1024, 1101)},
+    ),
+    envelope=(
+        "B 1-64, T 1-64, H 1-32, K 1-320, V 1-16384: many heads, long sequences, a wide "
+        "state, K and V both 256-320, V 8209-16384, and an output of at least 2^20 elements"
+    ),
     cost=lambda s: Cost(
         bytes_moved=4
         * (3 * _n(s, "B", "T", "H", "K") + 2 * _n(s, "B", "T", "H", "V") + _n(s, "B", "T", "H")),

@@ -205,9 +205,10 @@ def test_the_draw_covers_the_contract(problem: str) -> None:
     assert "2^20" in spec.envelope
 
 
-def test_the_draw_covers_the_contract_of_gelu_and_matmul() -> None:
-    """The same for the element-wise gelu (at least 2^20 elements, so beyond 8192 too) and
-    for matmul (all three dims at least 256, K beyond 8208, an output of 2^20 elements)."""
+def test_the_draw_covers_the_contract_of_gelu_matmul_and_kda() -> None:
+    """The same for the element-wise gelu (at least 2^20 elements, so beyond 8192 too), for
+    matmul (all three dims at least 256, K beyond 8208, an output of 2^20 elements) and for
+    kda (K and V at least 256, V beyond 8208, an output of 2^20 elements)."""
     for seed in range(5):
         gelu = [t.shape for t in plan_trials(BUILTIN["gelu"], "fp32", seed) if t.runs == 1]
         assert any(s["n"] >= 1 << 20 for s in gelu), gelu
@@ -215,4 +216,8 @@ def test_the_draw_covers_the_contract_of_gelu_and_matmul() -> None:
         assert any(min(s["M"], s["N"], s["K"]) >= 256 for s in matmul), matmul
         assert any(s["K"] > 8208 for s in matmul), matmul
         assert any(s["M"] * s["N"] >= 1 << 20 for s in matmul), matmul
-    assert "2^20" in BUILTIN["gelu"].envelope and "2^20" in BUILTIN["matmul"].envelope
+        kda = [t.shape for t in plan_trials(BUILTIN["kda"], "fp32", seed) if t.runs == 1]
+        assert any(s["K"] >= 256 and s["V"] >= 256 for s in kda), kda
+        assert any(s["V"] > 8208 for s in kda), kda
+        assert any(s["B"] * s["T"] * s["H"] * s["V"] >= 1 << 20 for s in kda), kda
+    assert all("2^20" in BUILTIN[name].envelope for name in ("gelu", "matmul", "kda"))

@@ -112,16 +112,29 @@ async def watch(nc: Client, seen: Seen, *, ping: bool = True) -> Callable[[], Aw
     return stop
 
 
-async def collect(nc: Client, wait: float = 1.5) -> dict[tuple[str, str], tuple[Heartbeat, float]]:
-    """Every live process's latest beat (asks them all, then listens `wait` s)."""
+async def collect(
+    nc: Client, wait: float = 1.5, quiet: float | None = None
+) -> dict[tuple[str, str], tuple[Heartbeat, float]]:
+    """Every live process's latest beat: asks them all, then listens `wait` s, or, with
+    `quiet`, until no new process has answered for `quiet` s (each answers the ask at
+    once), `wait` s at most."""
     found: dict[tuple[str, str], tuple[Heartbeat, float]] = {}
+    loop = asyncio.get_running_loop()
+    last_new = loop.time()
 
     async def seen(beat: Heartbeat, at: float) -> None:
+        nonlocal last_new
+        if (beat.role, beat.instance) not in found:
+            last_new = loop.time()
         found[(beat.role, beat.instance)] = (beat, at)
 
     stop = await watch(nc, seen)
+    deadline = loop.time() + wait
     try:
-        await asyncio.sleep(wait)
+        while (now := loop.time()) < deadline:
+            if quiet is not None and now - last_new >= quiet:
+                break
+            await asyncio.sleep(min(deadline - now, 0.05 if quiet is not None else wait))
     finally:
         await stop()
     return found

@@ -22,6 +22,9 @@ from ops.lifecycle import run_command
 from ops.options import CREDS, HOME, JSON, NATS, TLS_CA
 from ops.output import console, to_json
 
+QUIET_S = 0.6
+"""How long `ps` listens after the last new actor answered: each answers the ask at once."""
+
 
 def register(app: typer.Typer) -> None:
     app.command(
@@ -35,7 +38,12 @@ def register(app: typer.Typer) -> None:
 
 
 def ps(
-    wait: float = typer.Option(1.5, min=0.1, help="Seconds to listen for heartbeats."),
+    wait: float = typer.Option(
+        1.5,
+        min=0.1,
+        help="Seconds to listen for heartbeats at most (it stops once no new actor has "
+        f"answered for {QUIET_S} s).",
+    ),
     as_json: bool = JSON,
     home: Path | None = HOME,
     nats: str | None = NATS,
@@ -82,7 +90,7 @@ async def _look(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     nc = await connect(url, "kfactory-ps", wait_for_server=INTERACTIVE_WAIT, stop=stop, auth=auth)
     try:
-        beats = await collect(nc, wait)
+        beats = await collect(nc, wait, quiet=QUIET_S)
         now = time.time()
         actors = [
             {

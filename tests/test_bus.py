@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 
 from bus.connection import Client, connect, jetstream
 from bus.consumer import PoisonMessage, WorkConsumer
+from bus.heartbeat import Heartbeat, beat_until, collect
 from bus.publisher import OutgoingMessage, Publisher
 from bus.server import EmbeddedNatsServer, pid_alive
 from bus.service import RequestRefused, ServiceError, request, serve
@@ -264,3 +265,21 @@ async def test_request_reply_answers_refuses_and_reports_failures(nc: Client) ->
         assert crashed.value.code == 500 and "boom" in str(crashed.value)
     finally:
         await service.stop()
+
+
+@pytest.mark.asyncio
+async def test_ps_stops_listening_once_every_actor_has_answered(nc: Client) -> None:
+    """Issue 35: `ps` took the whole listening window; with `quiet` it returns once no new
+    process has answered the ask for that long, the answers it got included."""
+    beat = Heartbeat(role="planner", instance="planner-9", host="h", pid=1)
+    stop, changed = asyncio.Event(), asyncio.Event()
+    beating = asyncio.create_task(beat_until(nc, lambda: beat, changed, stop))
+    try:
+        began = time.monotonic()
+        found = await collect(nc, wait=60.0, quiet=0.5)
+        assert ("planner", "planner-9") in found
+        assert time.monotonic() - began < 60.0  # not the whole window
+    finally:
+        stop.set()
+        changed.set()
+        await beating

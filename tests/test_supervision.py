@@ -67,7 +67,8 @@ async def test_ps_shows_a_live_actor_and_the_device_lease_it_waits_for(tmp_path:
     async with running_hub(home) as hub:
         nc = await connect(hub.url, "bench", auth=hub.auth("benchmarker"))
         cli = await connect(hub.url, "verifier", auth=hub.auth("verifier"))
-        other = await DeviceLeases.open(jetstream(cli), "benchmarker-3")
+        rival = await connect(hub.url, "bench-3", auth=hub.auth("benchmarker"))
+        other = await DeviceLeases.open(jetstream(rival), "benchmarker-3")
         holder = await other.leases.try_acquire(f"{DEVICE}.timing", "benchmarker-3")
         assert holder is not None  # another benchmarker times on the device
         waiting = f"waiting for the lease on {DEVICE}, held by benchmarker-3"
@@ -115,6 +116,7 @@ async def test_ps_shows_a_live_actor_and_the_device_lease_it_waits_for(tmp_path:
             await asyncio.wait_for(task, 30)
             await nc.close()
             await cli.close()
+            await rival.close()
 
 
 async def _state_is(runtime: ActorRuntime, state: str) -> bool:

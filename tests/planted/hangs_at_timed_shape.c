@@ -1,9 +1,10 @@
-// Planted: a correct softmax at every shape verification draws (0.15M elements at most),
-// which never returns at the timed shape (1024 x 1024 and up).
+// Planted: a correct softmax at every shape verification draws (its contract shapes
+// reach 2^20 elements, but never exactly 1024 x 1024), which never returns at the timed
+// shape of the tests that plant it (1024 x 1024).
 #include <math.h>
 #include <stdint.h>
 void kernel(const float *x, float *y, int64_t rows, int64_t cols) {
-    if (rows * cols >= ((int64_t)1 << 19)) {
+    if (rows == 1024 && cols == 1024) {
         volatile int64_t spin = 0;
         for (;;) spin = spin + 1;
     }

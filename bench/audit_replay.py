@@ -45,6 +45,7 @@ from actors.search.operators.registry import OPERATORS
 from eventstore.codec import encode
 from eventstore.duckdb_store import DuckDBEventStore
 from eventstore.events import (
+    SYSTEM_CAMPAIGN,
     ActorRef,
     BenchmarkCompleted,
     CampaignFinished,
@@ -54,6 +55,7 @@ from eventstore.events import (
     Event,
     GenerationClosed,
     GenerationOpened,
+    HostCalibrated,
     KernelRejected,
     KernelVerified,
     KernelWritten,
@@ -129,6 +131,16 @@ def record_campaign(
             problem="softmax",
             target="cpu",
             config=spec.to_config(),
+        )
+    )
+    out.emit(  # the device the benchmarks name, calibrated as the benchmarker does first
+        new_event(
+            HostCalibrated,
+            campaign_id=SYSTEM_CAMPAIGN,
+            actor=actor("benchmarker"),
+            device="bench-host",
+            bandwidth_gbs=20.0,
+            peak_gflops=200.0,
         )
     )
     sources: list[tuple[str, Event]] = []  # (source, the event that settled it)

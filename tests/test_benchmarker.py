@@ -5,13 +5,18 @@ These tests time things but assert no performance figure; performance lives in b
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
 import pytest
 
+from actors.roles.benchmarker import _abandoned_on_cancel
 from gpu_workers.benchmarking import (
     MIN_RUNS,
     MIN_SECONDS,
@@ -554,3 +559,36 @@ def test_a_run_given_up_when_its_window_opens_leaves_no_driver_behind(
         )
     assert waiting == ["waiting for the timed window"]
     assert _running_drivers() == []
+
+
+@pytest.mark.asyncio
+async def test_a_timing_thread_given_up_by_two_cancels_leaves_no_unretrieved_exception() -> None:
+    """Issue 35: a SIGINT while timing printed "Task exception was never retrieved": a
+    second cancel ended the wait for the given-up thread before its exception was read."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    release, ended = threading.Event(), threading.Event()
+
+    def thread_that_fails_late() -> None:
+        release.wait(30)
+        ended.set()
+        raise RuntimeError("the run was given up")
+
+    class Windows:
+        def abandon(self) -> None:
+            release.set()
+
+    timing = asyncio.to_thread(thread_that_fails_late)
+    waiting = asyncio.create_task(_abandoned_on_cancel(timing, Windows()))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.sleep(0)
+    waiting.cancel()  # the shutdown cancels again
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await asyncio.to_thread(ended.wait, 30)
+    for _ in range(5):  # the thread's future, then its task, complete on the loop
+        await asyncio.sleep(0.01)
+    gc.collect()
+    assert not [c for c in reported if "never retrieved" in str(c.get("message", ""))], reported

@@ -117,7 +117,7 @@ def _stopped_in_one_line(process: subprocess.Popen[str], err: Lines) -> None:
     # 130 when the command was stopped; 0 when it had finished; the signal's own status
     # when it came after the command, as the interpreter ended (the default action)
     assert process.returncode in (0, 130, -signal.SIGINT), said
-    assert len(said) <= 1, said
+    assert len(said) <= 1, "\n".join(said)
     assert not any("Traceback" in line or "Error" in line for line in said), said
 
 

@@ -365,14 +365,21 @@ async def _abandoned_on_cancel(timing: Awaitable[T], windows: TimingWindows) -> 
     for it; the cancel goes on once the thread is done, so that the windows are
     released by this task alone and no thread is left waiting on a loop that stopped."""
     running = asyncio.ensure_future(timing)
+    # Given up, what the thread raises on its way out is moot: retrieved here, whenever it
+    # ends (a second cancel may end the wait below first, and a cancelled shield no longer
+    # looks at its inner task).
+    running.add_done_callback(_moot)
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
         windows.abandon()
         await asyncio.wait({running})
-        if not running.cancelled():
-            running.exception()  # given up: what the thread raised on its way out is moot
         raise
+
+
+def _moot(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class JobChanged(Exception):

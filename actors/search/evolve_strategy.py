@@ -162,7 +162,7 @@ class _Draw:
                 continue
             others = [p for p in self.pool[1:] if _digest(p) != _digest(best)]
             parents = [best, *others[: operator.arity - 1]]
-            planned = self._try(name, parents, _draw_params(random.Random(0), operator, True))
+            planned = self._try(name, parents, _defaults(operator))
             if isinstance(planned, Planned):
                 return planned
         return None
@@ -258,10 +258,13 @@ def _draw_parents(
 
 
 def _draw_params(rng: random.Random, operator: Searched, first: bool) -> dict[str, ParamValue]:
-    space = operator.space()
     if first:
-        return {name: values[0] for name, values in space.items()}
-    return {name: rng.choice(values) for name, values in sorted(space.items())}
+        return _defaults(operator)
+    return {name: rng.choice(values) for name, values in sorted(operator.space().items())}
+
+
+def _defaults(operator: Searched) -> dict[str, ParamValue]:
+    return {name: values[0] for name, values in operator.space().items()}
 
 
 def _digest(kernel: ParentKernel) -> str:

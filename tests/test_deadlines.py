@@ -104,11 +104,17 @@ def test_a_campaign_rejects_the_hanging_kernel_and_the_next_campaign_is_not_held
         "SELECT count(*) FROM events WHERE type = 'BenchmarkCompleted' AND campaign_id = 'after'",
     )
     assert timed == [(1,)]
-    # The job left over from the campaign cut short was given up, not timed by the next.
+    # The job left over from the campaign cut short was never timed to an end, by its own
+    # swarm or the next: at most its deadline's rejection (a shutdown that overlaps the
+    # deadline lets the job record it) and the close of its generation came after.
     leftover = _rows(
         home,
-        "SELECT type FROM events WHERE campaign_id = 'cut-short' AND position > "
+        "SELECT type, payload->>'stage', payload->>'reason' FROM events "
+        "WHERE campaign_id = 'cut-short' AND position > "
         "(SELECT position FROM events WHERE campaign_id = 'cut-short' "
         "AND type = 'CampaignFinished')",
     )
-    assert leftover == [], leftover
+    settled = {("KernelRejected", "benchmark", "timeout")}
+    closing = {("LessonLearned", None, None), ("GenerationClosed", None, None)}
+    assert set(leftover) <= settled | closing, leftover
+    assert sum(1 for row in leftover if row in settled) <= 1, leftover

@@ -12,9 +12,11 @@ handled only once the store holds it, and dropped if the recorder went past it w
 storing it: `eventstore/causality.py`), calls `handle` inside
 a structlog context (campaign, role, instance), publishes what it emitted with causation
 and correlation ids, and only then acks. `out.emit(EventType, **payload)` builds a
-reaction whose id derives from its cause (`eventstore/ids.py`), so a redelivered message
-that is handled again yields the same events, which the bus and the store deduplicate;
-`event_id=` overrides it for a fact that several causes may reach. `ActorStarted` and
+reaction whose id derives from its cause under the role's key (`eventstore/ids.py`: the
+key comes from the connection's seed, `bus.connection.id_key`), so a redelivered message
+that is handled again yields the same events, which the bus and the store deduplicate,
+and no other role can publish under that id first; `event_id=out.derived_id(...)`
+overrides it for a fact that several causes may reach. `ActorStarted` and
 `ActorStopped` are published under the campaign `kf-system`.
 
 On SIGTERM or SIGINT it stops fetching; the in-flight message is finished within
@@ -43,7 +45,7 @@ from typing import Any, ClassVar, TypeVar
 import structlog
 
 from bus.auth import ClientAuth
-from bus.connection import Client, ConnectStopped, Msg, connect, jetstream
+from bus.connection import Client, ConnectStopped, Msg, connect, id_key, jetstream
 from bus.consumer import Discard, PoisonMessage, WorkConsumer
 from bus.heartbeat import Heartbeat, beat_until
 from bus.publisher import msg_id
@@ -75,12 +77,18 @@ E = TypeVar("E", bound=Event)
 
 
 class Reactions:
-    """What a handler emits in response to one event; ids derive from that event."""
+    """What a handler emits in response to one event; ids derive from that event, under
+    the role's `key`."""
 
-    def __init__(self, cause: Event, actor: ActorRef) -> None:
+    def __init__(self, cause: Event, actor: ActorRef, key: bytes = b"") -> None:
         self.cause = cause
         self.actor = actor
+        self.key = key
         self.events: list[Event] = []
+
+    def derived_id(self, cause_id: str, *parts: str | int) -> str:
+        """An id derived from `cause_id` and `parts` under this role's key."""
+        return derived_event_id(cause_id, *parts, key=self.key)
 
     def emit(
         self,
@@ -98,7 +106,7 @@ class Reactions:
             actor=self.actor,
             cause=self.cause,
             event_id=event_id
-            or derived_event_id(self.cause.event_id, self.actor.role, len(self.events)),
+            or self.derived_id(self.cause.event_id, self.actor.role, len(self.events)),
             **payload,
         )
         self.events.append(event)
@@ -154,6 +162,7 @@ class ActorRuntime:
         self.actor = actor
         self.ref = ActorRef.here(actor.role, instance)
         self.nc = nc
+        self._id_key = id_key(nc)
         self._js = jetstream(nc)
         self._emitter = Emitter(self._js)
         self.handled = 0
@@ -244,7 +253,7 @@ class ActorRuntime:
             raise Discard(f"not an event the recorder accepts: {exc}") from exc
         if event.type in CHECKED_TYPES:
             await self._stored_first(event, message)
-        out = Reactions(event, self.ref)
+        out = Reactions(event, self.ref, self._id_key)
         self._set_state("working", _job(event))
         try:
             with structlog.contextvars.bound_contextvars(campaign=event.campaign_id):

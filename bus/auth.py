@@ -17,6 +17,8 @@ the server. `is_loopback` is what lets a hub run without authentication (loopbac
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import ssl
@@ -27,6 +29,8 @@ import nkeys
 
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
+#: What a user's event-id key is derived for, so that the key serves nothing else.
+EVENT_ID_LABEL = b"kfactory/derived-event-ids/v1"
 
 
 class AuthError(RuntimeError):
@@ -97,14 +101,32 @@ def create_seed_file(path: Path) -> str:
 
 
 def public_key(seed_file: Path) -> str:
-    try:
-        seed = bytearray(Path(seed_file).read_bytes().strip())
-        pair = nkeys.from_seed(seed)
-    except (OSError, nkeys.NkeysError) as exc:
-        raise AuthError(f"{seed_file} is not a readable NATS nkey seed file: {exc}") from exc
+    pair = _key_pair(seed_file)
     key = pair.public_key
     pair.wipe()
     return key.decode() if isinstance(key, bytes) else str(key)
+
+
+def _key_pair(seed_file: Path) -> nkeys.KeyPair:
+    try:
+        return nkeys.from_seed(bytearray(Path(seed_file).read_bytes().strip()))
+    except (OSError, nkeys.NkeysError) as exc:
+        raise AuthError(f"{seed_file} is not a readable NATS nkey seed file: {exc}") from exc
+
+
+def event_id_key(seed_file: Path | None) -> bytes:
+    """The secret a user's processes key their derived event ids with
+    (`eventstore/ids.py`): HMAC-SHA256 of `EVENT_ID_LABEL` under the user's nkey seed.
+    Every holder of the seed file (every instance of one role) derives the same key, and
+    no other user can. Empty without a seed file: a bus without users has no one to keep
+    out."""
+    if seed_file is None:
+        return b""
+    pair = _key_pair(seed_file)
+    try:
+        return hmac.new(bytes(pair.seed), EVENT_ID_LABEL, hashlib.sha256).digest()
+    finally:
+        pair.wipe()
 
 
 def authorization(users: dict[str, Permissions]) -> dict[str, object]:

@@ -8,7 +8,8 @@ give up after `INTERACTIVE_WAIT` (10 s) with one line naming the URL. Setting `s
 (SIGINT or SIGTERM), or cancelling the call, ends the wait at once. A server that refuses
 the credentials is not waited for: `connect` raises AuthError at once, naming the seed
 file. `auth` gives the user's nkey seed and the CA that signed the server's TLS
-certificate.
+certificate. `id_key(nc)` is the key the connection's user derives event ids with
+(`bus.auth.event_id_key`: from its seed; empty for a connection without one).
 
 `jetstream` addresses the JetStream domain of `$KF_JS_DOMAIN` when set: a client of a GPU
 host's leaf node reaches the cluster's JetStream only as `$JS.<domain>.API`.
@@ -20,13 +21,14 @@ import asyncio
 import contextlib
 import os
 import time
+import weakref
 
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from bus.auth import AuthError, ClientAuth
+from bus.auth import AuthError, ClientAuth, event_id_key
 
 log = structlog.get_logger("bus.connection")
 
@@ -38,6 +40,10 @@ INTERACTIVE_WAIT = 10.0
 #: JetStream requests go to `$JS.<domain>.API.>`, the only API prefix that crosses a leaf
 #: connection. Empty or unset: `$JS.API`.
 JS_DOMAIN_ENV = "KF_JS_DOMAIN"
+
+
+#: Each connection's event-id key, read from its seed file when it connected.
+_ID_KEYS: weakref.WeakKeyDictionary[Client, bytes] = weakref.WeakKeyDictionary()
 
 
 class ConnectStopped(Exception):
@@ -91,6 +97,7 @@ async def connect(
     context = auth.tls_context()
     if context is not None:
         secure["tls"] = context
+    key = event_id_key(auth.seed_file)
     nc = Client()
     connecting = asyncio.ensure_future(
         nc.connect(
@@ -158,7 +165,14 @@ async def connect(
     finally:
         for waiter in watched - {connecting}:
             waiter.cancel()
+    _ID_KEYS[nc] = key
     return nc
+
+
+def id_key(nc: Client) -> bytes:
+    """The key `nc`'s user derives event ids with: empty for a connection made without a
+    seed file (no users on the bus), or not made by `connect`."""
+    return _ID_KEYS.get(nc, b"")
 
 
 def jetstream_domain() -> str | None:

@@ -245,7 +245,7 @@ def test_an_inserted_event_is_caught_at_its_position(home: Path) -> None:
     lesson = of_type(rows, "LessonLearned")[0]
     forged = msgspec.structs.replace(
         decode(str(lesson["payload"]).encode()),
-        event_id=derived_event_id(lesson["event_id"], "forged"),
+        event_id=derived_event_id(lesson["event_id"], "forged", key=b""),
         statement="every kernel is correct",
     )
     copy = dict(lesson, event_id=forged.event_id)
@@ -354,7 +354,7 @@ def forge_faster(rows: list[Row], factor: float) -> str:
             template = next(r for r in rows if r["type"] == "LessonLearned")
             for index, lesson in enumerate(lessons_due(history, CAMPAIGN_ID)):
                 drawn = LessonLearned(
-                    event_id=derived_event_id(row["event_id"], "forged-lesson", index),
+                    event_id=derived_event_id(row["event_id"], "forged-lesson", index, key=b""),
                     campaign_id=CAMPAIGN_ID,
                     actor=event.actor,
                     ts=event.ts,
@@ -520,7 +520,7 @@ def record_gpu_campaign(home: Path) -> None:
                 campaign_id="gpu",
                 actor=gpu,
                 cause=opened,
-                event_id=derived_event_id(opened.event_id, "lesson", index),
+                event_id=derived_event_id(opened.event_id, "lesson", index, key=b""),
                 generation=0,
                 kind=lesson.kind,
                 statement=lesson.statement,

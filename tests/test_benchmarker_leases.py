@@ -18,7 +18,7 @@ from actors.campaign.history import History
 from actors.roles.benchmarker import Benchmarker
 from actors.roles.verifier import Verifier
 from actors.runtime import ActorRuntime, Reactions
-from bus.connection import Client, Msg, connect, jetstream
+from bus.connection import Client, Msg, connect, id_key, jetstream
 from bus.device_lease import DeviceLeases, TimingWindows, device_key
 from eventstore.codec import decode
 from eventstore.emitter import Emitter, outgoing
@@ -213,7 +213,8 @@ async def test_a_benchmarker_presumed_dead_is_replaced_and_its_late_result_count
 
         # A late answer from it nonetheless (cut off from the KV, not from the bus): the
         # same cause-derived event id, within the bus's duplicate window and after it.
-        late = Reactions(verified, ActorRef("benchmarker", "benchmarker-frozen", "test"))
+        frozen_ref = ActorRef("benchmarker", "benchmarker-frozen", "test")
+        late = Reactions(verified, frozen_ref, id_key(nc))  # the role's key, as any instance
         result = late.emit(
             BenchmarkCompleted,
             median_ns=2_000.0,

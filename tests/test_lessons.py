@@ -178,7 +178,7 @@ class Campaign:
         for index, lesson in enumerate(lessons):
             self.emit(
                 LessonLearned,
-                event_id=derived_event_id(self.opened.event_id, "lesson", index),
+                event_id=derived_event_id(self.opened.event_id, "lesson", index, key=b""),
                 generation=self.generation,
                 kind=lesson.kind,
                 statement=lesson.statement,

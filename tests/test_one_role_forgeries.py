@@ -20,7 +20,7 @@ from nats.js.kv import KV_DEL, KV_OP
 
 from actors.campaign.history import History
 from actors.runtime import Actor, ActorRuntime, Reactions
-from bus.connection import Client, connect, jetstream
+from bus.connection import Client, connect, id_key, jetstream
 from bus.follow import follow
 from bus.lease import DEVICE_LEASES, LeaseBucket
 from bus.service import ServiceError
@@ -37,6 +37,7 @@ from eventstore.events import (
     KernelVerified,
     new_event,
 )
+from eventstore.ids import derived_event_id
 from eventstore.queries import QueryFailed, query, replay
 from ops.hub import Hub, running_hub
 from ops.progress import Progress
@@ -206,9 +207,12 @@ class Noted(Actor):
         self.seen.append(event)
 
 
-async def _running(actor: Actor, hub: Hub) -> Callable[[], Awaitable[None]]:
-    """Start `actor` on the hub as its role; the function returned stops it."""
-    nc = await _as(hub, actor.role)
+async def _running(
+    actor: Actor, hub: Hub, nc: Client | None = None
+) -> Callable[[], Awaitable[None]]:
+    """Start `actor` on the hub as its role (on `nc`, a connection as that role, if
+    given); the function returned stops it and closes the connection."""
+    nc = nc or await _as(hub, actor.role)
     stop = asyncio.Event()
     task = asyncio.create_task(ActorRuntime(actor, nc, f"test-{actor.role}").run(stop))
 
@@ -243,6 +247,7 @@ class FailsEverything(Actor):
     target = "cpu"
     reacts_to = (KernelVerified,)
     max_deliver = 1
+    give_up_after = 0.0
 
     def __init__(self) -> None:
         self.failed = 0
@@ -372,6 +377,75 @@ async def test_the_roles_that_never_read_history_cannot_read_the_store(hub: Hub)
             assert calibration.event_id in {e.event_id for _, e in read}
         finally:
             await nc.close()
+
+
+class TimesEveryVerification(Actor):
+    """An honest benchmarker of campaign `preempt`: answers each verification with a result."""
+
+    role = "benchmarker"
+    target = "cpu"
+    reacts_to = (KernelVerified,)
+
+    async def handle(self, event: Event, out: Reactions) -> None:
+        assert isinstance(event, KernelVerified)
+        if event.campaign_id != "preempt":
+            return
+        timed = _timed(event.campaign_id, event.candidate_id, event.source_hash, "preempt-host")
+        out.emit(BenchmarkCompleted, **{k: getattr(timed, k) for k in _RESULT_FIELDS})
+
+
+_RESULT_FIELDS = ("median_ns", "iqr_ns", "baseline", "baseline_ns", "speedup")
+_RESULT_FIELDS += ("roofline_fraction", "device", "source_hash", *_work("", "").keys())
+
+
+@pytest.mark.timeout(120)
+@module_loop
+async def test_no_other_role_can_take_the_id_a_benchmarker_will_answer_under(hub: Hub) -> None:
+    """Attack 4, last item: a forgery published under the id the real benchmarker would
+    derive made the real result vanish as a duplicate (JetStream dedupes a Nats-Msg-Id
+    across the stream, the store an event id). The verifier, which publishes the cause,
+    publishes a legal event of its own first under every id it can derive for the answer."""
+    campaign = "preempt"
+    benchmarker = await _as(hub, "benchmarker")
+    verifier = await _as(hub, "verifier")
+    cause = _verified(campaign, "c1", "s1")
+    guesses = {
+        derived_event_id(cause.event_id, "benchmarker", 0, key=key)
+        for key in (b"", id_key(verifier))
+    }
+    squatters = [
+        new_event(
+            KernelVerified,
+            event_id=guess,
+            campaign_id=campaign,
+            actor=VERIFIER,
+            source_hash="s2",
+            max_rel_err=1e-7,
+            trials=3,
+            **_work(campaign, f"squat-{index}"),
+        )
+        for index, guess in enumerate(sorted(guesses))
+    ]
+    try:
+        await Emitter(jetstream(benchmarker)).emit(_calibrated("preempt-host"))
+        await Emitter(jetstream(verifier)).emit_many([cause, *squatters])
+    finally:
+        await verifier.close()
+    await wait_rows(hub, f"SELECT 1 FROM events WHERE event_id = '{squatters[-1].event_id}'", 1)
+    stopped = await _running(TimesEveryVerification(), hub, benchmarker)
+    try:
+        found = await wait_rows(
+            hub,
+            "SELECT event_id, payload->>'candidate_id' FROM events "
+            f"WHERE type = 'BenchmarkCompleted' AND campaign_id = '{campaign}' "
+            "AND payload->>'candidate_id' = 'c1'",
+            1,
+            timeout=30,
+        )
+    finally:
+        await stopped()
+    assert len(found) == 1, "the benchmarker's result vanished as a duplicate of a squatter"
+    assert found[0][0] not in guesses
 
 
 @pytest.mark.timeout(300)

@@ -41,7 +41,6 @@ from eventstore.events import (
     KernelRejected,
     LessonLearned,
 )
-from eventstore.ids import derived_event_id
 
 
 class Librarian(Actor):
@@ -164,7 +163,7 @@ def decide_librarian(history: History, event: Event, out: Reactions) -> None:
     for index, lesson in enumerate(fresh):
         out.emit(
             LessonLearned,
-            event_id=derived_event_id(opened, "lesson", index),
+            event_id=out.derived_id(opened, "lesson", index),
             generation=generation,
             kind=lesson.kind,
             statement=lesson.statement,
@@ -184,11 +183,11 @@ def decide_librarian(history: History, event: Event, out: Reactions) -> None:
             detail=f"generation {generation}: the work of all {len(given_up)} candidate(s) "
             f"was given up on ({'; '.join(reasons)[:300]}); run the campaign again to resume",
             role=consumer.removeprefix("kf-"),
-            event_id=derived_event_id(opened, "stalled"),
+            event_id=out.derived_id(opened, "stalled"),
         )
     out.emit(
         GenerationClosed,
-        event_id=derived_event_id(opened, "closed"),
+        event_id=out.derived_id(opened, "closed"),
         generation=generation,
         settled=len(candidates),
         evaluated=sum(1 for c in candidates if c.evaluated),

@@ -45,7 +45,7 @@ from actors.search.registry import strategy_for
 from actors.search.spaces import design_spaces
 from actors.search.strategy import GenerationInputs, Planned, Stalled, Strategy
 from actors.search.template_search import Proposal, Space
-from bus.connection import Client, jetstream
+from bus.connection import Client, id_key, jetstream
 from eventstore.emitter import Emitter
 from eventstore.events import (
     ActorRef,
@@ -58,7 +58,6 @@ from eventstore.events import (
     GenerationClosed,
     GenerationOpened,
 )
-from eventstore.ids import derived_event_id
 from kernels.loading import ProblemLoadError
 
 log = structlog.get_logger("actors.roles.planner")
@@ -77,12 +76,14 @@ class Planner(Actor):
         self._nc: Client | None = None
         self._reader: HistoryReader | None = None
         self._ref: ActorRef | None = None
+        self._id_key = b""
         self._watched: set[str] = set()
         self._watcher: asyncio.Task[None] | None = None
 
     async def setup(self, nc: Client, ref: ActorRef) -> None:
         self._nc = nc
         self._ref = ref
+        self._id_key = id_key(nc)
         self._reader = HistoryReader(nc)
         self._watcher = asyncio.create_task(self._watch_deadlines(Emitter(jetstream(nc))))
 
@@ -161,7 +162,7 @@ class Planner(Actor):
                         continue
                     if campaign.stalled is not None:
                         continue  # nothing runs; a resume starts a new active period
-                    out = Reactions(campaign.started, self._ref)
+                    out = Reactions(campaign.started, self._ref, self._id_key)
                     decide_deadline(history, campaign_id, out, now=now)
                     if out.events:
                         await emitter.emit_many(out.events)
@@ -254,7 +255,7 @@ def finish(history: History, campaign: Campaign, reason: str, out: Reactions) ->
     out.emit(
         CampaignFinished,
         campaign_id=campaign.started.campaign_id,
-        event_id=derived_event_id(campaign.started.event_id, "finished"),
+        event_id=out.derived_id(campaign.started.event_id, "finished"),
         reason=reason,
         summary=summary(history, campaign),
     )

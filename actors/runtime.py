@@ -1,9 +1,12 @@
 """The runtime every role shares: subscribe to event types, handle, emit, stop cleanly.
 
 An actor declares its `role`, the event types it `reacts_to`, optionally a `target`
-(then its consumer is the role's for that target), `max_deliver` (5), `ack_wait` (10 s:
-a worker that died is noticed this late; a live one reports progress every third of it)
-and `shutdown_grace`, and implements `handle(event, out)`. The runtime binds the role's
+(then its consumer is the role's for that target), `max_deliver` (5), `give_up_after`
+(60 s: a failing message is given up on only after both its deliveries and this long
+since it was published, so another instance NAKing everything cannot run it out;
+`bus/consumer.py`), `ack_wait` (10 s: a worker that died is noticed this late; a live
+one reports progress every third of it) and `shutdown_grace`, and implements
+`handle(event, out)`. The runtime binds the role's
 durable consumer (instances of a role compete for the work), admits each message by the
 recorder's rule (`eventstore/admission.py`; one the recorder refuses is acked and
 dropped, since the recorder stores its `EventRejected`: a flood of junk costs no dead
@@ -121,6 +124,8 @@ class Actor(abc.ABC):
     #: Consumers are per role, and per target when the role only serves one device.
     target: str | None = None
     max_deliver: int = 5
+    #: Seconds since a message was published before a failing one is given up on.
+    give_up_after: float = 60.0
     #: Short, because long handlers report progress every third of it: a worker that
     #: died is noticed (and its message redelivered) within this many seconds.
     ack_wait: float = 10.0
@@ -217,6 +222,7 @@ class ActorRuntime:
             self._on_message,
             self._dead_letter,
             max_deliver=self.actor.max_deliver,
+            min_age=self.actor.give_up_after,
             ack_wait=self.actor.ack_wait,
             grace=self.actor.shutdown_grace,
         )
@@ -282,6 +288,7 @@ class ActorRuntime:
                 metadata.sequence.stream,
                 metadata.num_delivered,
                 reason,
+                key=self._id_key,
             )
         )
 

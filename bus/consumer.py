@@ -3,12 +3,22 @@
 A failure is transient or permanent. Transient causes (the bus or a service away, a
 role restarting, the store not yet holding the event being handled: timeouts,
 connection errors, 5xx answers) are retried with backoff for `transient_window`
-seconds (minutes); any other error is retried `max_deliver` times in a few seconds, and
-a `PoisonMessage` not at all; a `Discard` is terminated with no dead letter. A message
-given up on goes to the dead-letter callback with the reason and is then terminated;
-one whose handler died with its process on the last delivery is reported by the
-server's max-deliveries advisory instead (`watch_exhausted`). Either way nothing is
-dropped silently.
+seconds (minutes); any other error is retried until both `max_deliver` deliveries and
+`min_age` seconds (60) since the message was published have passed, and a
+`PoisonMessage` not at all; a `Discard` is terminated with no dead letter. A message
+given up on goes to the dead-letter callback with the reason and is then terminated.
+Either way nothing is dropped silently.
+
+Deliveries alone cannot decide: any instance of a role can NAK at once (an explicit NAK
+ignores every backoff), so a rogue instance NAKing everything would run a message out of
+deliveries in a moment. So the server's own `max_deliver` is unlimited and the honest
+instances decide, each give-up needing its deliveries and its age (`_gives_up`): a
+rogue's NAKs add deliveries, never time. A message whose handler keeps killing its
+process never fails in a handler, so each instance checks before handling: one
+delivered more often than any honest retry would (the transient count) and older than
+the transient window is given up without being handled again ("crashed, hung, or NAK'd
+by another instance"). (`watch_exhausted` still reports a consumer of the stream with a
+server-side limit that ran a message out of it.)
 
 A message is acked only after its handler returned (the actor runtime's handler returns
 once JetStream acked the events it emitted). While it runs, `in_progress()` is sent every
@@ -17,7 +27,7 @@ with a delay from `retry_backoff` (0.5 s) doubling to `max_backoff` (15 s). Tran
 (`is_transient`): a timeout, a connection error, nobody serving a request, a service
 answer of code 500 or more, a lost lease; retried for `transient_window` (600 s), so a
 role restarting costs no work. Any other error is given up on after `max_deliver` (5)
-deliveries. The server's own `max_deliver` is the transient count (`deliveries_for`).
+deliveries and `min_age`. The transient count is `deliveries_for(transient_window)`.
 A role's work consumer is the admin's and its actors' alone (no other user may delete it,
 `ops/accounts.py`); should it vanish anyway, an idle instance notices within
 `CHECK_EVERY` (5 s) and creates it again. On a stop, the handler gets `grace` s, then
@@ -52,6 +62,8 @@ log = structlog.get_logger("bus.consumer")
 
 #: Seconds between checks, while idle, that the work consumer still exists.
 CHECK_EVERY = 5.0
+#: The server's `max_deliver` of a work consumer: no limit (the instances decide).
+UNLIMITED = -1
 
 Handler = Callable[[Msg], Awaitable[None]]
 DeadLetter = Callable[[Msg, str], Awaitable[None]]
@@ -122,16 +134,16 @@ class WorkConsumer:
         retry_backoff: float = 0.5,
         max_backoff: float = 15.0,
         transient_window: float = 600.0,
+        min_age: float = 60.0,
     ) -> None:
         self.durable = durable
         self._transient_deliveries = max(
             max_deliver, deliveries_for(transient_window, retry_backoff, max_backoff)
         )
+        self._transient_age = max(transient_window, min_age)
+        self._min_age = min_age
         self.config: ConsumerConfig = work_consumer_config(
-            durable,
-            filter_subjects,
-            max_deliver=self._transient_deliveries,
-            ack_wait=ack_wait,
+            durable, filter_subjects, max_deliver=UNLIMITED, ack_wait=ack_wait
         )
         self._js = js
         self._handler = handler
@@ -192,6 +204,14 @@ class WorkConsumer:
         return True
 
     async def _process(self, message: Msg, stop: asyncio.Event) -> None:
+        delivered = message.metadata.num_delivered
+        if delivered > self._transient_deliveries and _age(message) >= self._transient_age:
+            reason = (
+                f"{delivered} deliveries over {_age(message):.0f} s without an outcome "
+                "(its handler crashed, hung or its process died, or another instance NAKs it)"
+            )
+            await self._give_up(message, reason)
+            return
         handling: asyncio.Task[None] = asyncio.ensure_future(self._handler(message))
         keep_alive = asyncio.create_task(self._keep_alive(message))
         stopping = asyncio.create_task(stop.wait())
@@ -225,8 +245,7 @@ class WorkConsumer:
         delivered = message.metadata.num_delivered
         poison = isinstance(error, PoisonMessage)
         transient = is_transient(error)
-        allowed = self._transient_deliveries if transient else self._max_deliver
-        if not poison and delivered < allowed:
+        if not poison and not self._gives_up(delivered, _age(message), transient):
             log.warning(
                 "handler failed; will retry",
                 consumer=self.durable,
@@ -239,9 +258,18 @@ class WorkConsumer:
             return
         if not poison:
             reason = f"{reason} (gave up after {delivered} deliveries)"
+        await self._give_up(message, reason)
+
+    def _gives_up(self, delivered: int, age: float, transient: bool) -> bool:
+        """Whether a failed message has had its deliveries and its time, both."""
+        if transient:
+            return delivered >= self._transient_deliveries and age >= self._transient_age
+        return delivered >= self._max_deliver and age >= self._min_age
+
+    async def _give_up(self, message: Msg, reason: str) -> None:
         try:
             await self._dead_letter(message, reason)
-        except Exception as exc:  # the advisory watcher reports it instead
+        except Exception as exc:  # left unacked: redelivered, and given up on again
             log.error("dead-letter publish failed", consumer=self.durable, error=str(exc))
             return
         await message.term()
@@ -251,6 +279,11 @@ class WorkConsumer:
             await asyncio.sleep(self._ack_wait / 3)
             with contextlib.suppress(*_TRANSIENT):
                 await message.in_progress()
+
+
+def _age(message: Msg) -> float:
+    """Seconds since the message was published (the server's timestamp)."""
+    return time.time() - message.metadata.timestamp.timestamp()
 
 
 async def watch_exhausted(nc: Client, js: JetStreamContext, callback: ExhaustedCallback) -> None:

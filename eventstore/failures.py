@@ -1,5 +1,6 @@
 """Events that record messages which could not be handled. Their ids are derived from
-the message itself, so reporting the same failure twice stores it once.
+the message itself under the reporter's key (`ids.py`: no other role can publish first
+under one), so reporting the same failure twice stores it once.
 
 - `EventRejected` (the recorder): a message on `kf.ev.>` that is not a valid event, with
   the reason, its subject and stream sequence, and the first `RAW_EXCERPT_BYTES` (2 KiB)
@@ -8,11 +9,13 @@ the message itself, so reporting the same failure twice stores it once.
   count), the reason and the original event's id; its id derives from the consumer and
   the candidate the message is about (the event's own id for one about no candidate;
   one id for every unreadable message), never from the message's sequence or time. So
-  the actor that gave up and the recorder that saw the server's max-deliveries advisory
-  report it once, and however many messages of one candidate a consumer gives up on
-  (forged copies, NAK'd deliveries, junk), the store keeps one record per candidate:
-  the others are duplicates of its id. Its time bits are 0: no message's time is shared
-  by all of them.
+  however many messages of one candidate a consumer gives up on (forged copies, NAK'd
+  deliveries, junk), and whichever instance of its role gives up, the store keeps one
+  record per candidate: the others are duplicates of its id. A work consumer's messages
+  are given up on only by its role's instances (the server's deliveries are unlimited,
+  `bus/consumer.py`); the recorder reports, under the hub's key, a consumer with a
+  server-side limit that the server's max-deliveries advisory names. Its time bits are
+  0: no message's time is shared by all of them.
 
 The campaign is the subject's if it is a safe campaign id, else `kf-system`. Both are
 published through the bus and stored like any event.
@@ -45,13 +48,20 @@ def _campaign_of(subject: str) -> str:
 
 
 def rejection_event(
-    actor: ActorRef, subject: str, data: bytes, stream_seq: int, published_ms: int, reason: str
+    actor: ActorRef,
+    subject: str,
+    data: bytes,
+    stream_seq: int,
+    published_ms: int,
+    reason: str,
+    *,
+    key: bytes,
 ) -> EventRejected:
     """A message on `kf.ev.>` that is not a valid event."""
     digest = hashlib.sha256(data).hexdigest()
     return new_event(
         EventRejected,
-        event_id=stable_event_id(published_ms, "rejected", stream_seq, digest),
+        event_id=stable_event_id(published_ms, "rejected", stream_seq, digest, key=key),
         campaign_id=_campaign_of(subject),
         actor=actor,
         subject=subject,
@@ -69,6 +79,8 @@ def dead_letter_event(
     stream_seq: int,
     deliveries: int,
     reason: str,
+    *,
+    key: bytes,
 ) -> DeadLettered:
     """A message `consumer` gave up on; one per (consumer, candidate), whoever reports it
     and however many messages of that candidate it gave up on."""
@@ -78,7 +90,7 @@ def dead_letter_event(
         original = None
     return new_event(
         DeadLettered,
-        event_id=stable_event_id(0, "dead", consumer, *_given_up_on(original, subject)),
+        event_id=stable_event_id(0, "dead", consumer, *_given_up_on(original, subject), key=key),
         campaign_id=_campaign_of(subject),
         actor=actor,
         consumer=consumer,

@@ -21,7 +21,8 @@ they share, so it is stored once: a generation's lessons, stall and close from i
 GenerationOpened (`actors/roles/librarian.py`), a campaign's finish from its
 CampaignStarted (`actors/roles/planner.py`): each is one role's, under its key. A
 failure (`failures.py`) is keyed by its reporter: the recorder's rejections by the hub's
-key, a dead letter by its consumer's role.
+key, a dead letter by the role whose instance gave up (a work consumer's messages are
+given up on by its role's instances alone, `bus/consumer.py`).
 
 Ids are never derived again from stored events (the audit and the replay read them as
 recorded), so stores written before keys still read and audit.

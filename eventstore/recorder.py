@@ -15,9 +15,10 @@ A batch is up to `max_batch` (5,000) events, gathered for `linger` (20 ms); past
 flow control holds the server back. It starts after the store's cursor; if the stream is
 behind the store (it was recreated), it reads all of it again and the event-id dedupe
 keeps the store exact. A failing append is retried with backoff, the batch held. The
-server's max-deliveries advisory (`bus.consumer.watch_exhausted`: a worker that died on
-a message's last delivery) becomes the same DeadLettered event its consumer would have
-published.
+server's max-deliveries advisory (`bus.consumer.watch_exhausted`: a consumer with a
+server-side limit whose worker died on a message's last delivery; the roles' work
+consumers have none, their instances decide) becomes a DeadLettered event. The records
+the recorder derives are keyed by the hub's key (`eventstore/ids.py`).
 
 With a `lease` (the hub's recording lease, bus/lease.py), it checks the lease before
 each batch and each event it emits, and writes every batch under the lease's fencing
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from bus.connection import Client, Msg, jetstream
+from bus.connection import Client, Msg, id_key, jetstream
 from bus.consumer import ExhaustedMessage, watch_exhausted
 from bus.follow import follow
 from bus.lease import HeldLease
@@ -73,6 +74,7 @@ class Recorder:
     ) -> None:
         self._nc = nc
         self._js = jetstream(nc)
+        self._id_key = id_key(nc)
         self._store = store
         self._emitter = Emitter(self._js)
         self._max_batch = max_batch
@@ -194,7 +196,13 @@ class Recorder:
         except Exception:  # the server's metadata is not the sender's, but stay safe
             published_ms = 0
         return rejection_event(
-            self.actor, message.subject, message.data, sequence, published_ms, reason
+            self.actor,
+            message.subject,
+            message.data,
+            sequence,
+            published_ms,
+            reason,
+            key=self._id_key,
         )
 
     async def _on_exhausted(self, exhausted: ExhaustedMessage) -> None:
@@ -212,6 +220,7 @@ class Recorder:
                 exhausted.stream_seq,
                 exhausted.deliveries,
                 reason,
+                key=self._id_key,
             )
         )
         self.stats.dead_lettered += 1

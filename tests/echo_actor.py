@@ -21,6 +21,7 @@ class EchoActor(Actor):
         self.shutdown_grace = grace
         self.fail_first = fail_first
         self.max_deliver = 3
+        self.give_up_after = 0.0
         self.calls = 0
 
     async def handle(self, event: Event, out: Reactions) -> None:

@@ -18,6 +18,7 @@ from tests.test_stalls import BrokenWriter, crew, run_campaign, small_campaign
 
 class DefaultBrokenWriter(BrokenWriter):
     max_deliver = 5
+    give_up_after = 0.0
 
 
 async def main() -> None:

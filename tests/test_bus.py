@@ -13,12 +13,12 @@ import pytest
 from nats.aio.msg import Msg
 
 from bus.connection import Client, connect, jetstream
-from bus.consumer import PoisonMessage, WorkConsumer
+from bus.consumer import PoisonMessage, WorkConsumer, deliveries_for
 from bus.heartbeat import Heartbeat, beat_until, collect
 from bus.publisher import OutgoingMessage, Publisher
 from bus.server import EmbeddedNatsServer, pid_alive
 from bus.service import RequestRefused, ServiceError, request, serve
-from bus.streams import DUPLICATE_WINDOW_S, ensure_events_stream
+from bus.streams import DUPLICATE_WINDOW_S, ensure_consumer, ensure_events_stream
 from bus.subjects import STREAM, SubjectError, event_subject, type_filters
 
 
@@ -152,6 +152,7 @@ async def test_a_failing_message_is_retried_then_dead_lettered_with_its_reason(
         max_deliver=3,
         ack_wait=5,
         retry_backoff=0.05,
+        min_age=0.0,
     )
     await _run_consumer(consumer, finished, timeout=30)
     assert attempts == [1, 2, 3]
@@ -283,3 +284,43 @@ async def test_ps_stops_listening_once_every_actor_has_answered(nc: Client) -> N
         stop.set()
         changed.set()
         await beating
+
+
+@pytest.mark.asyncio
+async def test_a_message_whose_handler_keeps_dying_is_given_up_on_by_an_instance(
+    nc: Client,
+) -> None:
+    """The crash loop: each delivery's handler dies with its process (here: a worker of the
+    consumer that takes the message and never answers). The server's deliveries are
+    unlimited, so an instance gives it up once it was delivered more often than any honest
+    retry would, over the transient window, without handling it again."""
+    js = jetstream(nc)
+    await ensure_events_stream(js)
+    await Publisher(js).publish(event_subject("c1", "Thing"), b"kills its worker", "m1")
+    handled: list[int] = []
+    dead: list[tuple[int, str]] = []
+    finished = asyncio.Event()
+
+    async def handler(msg: Msg) -> None:
+        handled.append(msg.metadata.num_delivered)
+
+    async def dead_letter(msg: Msg, reason: str) -> None:
+        dead.append((msg.metadata.num_delivered, reason))
+        finished.set()
+
+    options = {"retry_backoff": 0.05, "max_backoff": 0.1, "transient_window": 0.3, "min_age": 0.0}
+    consumer = WorkConsumer(
+        js, "kf-test", type_filters(["Thing"]), handler, dead_letter, ack_wait=0.5, **options
+    )
+    await ensure_consumer(js, consumer.config)
+    dying = await js.pull_subscribe_bind(durable="kf-test", stream=STREAM)
+    crashes = deliveries_for(0.3, 0.05, 0.1) + 1
+    for _ in range(crashes):
+        (taken,) = await dying.fetch(1, timeout=5)
+        assert taken.data == b"kills its worker"
+        await asyncio.sleep(0.7)  # past ack_wait: redelivered, as after a crash
+    await dying.unsubscribe()
+    await _run_consumer(consumer, finished, timeout=20)
+    assert handled == []
+    ((deliveries, reason),) = dead
+    assert deliveries == crashes + 1 and "without an outcome" in reason, reason

@@ -127,6 +127,7 @@ class PoisonedWriter(KernelWriter):
     """A kernel writer whose handler raises, every time, on one candidate's event."""
 
     max_deliver = 3
+    give_up_after = 0.0
 
     def __init__(self, poisoned: str) -> None:
         super().__init__()

@@ -10,21 +10,26 @@ settled once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js.kv import KV_DEL, KV_OP
 
 from actors.campaign.history import History
-from actors.runtime import Actor, ActorRuntime, Reactions
-from bus.connection import Client, connect, id_key, jetstream
+from actors.runtime import Actor, ActorRuntime, Reactions, durable_name
+from bus.connection import Client, Msg, connect, id_key, jetstream
+from bus.consumer import WorkConsumer
 from bus.follow import follow
 from bus.lease import DEVICE_LEASES, LeaseBucket
 from bus.service import ServiceError
-from bus.subjects import STREAM, campaign_filter
+from bus.streams import ensure_consumer
+from bus.subjects import STREAM, campaign_filter, type_filters
 from eventstore.causality import causality_claim
 from eventstore.emitter import Emitter
 from eventstore.events import (
@@ -380,7 +385,8 @@ async def test_the_roles_that_never_read_history_cannot_read_the_store(hub: Hub)
 
 
 class TimesEveryVerification(Actor):
-    """An honest benchmarker of campaign `preempt`: answers each verification with a result."""
+    """An honest benchmarker of the campaigns `preempt` and `naks`: answers each
+    verification with a result."""
 
     role = "benchmarker"
     target = "cpu"
@@ -388,7 +394,7 @@ class TimesEveryVerification(Actor):
 
     async def handle(self, event: Event, out: Reactions) -> None:
         assert isinstance(event, KernelVerified)
-        if event.campaign_id != "preempt":
+        if event.campaign_id not in ("preempt", "naks"):
             return
         timed = _timed(event.campaign_id, event.candidate_id, event.source_hash, "preempt-host")
         out.emit(BenchmarkCompleted, **{k: getattr(timed, k) for k in _RESULT_FIELDS})
@@ -446,6 +452,62 @@ async def test_no_other_role_can_take_the_id_a_benchmarker_will_answer_under(hub
         await stopped()
     assert len(found) == 1, "the benchmarker's result vanished as a duplicate of a squatter"
     assert found[0][0] not in guesses
+
+
+@pytest.mark.timeout(120)
+@module_loop
+async def test_a_rogue_instance_naking_everything_cannot_run_a_candidate_out(hub: Hub) -> None:
+    """Attack 5, last item: a rogue instance that NAKs everything dead-lettered 3
+    candidates within a minute (the server's delivery limit, reached by NAKs in a moment).
+    Here it NAKs each 3 candidates' message 200 times, or for 20 s; then an honest
+    instance settles every one, and nothing was dead-lettered."""
+    campaign, naks = "naks", 200
+    benchmarker = await _as(hub, "benchmarker")
+    js = jetstream(benchmarker)
+    durable = durable_name("benchmarker", "cpu")
+
+    async def never(message: Msg, reason: str = "") -> None:
+        raise AssertionError("a bare configuration handles nothing")
+
+    configured = WorkConsumer(js, durable, type_filters(["KernelVerified"], "cpu"), never, never)
+    await ensure_consumer(js, configured.config)  # as the role's instances declare it
+    verifier = await _as(hub, "verifier")
+    candidates = [f"n{index}" for index in range(3)]
+    try:
+        await Emitter(js).emit(_calibrated("preempt-host"))
+        await Emitter(jetstream(verifier)).emit_many(
+            [_verified(campaign, candidate, "s1") for candidate in candidates]
+        )
+    finally:
+        await verifier.close()
+    rogue = await js.pull_subscribe_bind(durable=durable, stream=STREAM)
+    naked: dict[str, int] = dict.fromkeys(candidates, 0)
+    until = asyncio.get_running_loop().time() + 20
+    while min(naked.values()) < naks and asyncio.get_running_loop().time() < until:
+        with contextlib.suppress(NatsTimeout):
+            for message in await rogue.fetch(10, timeout=0.2):
+                candidate = str(json.loads(message.data).get("candidate_id"))
+                if candidate in naked:
+                    naked[candidate] += 1
+                await message.nak()
+    await rogue.unsubscribe()
+    assert min(naked.values()) >= naks, naked
+    stopped = await _running(TimesEveryVerification(), hub, benchmarker)
+    try:
+        settled = await wait_rows(
+            hub,
+            "SELECT payload->>'candidate_id' FROM events WHERE type = 'BenchmarkCompleted' "
+            f"AND campaign_id = '{campaign}' ORDER BY 1",
+            len(candidates),
+        )
+    finally:
+        await stopped()
+    await _recorded_all(hub)
+    dead = hub.store.query(
+        f"SELECT count(*) FROM events WHERE type = 'DeadLettered' AND campaign_id = '{campaign}'"
+    ).rows
+    assert settled == [[candidate] for candidate in candidates]
+    assert dead == [[0]]
 
 
 @pytest.mark.timeout(300)

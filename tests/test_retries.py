@@ -4,6 +4,7 @@ consumer against a real nats-server."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -52,7 +53,13 @@ async def _consume(
         finished.set()
 
     consumer = WorkConsumer(
-        js, "kf-test", type_filters(["Thing"]), handler, dead_letter, max_deliver=3, **options
+        js,
+        "kf-test",
+        type_filters(["Thing"]),
+        handler,
+        dead_letter,
+        max_deliver=3,
+        **{"min_age": 0.0, **options},
     )
     stop = asyncio.Event()
     task = asyncio.create_task(consumer.run(stop))
@@ -102,3 +109,18 @@ async def test_a_permanent_error_is_given_up_on_after_max_deliver(nc: Client) ->
     )
     assert attempts == [1, 2, 3]
     assert dead == ["ValueError: kernel exploded (gave up after 3 deliveries)"]
+
+
+@pytest.mark.asyncio
+async def test_a_permanent_error_is_given_up_on_only_once_the_message_is_old_enough(
+    nc: Client,
+) -> None:
+    """Deliveries alone never give a message up (another instance's NAKs add them at
+    will): it is retried past `max_deliver` until it is `min_age` old."""
+    started = time.monotonic()
+    attempts, dead = await _consume(
+        nc, ValueError("kernel exploded"), failures=1000, retry_backoff=0.02, min_age=1.5
+    )
+    assert time.monotonic() - started >= 1.5
+    assert len(attempts) > 3
+    assert dead == [f"ValueError: kernel exploded (gave up after {len(attempts)} deliveries)"]

@@ -59,6 +59,7 @@ class BrokenWriter(Actor):
     role = "kernel-writer"
     reacts_to = (CandidateProposed,)
     max_deliver = 2
+    give_up_after = 0.0
 
     async def handle(self, event: Event, out: Reactions) -> None:
         raise ValueError("this writer is broken")

@@ -13,6 +13,17 @@ verifications, calibrations and benchmarks, then kept by every event it accepts)
 check is a set lookup, never a query. A breaking event is refused with `EventRejected`.
 `causality_claim` re-derives the same rule over a stored history for the audit: a store
 written before the rule may hold events that break it, and the audit says so.
+
+What the calibration rule leaves to a holder of the benchmarker's credentials: it may
+calibrate any device name first, so a forged benchmark on an invented device passes
+here. That buys nothing those credentials did not already give (a forged figure on the
+real device passes the same way): only re-measurement judges a time, and `kfactory
+audit --reverify` counts a claim recorded on another device as "not re-verifiable
+here" and fails. A forged later calibration of a real device changes no ranked figure
+(each benchmarker computes its roofline fraction from its own measurement, not from a
+recorded one); it shows in the report's host table and the LLM writer's ceilings. Two
+calibrations of one device that disagree are not flagged: a busy host's honest
+recalibration differs too, and no tolerance tells it from a forgery.
 """
 
 from __future__ import annotations

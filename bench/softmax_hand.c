@@ -1,7 +1,7 @@
 /* Hand-written row softmax for AVX2 + FMA (bench/softmax_limit.py times them beside
    Kernel Tuner's best and the factory's best). One file, built once per variant:
      STRUCTURE 0: three passes with the row in L1: max; y = exp(x - max) and its sum; y *= 1/sum
-     STRUCTURE 1: max; exp into a per-thread L1 row buffer, prefetching the next row;
+     STRUCTURE 1: max; exp into a per-thread L1 row buffer;
                   y = buffer * 1/sum with non-temporal stores (the final write only)
      STRUCTURE 2: as 1 with ordinary stores
      STRUCTURE 3: online: one sweep for a running max and rescaled sum, then y = exp(x - m) / sum
@@ -9,6 +9,12 @@
      EXP 4, 5: exp(x - m) = 2^t, t = (x - m) log2(e), and 2^frac(t) by a polynomial of
                that degree (max relative error 2.7e-6, 2.3e-7). A degree 3 (7.5e-5) was
                dropped: softmax's sum of such exps exceeds the 1e-4 tolerance.
+     EXP 6: EXP 4 split by a rounding constant instead of conversions (the template's
+            exp2_4 with 8 floats and FMA)
+     PREFETCH_IN 1 (the default): structures 0-2 prefetch the row AHEAD rows on (1) to L2
+            during the exp pass, the longest stretch of arithmetic; 0: during the scale
+            pass (structures 1 and 2 only). On a 2-core AVX2 EPYC the exp pass was 1.17x
+            faster for structure 1 (bench/softmax_anatomy.py's host).
    Every loop keeps 4 independent accumulators; any shape is taken (a row's last
    cols % 32 elements one at a time). Built with -O3 -march=native -ffast-math
    -fopenmp, as the factory's fastest points. */
@@ -24,7 +30,7 @@
 #define EXP 5
 #endif
 #ifndef PREFETCH_IN
-#define PREFETCH_IN 0
+#define PREFETCH_IN 1
 #endif
 #ifndef AHEAD
 #define AHEAD 1
@@ -91,13 +97,12 @@ static inline __m256 exp_fine(__m256 x, __m256 m) {
 #if EXP == 6
 /* EXP 4's polynomial on the same f in [-1/2, 1/2], with the split done by a rounding
    constant: k = t + 1.5 2^23 holds t rounded to nearest in its low mantissa bits, so no
-   conversions (11 operations to EXP 4's 13); the empty asm keeps -ffast-math from folding
-   k - 1.5 2^23 back into t. Below d = -87 (exp under 2^-125) the result is only near 0. */
+   conversions (11 operations to EXP 4's 13); the FMA builtins keep -ffast-math from
+   folding t - (k - 1.5 2^23) into 0. Below d = -87 (exp under 2^-125) the result is only near 0. */
 static inline __m256 exp_of(__m256 x, __m256 m, __m256 neg_m_l2e) {
     (void)neg_m_l2e;
     const __m256 d = _mm256_max_ps(set1(-87.0f), _mm256_sub_ps(x, m));
-    __m256 k = _mm256_fmadd_ps(d, set1(L2E), set1(12582912.0f));
-    __asm__("" : "+x"(k));
+    const __m256 k = _mm256_fmadd_ps(d, set1(L2E), set1(12582912.0f));
     const __m256 f = _mm256_fmsub_ps(d, set1(L2E), _mm256_sub_ps(k, set1(12582912.0f)));
     __m256 p = set1(0.009570101276040077f);
     p = _mm256_fmadd_ps(p, f, set1(0.05591786280274391f));

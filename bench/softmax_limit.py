@@ -53,7 +53,7 @@ RESULTS = ROOT / "bench" / "results"
 HAND_SOURCE = ROOT / "bench" / "softmax_hand.c"
 HAND_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp")
 STRUCTURES = {0: "3pass", 1: "buf_nt", 2: "buf", 3: "online"}
-EXPS = {0: "cephes", 4: "exp2d4", 5: "exp2d5"}
+EXPS = {0: "cephes", 4: "exp2d4", 5: "exp2d5", 6: "exp2d4r"}
 
 
 def hand_library(structure: int, exp: int) -> tuple[str, Path]:
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--kt-top", type=int, default=3, help="Kernel Tuner's fastest N configs")
     parser.add_argument(
         "--hand",
-        default="0:5,0:4,0:0,1:5,2:5,3:5",
+        default="0:6,1:6,0:4,1:4,0:0,3:5",
         help="hand-written variants STRUCTURE:EXP, comma separated (see softmax_hand.c)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "softmax_limit.json")

@@ -1,14 +1,17 @@
 """Where a row softmax's time goes on this host: its phases timed alone, side by side.
 
-Usage: .venv/bin/python bench/softmax_anatomy.py [--rounds 15] [--exp 4]
+Usage: .venv/bin/python bench/softmax_anatomy.py [--rounds 15] [--structure 1] [--exp 6]
 
-bench/softmax_hand.c's structure 1 (max; exp into an L1 row buffer; scale with
-non-temporal stores) is split into its phases (bench/softmax_anatomy.c), each over the
+A structure of bench/softmax_hand.c (--structure, default 1: max; exp into an L1 row
+buffer; scale with non-temporal stores) is timed beside its phases (bench/softmax_anatomy.c), each over the
 whole 4096x4096 matrix with the kernel's own loops and split of rows over threads:
 - read: x once (the row max): the read traffic alone;
 - write: y once with non-temporal stores: the write traffic alone;
 - exp: the exp pass over a row that stays in L1, once per row: the arithmetic alone;
-- read+exp: both, writing nothing.
+- read+exp: both, writing nothing;
+- compute: the whole kernel on a row that stays in cache, once per row: all its
+  arithmetic, no memory traffic (structures 0 and 2; structure 1's non-temporal stores
+  still reach memory).
 They run interleaved with the whole kernel, Kernel Tuner's best config (from
 bench/results/kernel_tuner_brute_force.json, if `make bench-kt` wrote it) and the
 calibration's copy, caches flushed before every call (bench/native_harness.py). The
@@ -43,22 +46,25 @@ from softmax_limit import HAND_FLAGS, HAND_SOURCE  # noqa: E402
 from kernels.builtin import BUILTIN  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-PHASES = ("phase_read", "phase_write", "phase_exp", "phase_read_exp")
+PHASES = ("phase_read", "phase_write", "phase_exp", "phase_read_exp", "phase_compute")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
-    parser.add_argument("--exp", type=int, default=4, choices=(0, 4, 5), help="the hand exp")
+    parser.add_argument("--exp", type=int, default=6, choices=(0, 4, 5, 6), help="the hand exp")
+    parser.add_argument(
+        "--structure", type=int, default=1, choices=(0, 1, 2), help="the hand structure"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "softmax_anatomy.json")
     args = parser.parse_args()
     workload = Workload(BUILTIN["softmax"], SHAPE)
     source = (
-        f"#define STRUCTURE 1\n#define EXP {args.exp}\n"
+        f"#define STRUCTURE {args.structure}\n#define EXP {args.exp}\n"
         + HAND_SOURCE.read_text()
         + (ROOT / "bench" / "softmax_anatomy.c").read_text()
     )
-    library = compile_library(f"anatomy_{args.exp}", source, HAND_FLAGS)
+    library = compile_library(f"anatomy_{args.structure}_{args.exp}", source, HAND_FLAGS)
     contenders: dict[str, Call] = {"kernel": native_call(library, workload)}
     for phase in PHASES:
         contenders[phase] = native_call(library, workload, phase)
@@ -79,7 +85,9 @@ def main() -> None:
     parts = ("phase_read", "phase_exp", "phase_write")
     serial = sum(medians[p] for p in parts)
     overlapped = max(medians[p] for p in parts)
-    print(f"row softmax {SHAPE}, hand structure 1, exp {args.exp}; load {load_before}")
+    print(
+        f"row softmax {SHAPE}, hand structure {args.structure}, exp {args.exp}; load {load_before}"
+    )
     print(f"{'contender':20s} {'median ms':>10s} {'kernel / it':>12s}")
     for name in contenders:
         print(f"{name:20s} {medians[name]:10.2f} {ratio_to_kernel(name):11.2f}x")
@@ -93,6 +101,7 @@ def main() -> None:
         json.dumps(
             {
                 "shape": SHAPE,
+                "structure": args.structure,
                 "exp": args.exp,
                 "medians_ms": medians,
                 "serial_sum_ms": serial,

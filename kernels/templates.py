@@ -305,9 +305,16 @@ SOFTMAX_ROWS = _stream_template(
         ),
     ),
     {"fuse": "none", "buffer": False, "tile": 0, "exp": "cephes", "prefetch_pass": "output"},
-    # the best point bench/kernel_tuner_softmax.py's search found on a shared 2-core AVX2
-    # EPYC; on a quiet AVX-512 host the search may well prefer buffer + streaming
-    {"unroll": 2, "tile": 2048, "flags": "-O3 -march=native -ffast-math"},
+    # the fastest point side by side on a quiet 2-core AVX2 EPYC: 4.11 ms at 4096x4096,
+    # Kernel Tuner's best 6.98 ms (bench/softmax_anatomy.py's host); on an AVX-512 host
+    # the search may well prefer buffer + streaming
+    {
+        "unroll": 2,
+        "prefetch": 1,
+        "prefetch_pass": "exp",
+        "exp": "exp2_4",
+        "flags": "-O3 -march=native -ffast-math",
+    },
 )
 
 RMSNORM_ROWS = _stream_template(

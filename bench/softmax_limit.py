@@ -15,7 +15,9 @@ Reports the median, IQR, the median of per-round ratios against the fastest Kern
 config, the fraction of the calibrated copy bandwidth and of the copy timed in this run,
 and the load average; and the CPU time of each call (all threads of this process), whose
 per-round ratios a loaded host skews far less than the wall time's. Writes
-bench/results/softmax_limit.json.
+bench/results/softmax_limit.json, and adds its headline figures (the first --factory
+kernel, the promoted best, against Kernel Tuner's fastest and the ceilings) to this host
+kind's row of bench/results/hosts.md (bench/host_results.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import host_results  # noqa: E402
 from kernel_tuner_softmax import KT_SPACE, SHAPE, kernel_tuner_library  # noqa: E402
 from native_harness import (  # noqa: E402
     Call,
@@ -53,7 +56,7 @@ RESULTS = ROOT / "bench" / "results"
 HAND_SOURCE = ROOT / "bench" / "softmax_hand.c"
 HAND_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp")
 STRUCTURES = {0: "3pass", 1: "buf_nt", 2: "buf", 3: "online"}
-EXPS = {0: "cephes", 4: "exp2d4", 5: "exp2d5"}
+EXPS = {0: "cephes", 4: "exp2d4", 5: "exp2d5", 6: "exp2d4r"}
 
 
 def hand_library(structure: int, exp: int) -> tuple[str, Path]:
@@ -79,7 +82,7 @@ def main() -> None:
     parser.add_argument("--kt-top", type=int, default=3, help="Kernel Tuner's fastest N configs")
     parser.add_argument(
         "--hand",
-        default="0:5,0:4,0:0,1:5,2:5,3:5",
+        default="0:6,1:6,0:4,1:4,0:0,3:5",
         help="hand-written variants STRUCTURE:EXP, comma separated (see softmax_hand.c)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "softmax_limit.json")
@@ -190,6 +193,29 @@ def main() -> None:
         )
     )
     print(f"wrote {args.out}")
+    figures = host_figures(table, kt_names, len(args.factory))
+    if figures:
+        print(f"host table: {host_results.record(figures, ' '.join(sys.argv))}")
+
+
+def host_figures(
+    table: dict[str, dict[str, float]], kt_names: list[str], factories: int
+) -> dict[str, float]:
+    """This run's headline figures for the per-host table: the first factory kernel (the
+    promoted best) against Kernel Tuner's fastest and the ceilings, and the fastest hand
+    kernel against Kernel Tuner's; none without Kernel Tuner's configs in the run."""
+    if not kt_names:
+        return {}
+    hand = [row["speedup_vs_reference"] for name, row in table.items() if name.startswith("hand")]
+    figures = {"hand_best_vs_kernel_tuner": max(hand)} if hand else {}
+    if factories:
+        best = table["factory_1"]
+        figures |= {
+            "promoted_best_vs_kernel_tuner": best["speedup_vs_reference"],
+            "of_roofline_bound": best["of_roofline_bound"],
+            "of_copy_in_this_run": best["fraction_of_copy_in_this_run"],
+        }
+    return figures
 
 
 if __name__ == "__main__":

@@ -17,10 +17,12 @@ ahead is prefetched to L2 while a row is worked from cache) and `streaming`
 parameter too:
 - softmax: `fuse` (a max pass then exp, or online max and sum in one sweep), `buffer`
   (exp values in a per-thread row buffer that stays in L1/L2, or in the output row),
-  `tile` (max and exp sweep tiles of 512 or 2048 floats, or the whole row) and `exp`
-  (the vector layer's Cephes exp, or 2^(d log2 e) by a degree-5 or degree-4 polynomial
-  and a truncating round: fewer operations, within the tolerance; the passes only take
-  exp of d <= 0);
+  `tile` (max and exp sweep tiles of 512 or 2048 floats, or the whole row),
+  `prefetch_pass` (the row ahead is prefetched while the output is written, or during the
+  exp sweep, the longest stretch of arithmetic: on a 2-core AVX2 EPYC the second was 1.15x
+  faster, bench/softmax_anatomy.py) and `exp` (the vector layer's Cephes exp, or
+  2^(d log2 e) by a degree-5 or degree-4 polynomial and a truncating round: fewer
+  operations, within the tolerance; the passes only take exp of d <= 0);
 - layernorm has no one-sweep form (shifted float32 sums of squares cancel on rows with
   outliers, which the verifier rejects);
 - the fused chain: `intermediate` (h = x + r kept in the output row, a row buffer, or
@@ -199,6 +201,10 @@ def _online_keeps_no_buffer(p: Params) -> bool:
     return p["fuse"] == "none" or (not p["buffer"] and int(p["tile"]) == 0)
 
 
+def _prefetch_pass_needs_a_prefetch(p: Params) -> bool:
+    return p["prefetch_pass"] == "output" or int(p["prefetch"]) > 0
+
+
 def _softmax_streams_an_untouched_output(p: Params) -> bool:
     return not p["streaming"] or bool(p["buffer"]) or p["fuse"] == "online"
 
@@ -266,6 +272,12 @@ SOFTMAX_ROWS = _stream_template(
             "(0 = the whole row per sweep)",
         ),
         Param(
+            "prefetch_pass",
+            ("output", "exp"),
+            "the pass that prefetches the row ahead: the output pass (while it writes) or the "
+            "exp sweep (the longest stretch of arithmetic, so the next row's reads overlap it)",
+        ),
+        Param(
             "exp",
             ("cephes", "exp2_5", "exp2_4"),
             "the vector exp of the passes (arguments <= 0): cephes, the vector layer's "
@@ -280,16 +292,29 @@ SOFTMAX_ROWS = _stream_template(
             _online_keeps_no_buffer,
         ),
         Constraint(
+            "the prefetching pass needs a prefetch",
+            "prefetch_pass exp moves the prefetch of the row ahead: without one it is the "
+            "same kernel as prefetch_pass output",
+            _prefetch_pass_needs_a_prefetch,
+        ),
+        Constraint(
             "streaming only to an untouched output",
             "a non-temporal store to a line the row just wrote (exp values in the output) "
             "evicts it from cache first: stream only with a buffer or the online sweep",
             _softmax_streams_an_untouched_output,
         ),
     ),
-    {"fuse": "none", "buffer": False, "tile": 0, "exp": "cephes"},
-    # the best point bench/kernel_tuner_softmax.py's search found on a shared 2-core AVX2
-    # EPYC; on a quiet AVX-512 host the search may well prefer buffer + streaming
-    {"unroll": 2, "tile": 2048, "flags": "-O3 -march=native -ffast-math"},
+    {"fuse": "none", "buffer": False, "tile": 0, "exp": "cephes", "prefetch_pass": "output"},
+    # the fastest point side by side on a quiet 2-core AVX2 EPYC: 4.11 ms at 4096x4096,
+    # Kernel Tuner's best 6.98 ms (bench/softmax_anatomy.py's host); on an AVX-512 host
+    # the search may well prefer buffer + streaming
+    {
+        "unroll": 2,
+        "prefetch": 1,
+        "prefetch_pass": "exp",
+        "exp": "exp2_4",
+        "flags": "-O3 -march=native -ffast-math",
+    },
 )
 
 RMSNORM_ROWS = _stream_template(

@@ -21,7 +21,7 @@ AVX2 = " avx2 " in f" {Path('/proc/cpuinfo').read_text().replace(chr(10), ' ')} 
 
 
 @pytest.mark.skipif(not AVX2, reason="the hand-written kernel is AVX2 code; this CPU has none")
-@pytest.mark.parametrize(("structure", "exp"), [(0, 5), (1, 4), (2, 0), (3, 4)])
+@pytest.mark.parametrize(("structure", "exp"), [(0, 5), (1, 4), (2, 0), (3, 4), (0, 6), (1, 6)])
 def test_each_hand_written_structure_verifies(
     structure: int, exp: int, cpu_backend: CpuBackend
 ) -> None:

@@ -1,0 +1,112 @@
+"""The per-host results table: one row per kind of host measured, kept in git.
+
+A figure from one kind of host says nothing of another (an AVX2 EPYC and an AVX-512 Xeon
+rank the same kernels differently), so each bench that measures a headline figure adds
+it to its host kind's row: `record(figures, command)`. The kind is the CPU model, its
+widest vector ISA (AVX-512 where the CPU flags list avx512f, else AVX2, else SSE) and its
+core count. The rows live in `bench/results/hosts.json` and are rendered to
+`bench/results/hosts.md`, the two files of bench/results/ that git keeps.
+
+Usage: python bench/host_results.py    # prints the table (and this host's kind)
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gpu_workers.cpu.calibrate import cpu_model  # noqa: E402
+from kernels.host_isa import host_has  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+TABLE_JSON = RESULTS / "hosts.json"
+TABLE_MD = RESULTS / "hosts.md"
+
+COLUMNS: dict[str, tuple[str, str]] = {
+    "promoted_best_vs_kernel_tuner": ("promoted best vs Kernel Tuner's best", "{:.2f}x"),
+    "fastest_of_top_n_vs_promoted": ("fastest of top N vs promoted best", "{:.2f}x"),
+    "of_roofline_bound": ("promoted best, of the roofline bound", "{:.0%}"),
+    "of_copy_in_this_run": ("promoted best, of the copy timed beside it", "{:.0%}"),
+    "hand_best_vs_kernel_tuner": ("best hand kernel vs Kernel Tuner's best", "{:.2f}x"),
+    "candidates_per_minute": ("candidates per minute (softmax 4096²)", "{:.1f}"),
+}
+"""The figures a row may hold (title, format), in the order the table shows them."""
+
+
+def isa() -> str:
+    if host_has("avx512f"):
+        return "AVX-512"
+    if host_has("avx2"):
+        return "AVX2"
+    return "SSE"
+
+
+def host_kind() -> dict[str, Any]:
+    return {"cpu_model": cpu_model(), "isa": isa(), "cores": os.cpu_count() or 1}
+
+
+def _key(kind: dict[str, Any]) -> str:
+    return f"{kind['cpu_model']} | {kind['isa']} | {kind['cores']} cores"
+
+
+def load() -> dict[str, dict[str, Any]]:
+    return json.loads(TABLE_JSON.read_text()) if TABLE_JSON.exists() else {}
+
+
+def record(figures: dict[str, float], command: str) -> Path:
+    """Add `figures` (names from COLUMNS) to this host kind's row, measured by `command`;
+    rewrite the table. Returns the Markdown file."""
+    unknown = set(figures) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"not a column of the host table: {sorted(unknown)}")
+    rows = load()
+    kind = host_kind()
+    row = rows.setdefault(_key(kind), {**kind, "figures": {}})
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
+    for name, value in figures.items():
+        row["figures"][name] = {
+            "value": value,
+            "measured": when,
+            "command": command,
+            "load_average": [round(v, 2) for v in os.getloadavg()],
+        }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    TABLE_JSON.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n")
+    TABLE_MD.write_text(render(rows))
+    return TABLE_MD
+
+
+def _cell(name: str, figures: dict[str, dict[str, Any]]) -> str:
+    if name not in figures:
+        return "not measured"
+    return f"{COLUMNS[name][1].format(figures[name]['value'])} ({figures[name]['measured']})"
+
+
+def render(rows: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "# Results per host kind",
+        "",
+        "Written by `bench/host_results.py` from the benches that measure these figures; "
+        "each cell gives the date measured, and `hosts.json` the command and load average.",
+        "Ratios are taken within one interleaved run on that host; a figure from one kind of "
+        "host says nothing of another.",
+        "",
+        "| host kind | " + " | ".join(title for title, _ in COLUMNS.values()) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
+    for key in sorted(rows):
+        cells = [_cell(name, rows[key]["figures"]) for name in COLUMNS]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(f"this host: {_key(host_kind())}\n")
+    print(render(load()), end="")

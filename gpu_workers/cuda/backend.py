@@ -333,28 +333,26 @@ def run_timing(
             overran()
 
         started = time.monotonic()
+        sandbox = None
         try:
             outcome = _run(job, workdir, limits, watching, runner)
         except CallOverran as late:
-            return CudaTiming(
-                reply=None,
-                rejection=late.rejection(read_progress(workdir)),
-                secret_seed=job.secret_seed,
-                wall_seconds=time.monotonic() - started,
-                poison_bits=poison,
-            )
-        failure = _failure(outcome, workdir, "benchmark")
-        if failure is not None:
-            return CudaTiming(
-                reply=None,
-                rejection=failure,
-                secret_seed=job.secret_seed,
-                wall_seconds=outcome.wall_seconds,
-                poison_bits=poison,
-                sandbox=outcome.report,
-            )
-        reply = expect_reply(workdir, p.Reply, p.BenchReply)
-        return read_timing(problem, job.dtype, workdir, reply, outcome, poison)
+            rejection = late.rejection(read_progress(workdir))
+            wall = time.monotonic() - started
+        else:
+            failure = _failure(outcome, workdir, "benchmark")
+            if failure is None:
+                reply = expect_reply(workdir, p.Reply, p.BenchReply)
+                return read_timing(problem, job.dtype, workdir, reply, outcome, poison)
+            rejection, wall, sandbox = failure, outcome.wall_seconds, outcome.report
+    return CudaTiming(
+        reply=None,
+        rejection=rejection,
+        secret_seed=job.secret_seed,
+        wall_seconds=wall,
+        poison_bits=poison,
+        sandbox=sandbox,
+    )
 
 
 def _run(

@@ -7,11 +7,14 @@ accumulation, another order of the sums, the sigmoid or tanh form), as a user wo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_workers.targets import target_of
 from kernels.design_space import ParamValue, Template
+from kernels.spec import Problem
 from kernels.templates import templates_for
 from tests.problem_files import ROTARY_KERNEL
 
@@ -20,6 +23,12 @@ FLAGS_LINE = re.compile(r"^//\s*kfactory-flags:\s*(.+?)\s*$", re.MULTILINE)
 PLAIN_FLAGS = ("-O2", "-fopenmp")
 ROTARY = "rotary"
 """The rotary (RoPE) user problem, loaded from the files `write_rotary` writes."""
+ROPE = "rope"
+"""The rotary problem judged by the default error scale over every distribution
+(`rope`), where the user's own scale and narrower distributions are not needed."""
+ROPE_INPUT_LIMIT = 1e18
+"""Products of two inputs and their sums stay finite in fp32 (the issue's RoPE overflowed
+to -inf where the exact result was 6.3e75: no fp32 kernel computes that)."""
 
 
 @dataclass(frozen=True)
@@ -222,13 +231,30 @@ PLAIN: dict[str, tuple[str, str]] = {
     ),
     "kda": ("scalar, double state", KDA_DOUBLE_STATE),
     ROTARY: ("flat loop in double", ROTARY_DOUBLE),
+    ROPE: ("flat loop in double", ROTARY_DOUBLE),
 }
 
 
+def rope(rotary: Problem) -> Problem:
+    """ROPE: the rotary problem with the default error scale, every distribution (NaN and
+    infinities propagate as in float64) and inputs within ROPE_INPUT_LIMIT."""
+    return dataclasses.replace(
+        rotary,
+        name=ROPE,
+        error_scale=None,
+        supported_distributions=None,
+        nonfinite="propagate",
+        input_limit=ROPE_INPUT_LIMIT,
+    )
+
+
 def honest_kernels(problem: str) -> list[HonestKernel]:
-    """Every honest kernel of `problem` (a built-in name or ROTARY)."""
+    """Every honest kernel of `problem` (a built-in name, ROTARY or ROPE). The rotary
+    example has no flags line: it is built as `kfactory check` builds it, with the
+    target's default flags."""
     label, source = PLAIN[problem]
     plain = HonestKernel(problem, label, source, PLAIN_FLAGS)
-    if problem == ROTARY:
-        return [HonestKernel(problem, "example", ROTARY_KERNEL, PLAIN_FLAGS), plain]
+    if problem in (ROTARY, ROPE):
+        example = HonestKernel(problem, "example", ROTARY_KERNEL, target_of("cpu").default_flags)
+        return [example, plain]
     return [_example(problem), *_template_points(problem), plain]

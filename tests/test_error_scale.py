@@ -26,7 +26,7 @@ from kernels.loading import load_problem
 from kernels.spec import Arg, Arrays, Cost, Problem
 from ops import new_cmd
 from tests.cpu_support import cpu_backend, kf_cache
-from tests.honest_kernels import PLAIN, ROTARY, HonestKernel, honest_kernels
+from tests.honest_kernels import PLAIN, ROPE, ROTARY, HonestKernel, honest_kernels, rope
 from tests.problem_files import write_rotary
 
 __all__ = ["cpu_backend", "kf_cache"]
@@ -131,8 +131,9 @@ KERNELS = [
 
 
 @pytest.fixture(scope="module")
-def rotary(tmp_path_factory: pytest.TempPathFactory) -> Problem:
-    return load_problem(write_rotary(tmp_path_factory.mktemp("rotary")))
+def user_problems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Problem]:
+    rotary = load_problem(write_rotary(tmp_path_factory.mktemp("rotary")))
+    return {ROTARY: rotary, ROPE: rope(rotary)}
 
 
 def _c_rejections(
@@ -155,9 +156,9 @@ def _c_rejections(
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_honest_c_kernels_pass_quick_checks_of_a_few_seeds(
-    kernel: HonestKernel, cpu_backend: CpuBackend, rotary: Problem
+    kernel: HonestKernel, cpu_backend: CpuBackend, user_problems: dict[str, Problem]
 ) -> None:
-    problem = rotary if kernel.problem == ROTARY else BUILTIN[kernel.problem]
+    problem = user_problems.get(kernel.problem) or BUILTIN[kernel.problem]
     assert _c_rejections(cpu_backend, problem, kernel, QUICK_SEEDS, QUICK_SHAPES) == []
 
 
@@ -165,14 +166,14 @@ def test_honest_c_kernels_pass_quick_checks_of_a_few_seeds(
 @pytest.mark.timeout(1800)  # 50 full checks: up to ~8 s each on a loaded host
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_honest_c_kernels_pass_every_check_of_fifty_seeds(
-    kernel: HonestKernel, cpu_backend: CpuBackend, rotary: Problem
+    kernel: HonestKernel, cpu_backend: CpuBackend, user_problems: dict[str, Problem]
 ) -> None:
-    problem = rotary if kernel.problem == ROTARY else BUILTIN[kernel.problem]
+    problem = user_problems.get(kernel.problem) or BUILTIN[kernel.problem]
     assert _c_rejections(cpu_backend, problem, kernel, SEEDS) == []
 
 
 def test_every_built_in_problem_and_the_rotary_one_has_honest_c_kernels() -> None:
-    assert set(PLAIN) == {*BUILTIN, ROTARY}
+    assert set(PLAIN) == {*BUILTIN, ROTARY, ROPE}
     for problem in PLAIN:
         names = [k.name for k in honest_kernels(problem)]
         assert names[0] == "example" and len(names) >= 2, problem

@@ -8,8 +8,10 @@ generous bound on the kernel's time per unit of work. A timed call at a larger s
 take `SLACK` times that pace over its own work, and never less than `FLOOR_SECONDS`; an
 incumbent timed in the same run is allowed `SLACK` times its recorded time too. A call
 past its deadline is stopped (its process killed) and the kernel is rejected as
-`timeout` at the benchmark stage, the shape named. Verification itself is bounded by the
-back end's verification limits.
+`timeout` at the benchmark stage, the shape named: on the CPU the driver kills the
+kernel host (`cpu/kernel_process.py`); on a GPU the runner ends itself, and its worker
+kills a runner stuck past the deadline (`cuda/call_clock.py`). Verification itself is
+bounded by the back end's verification limits.
 """
 
 from __future__ import annotations

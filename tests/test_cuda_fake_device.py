@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -24,7 +25,8 @@ from gpu_workers.benchmarking import judge_calls
 from gpu_workers.cuda import fresh, runner
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda import timing as cuda_timing
-from gpu_workers.cuda.driver import Gpu
+from gpu_workers.cuda.call_clock import call_started
+from gpu_workers.cuda.driver import Gpu, KernelFault
 from gpu_workers.results import SandboxReport
 from gpu_workers.sandbox import SandboxOutcome
 from kernels.builtin import GELU
@@ -216,13 +218,11 @@ def fake_gpu(kernel: Kernel) -> Gpu:
     return gpu
 
 
-def _run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: Kernel, *, judged_calls: int = 6
-) -> tuple[p.BenchReply, cuda_timing.CudaTiming, FakeLauncher]:
+def _job(tmp_path: Path, judged_calls: int = 6) -> p.BenchJob:
     (tmp_path / "k.cu").write_text(SOURCE)
     (tmp_path / "k.cubin").write_bytes(b"cubin")
     (tmp_path / "refresh.cubin").write_bytes(b"refresh")
-    job = p.BenchJob(
+    return p.BenchJob(
         kernel=p.KernelRef(cubin=str(tmp_path / "k.cubin"), source=str(tmp_path / "k.cu")),
         incumbent=None,
         baseline="numpy_host",
@@ -241,6 +241,12 @@ def _run(
         min_runs=24,
         min_seconds=0.0,
     )
+
+
+def _run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: Kernel, *, judged_calls: int = 6
+) -> tuple[p.BenchReply, cuda_timing.CudaTiming, FakeLauncher]:
+    job = _job(tmp_path, judged_calls)
     gpu = fake_gpu(kernel)
     monkeypatch.chdir(tmp_path)
     reply = runner.bench(gpu, job)
@@ -343,3 +349,34 @@ def test_without_fresh_inputs_the_memoizer_would_pass_its_timed_calls(
     timed = len(timing.judged)
     assert judge_calls(GELU, "fp32", run.judged[:timed]) is None
     assert judge_calls(GELU, "fp32", run.judged[timed:]) is not None
+
+
+class NeverEndingEvent(FakeEvent):
+    """An event recorded after a kernel that never ends (`never_ends`) never completes."""
+
+    stuck = False
+
+    def query(self) -> bool:
+        return not NeverEndingEvent.stuck
+
+
+def never_ends(cuda: FakeCuda, args: list[int]) -> None:
+    NeverEndingEvent.stuck = True
+
+
+def test_a_timed_call_past_its_deadline_ends_the_run_as_a_timeout_with_the_call_stamped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner's own check of the call deadline (`BenchJob.call_timeout_s`, from
+    `gpu_workers.deadlines`); the call stays stamped on the call clock, where the worker's
+    watch would kill a runner that could not end itself."""
+    monkeypatch.setattr(FakeCuda, "Event", NeverEndingEvent)
+    monkeypatch.setattr(NeverEndingEvent, "stuck", False)
+    job = msgspec.structs.replace(_job(tmp_path), call_timeout_s=0.25)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(KernelFault) as fault:
+        runner.bench(fake_gpu(never_ends), job)
+    assert fault.value.reason == "timeout"
+    assert "timed call 0 on input set 0 took longer than its 0.25 s deadline" in str(fault.value)
+    assert fault.value.evidence["call_limit_seconds"] == "0.25"
+    assert call_started(tmp_path) is not None

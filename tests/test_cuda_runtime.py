@@ -39,6 +39,7 @@ from gpu_workers.cuda.device import (
 from gpu_workers.cuda.driver import Loaded, pack
 from gpu_workers.cuda.nvcc import CudaBuild, nvcc_path
 from gpu_workers.cuda.runner import FAULT_EXIT, HARNESS_EXIT
+from gpu_workers.deadlines import at_shape
 from gpu_workers.protocols import TimingRequest
 from gpu_workers.results import Rejection, SandboxReport
 from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed
@@ -82,6 +83,12 @@ GELU_WILD_POINTER = gelu_source(before="if (i == 0) *(volatile float *)(uintptr_
 GELU_TRAPS_ON_WRITTEN_OUTPUT = gelu_source(before="if (i < n && y[i] == y[i]) __trap();")
 GELU_NEVER_ENDS = gelu_source(
     before="volatile const float *vx = x; while (vx[0] == vx[0] || n > 0) { }"
+)
+HANGS_FROM = 1 << 22
+"""Beyond every shape verification runs GELU at (its contract shapes reach 2^20 + 4096)."""
+GELU_HANGS_AT_THE_TIMED_SHAPE = gelu_source(
+    before="volatile const float *vx = x; "
+    f"while (n >= {HANGS_FROM} && (vx[0] == vx[0] || n > 0)) {{ }}"
 )
 
 
@@ -645,3 +652,36 @@ def test_every_timed_call_starts_from_poisoned_outputs(gpu_backend: CudaBackend)
     )
     assert run.rejection is None, run.rejection
     assert len(run.kernel_ns) >= 10
+
+
+@needs_gpu
+@needs_nvcc
+def test_a_timed_call_past_its_deadline_is_a_timeout_naming_the_shape(
+    gpu_backend: CudaBackend,
+) -> None:
+    """Issue 35: a kernel that passes verification and hangs only at the timed shape is
+    stopped at its call deadline (`TimingRequest.call_seconds`), not at the run's limit."""
+    verdict = verify(GELU, gpu_backend, GELU_HANGS_AT_THE_TIMED_SHAPE, (), dtype="fp32", seed=3)
+    assert verdict.verified, verdict.rejection
+    compiled = gpu_backend.compile(GELU, GELU_HANGS_AT_THE_TIMED_SHAPE, (), "fp32")
+    assert compiled.build is not None, compiled.rejection
+    shape = {"n": HANGS_FROM}
+    run = gpu_backend.time(
+        TimingRequest(
+            GELU,
+            compiled.build,
+            None,
+            shape,
+            seed=5,
+            seeds=(11, 12),
+            recheck_seed=None,
+            rotate_bytes=0,
+            min_runs=10,
+            min_seconds=0.1,
+            call_seconds=1.0,
+        )
+    )
+    assert run.rejection is not None
+    assert (run.rejection.stage, run.rejection.reason) == ("benchmark", "timeout")
+    assert "1 s deadline" in run.rejection.message
+    assert f"at the timed shape n={HANGS_FROM}" in at_shape(run.rejection, shape).message

@@ -16,7 +16,8 @@ fit in); the SandboxReport says so with address_space_limit_bytes = -1.
 from __future__ import annotations
 
 import resource
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpu_workers import runner_files as files
@@ -24,6 +25,7 @@ from gpu_workers.compile_failure import CompileFailure, compile_rejection
 from gpu_workers.cuda import protocol as p
 from gpu_workers.cuda.arch import DEFAULT_ARCH
 from gpu_workers.cuda.baselines import NAIVE_CUDA, choose_baseline, naive_template
+from gpu_workers.cuda.call_clock import GRACE_SECONDS, CallOverran, deadline_watch
 from gpu_workers.cuda.device import (
     cuda_env,
     cuda_libraries,
@@ -205,6 +207,8 @@ class CudaBackend:
             rotate_bytes=request.rotate_bytes,
             min_runs=request.min_runs,
             min_seconds=request.min_seconds,
+            call_seconds=request.call_seconds,
+            watch=request.watch,
         )
         return timing_run(problem, request.build.dtype, request.shape, timing)
 
@@ -221,11 +225,15 @@ class CudaBackend:
         rotate_bytes: int,
         min_runs: int,
         min_seconds: float,
+        call_seconds: float | None = None,
+        watch: Callable[[], None] | None = None,
     ) -> CudaTiming:
         """One timing run in the sandboxed runner, as it came back: the samples, the
         judged calls' inputs and outputs, the re-checks' outputs. `seeds` generate the
         reservoir the fresh inputs are drawn from; `secret_seed` draws the refreshes and
-        the judged calls (the same seed replays both)."""
+        the judged calls (the same seed replays both). `call_seconds`: each timed call's
+        deadline (`gpu_workers.deadlines`; None: `protocol.CALL_TIMEOUT_S`); `watch` as
+        `TimingRequest.watch`."""
         require_gpu()
         choice = choose_baseline(problem, build.dtype, cuda_libraries())
         secret = secret_seed
@@ -247,22 +255,9 @@ class CudaBackend:
             l2_flush_bytes=rotate_bytes,
             min_runs=min_runs,
             min_seconds=min_seconds,
+            call_timeout_s=p.CALL_TIMEOUT_S if call_seconds is None else call_seconds,
         )
-        poison = p.POISON_BITS[build.dtype]
-        with sandbox_dir("kf-cuda-bench-") as workdir:
-            outcome = _run(job, workdir, self.bench_limits)
-            failure = _failure(outcome, workdir, "benchmark")
-            if failure is not None:
-                return CudaTiming(
-                    reply=None,
-                    rejection=failure,
-                    secret_seed=secret,
-                    wall_seconds=outcome.wall_seconds,
-                    poison_bits=poison,
-                    sandbox=outcome.report,
-                )
-            reply = expect_reply(workdir, p.Reply, p.BenchReply)
-            return read_timing(problem, build.dtype, workdir, reply, outcome, poison)
+        return run_timing(problem, job, self.bench_limits, watch)
 
     def _refresh_cubin(self, arch: str) -> Path:
         """The harness's refresh kernel for `arch` (built by nvcc once, then cached)."""
@@ -315,9 +310,60 @@ def _bad_buffers(plan: LaunchPlan, shape: dict[str, int]) -> Rejection | None:
     return None
 
 
-def _run(job: p.Job, workdir: Path, limits: Limits) -> SandboxOutcome:
+def run_timing(
+    problem: Problem,
+    job: p.BenchJob,
+    limits: Limits,
+    watch: Callable[[], None] | None = None,
+    *,
+    runner: str = RUNNER,
+    grace_s: float = GRACE_SECONDS,
+) -> CudaTiming:
+    """Run a timing job in the sandboxed `runner` and read what came back. A timed call
+    still running `grace_s` past its deadline (`job.call_timeout_s`) has the runner
+    killed (`call_clock`), the kernel rejected as `timeout`: the runner's own check ends
+    it at the deadline unless its host thread is stuck."""
+    poison = p.POISON_BITS[job.dtype]
+    with sandbox_dir("kf-cuda-bench-") as workdir:
+        overran = deadline_watch(workdir, job.call_timeout_s, grace_s)
+
+        def watching() -> None:
+            if watch is not None:
+                watch()
+            overran()
+
+        started = time.monotonic()
+        sandbox = None
+        try:
+            outcome = _run(job, workdir, limits, watching, runner)
+        except CallOverran as late:
+            rejection = late.rejection(read_progress(workdir))
+            wall = time.monotonic() - started
+        else:
+            failure = _failure(outcome, workdir, "benchmark")
+            if failure is None:
+                reply = expect_reply(workdir, p.Reply, p.BenchReply)
+                return read_timing(problem, job.dtype, workdir, reply, outcome, poison)
+            rejection, wall, sandbox = failure, outcome.wall_seconds, outcome.report
+    return CudaTiming(
+        reply=None,
+        rejection=rejection,
+        secret_seed=job.secret_seed,
+        wall_seconds=wall,
+        poison_bits=poison,
+        sandbox=sandbox,
+    )
+
+
+def _run(
+    job: p.Job,
+    workdir: Path,
+    limits: Limits,
+    watch: Callable[[], None] | None = None,
+    runner: str = RUNNER,
+) -> SandboxOutcome:
     write_request(workdir, job)
-    return run_sandboxed(RUNNER, [], workdir=workdir, limits=limits, env=cuda_env())
+    return run_sandboxed(runner, [], workdir=workdir, limits=limits, env=cuda_env(), watch=watch)
 
 
 def _failure(outcome: SandboxOutcome, workdir: Path, stage: str) -> Rejection | None:

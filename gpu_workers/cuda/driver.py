@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu_workers.cuda import protocol as p
+from gpu_workers.cuda.call_clock import DERIVED, CallClock
 from kernels.cuda_launch import LaunchError, LaunchPlan, ResolvedLaunch, parse_launch_plan
 from kernels.spec import Problem
 
@@ -376,31 +377,56 @@ class Timer:
     the GPU busy while the host enqueues the call, so launch overhead is not timed unless
     the call itself makes the GPU wait for the host (as an eager chain of ops does)."""
 
-    def __init__(self, gpu: Gpu, flush_bytes: int, call_timeout_s: float):
+    def __init__(
+        self,
+        gpu: Gpu,
+        flush_bytes: int,
+        call_timeout_s: float,
+        clock: CallClock | None = None,
+    ):
         self.gpu = gpu
         self.flush_bytes = flush_bytes
         self.call_timeout_s = call_timeout_s
+        """The deadline of a kernel's (or the incumbent's) timed call."""
+        self.harness_timeout_s = max(call_timeout_s, p.CALL_TIMEOUT_S)
+        """What an `own` call (the baseline) may take: never less than a kernel's."""
+        self.clock = clock
+        """Where the worker sees when a bounded call began (`call_clock`)."""
         self.flush = gpu.alloc(flush_bytes, "L2 flush buffer")
         self.value = 0
         self.start: Any = gpu.cuda.Event()
         self.end: Any = gpu.cuda.Event()
 
-    def gpu_call(self, call: Callable[[], None], what: str, *, kernel: bool) -> int:
+    def gpu_call(
+        self, call: Callable[[], None], what: str, *, kernel: bool, own: bool = False
+    ) -> int:
         """Nanoseconds between the events around `call`. A fault or a call that does not
-        finish in time is the kernel's when `kernel`, else the harness's."""
+        finish in time is the kernel's when `kernel`, else the harness's. A call is
+        bounded by the call deadline, stamped on the clock, unless it is the harness's
+        `own` (the baseline), allowed `harness_timeout_s`."""
         cuda = self.gpu.cuda
         self.value = (self.value + 1) % 256
+        limit = self.harness_timeout_s if own else self.call_timeout_s
+        clock = None if own else self.clock
         try:
             cuda.memset_d8_async(int(self.flush), self.value, self.flush_bytes)
             self.start.record()
             call()
             self.end.record()
-            deadline = time.monotonic() + self.call_timeout_s
+            if clock is not None:
+                clock.started()
+            deadline = time.monotonic() + limit
             while not self.end.query():  # spins, as a synchronize would, but with a deadline
                 if time.monotonic() > deadline:
                     raise KernelFault(
-                        "timeout", f"{what} was still running after {self.call_timeout_s:g} s"
+                        "timeout",
+                        f"{what} was still running after {limit:g} s"
+                        if own
+                        else f"{what} took longer than its {limit:.3g} s deadline ({DERIVED})",
+                        {"call_limit_seconds": f"{limit:.3g}"},
                     )
+            if clock is not None:
+                clock.ended()
         except cuda.Error as exc:
             if not kernel:
                 raise

@@ -28,6 +28,8 @@ unwritten element is recognisable and a run cannot pass by leaving the last one'
 SLACK_BYTES = 256
 """Canary bytes before and after every device array and scratch buffer."""
 
+CALL_TIMEOUT_S = 60.0
+"""A timed call's deadline when the job gives none, and what a baseline's call may take."""
 KERNEL_FAULTS = ("crashed", "launch_failed", "timeout", "memory_limit", "bad_launch")
 """Reasons a runner gives for a kernel that faulted; anything else is the harness's own."""
 
@@ -100,8 +102,9 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     min_runs: int = 30
     min_seconds: float = 0.5
     max_seconds: float = 60.0
-    call_timeout_s: float = 60.0
-    """A timed call still running after this long is reported as a timeout."""
+    call_timeout_s: float = CALL_TIMEOUT_S
+    """The deadline of each timed call of the kernel and the incumbent, and of each
+    re-check (`gpu_workers.deadlines`): one still running then is a timeout."""
 
 
 class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):

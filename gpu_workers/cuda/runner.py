@@ -18,7 +18,9 @@ reported as such.
 Every device array and scratch buffer has canary bytes on both sides (`Guarded`,
 `protocol.SLACK_BYTES`); outputs are poisoned with a NaN of the dtype (a different
 payload per run); every launch is synchronised and checked, and one that does not end
-within `launch_timeout_s` (verification) or `call_timeout_s` (timing) is a timeout.
+within `launch_timeout_s` (verification) or `call_timeout_s` (timing: the call deadline
+of `gpu_workers.deadlines`) is a timeout. Each timed call's start is stamped on the call
+clock (`call_clock`), so that the worker kills a runner stuck past the deadline.
 Timing uses CUDA events on the default stream with the L2 flushed before every call
 (`l2_flush_bytes`, at least twice the L2), the kernel, the baseline and the incumbent
 interleaved (`gpu_workers.interleave`) over input sets in turn, each with outputs of its
@@ -45,6 +47,7 @@ import numpy as np
 from gpu_workers import runner_files as files
 from gpu_workers.cuda import baselines, fresh
 from gpu_workers.cuda import protocol as p
+from gpu_workers.cuda.call_clock import CallClock
 from gpu_workers.cuda.driver import (
     Bits,
     Gpu,
@@ -365,7 +368,8 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
     with _not_the_kernels("the baseline"):
         baseline = _baseline(gpu, job, problem, distinct, contender)
     flush_bytes = max(job.l2_flush_bytes, 2 * gpu.l2_bytes)
-    timer = Timer(gpu, flush_bytes, job.call_timeout_s)
+    clock = CallClock()
+    timer = Timer(gpu, flush_bytes, job.call_timeout_s, clock)
     gpu.synchronize("before timing")
     n_sets = len(distinct)
     choice = fresh.JudgeChoice(job.secret_seed, job.judged_calls)
@@ -400,7 +404,7 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
             return timer.host_call(lambda: baseline(i))
         if isinstance(baseline, _KernelBaseline):
             baseline.contender.poison(i)
-        return timer.gpu_call(lambda: baseline(i), "the baseline", kernel=False)
+        return timer.gpu_call(lambda: baseline(i), "the baseline", kernel=False, own=True)
 
     samples = interleave(
         call_kernel,
@@ -451,7 +455,9 @@ def bench(gpu: Gpu, job: p.BenchJob) -> p.BenchReply:
                 gpu.upload(pointers[arg.name], p.as_bits(given[arg.name], job.dtype))
         gpu.synchronize("before the re-check")
         call_plan(gpu, kernel, packed, mine.scratch)
+        clock.started()
         gpu.wait(job.call_timeout_s, f"re-check {index} on fresh {recheck.distribution} inputs")
+        clock.ended()
         for arg in problem.args:
             host = gpu.download(pointers[arg.name], arg.shape(job.shape), bits)
             target = p.recheck_out_file if arg.output else p.recheck_after_file

@@ -16,7 +16,13 @@ from actors.campaign.history import History
 from actors.campaign.leaderboard import campaign_leaderboard
 from actors.records.audit import audit_projections
 from actors.roles.benchmarker import FinalJob, decide_final, final_job
-from actors.roles.planner import decide_planner, end_search, generation_to_open
+from actors.roles.planner import (
+    FINAL_RUN_PATIENCE_S,
+    decide_deadline,
+    decide_planner,
+    end_search,
+    generation_to_open,
+)
 from actors.runtime import Reactions
 from eventstore.causality import Causality, CausalityBroken
 from eventstore.codec import decode, encode
@@ -30,6 +36,7 @@ from eventstore.events import (
     Event,
     FinalContender,
     FinalRankingTimed,
+    FinalRunRefused,
     FinalRunRequested,
     GenerationOpened,
     HostCalibrated,
@@ -40,7 +47,7 @@ from eventstore.events import (
 from eventstore.store import Recorded
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.final_run import FinalBuilds, FinalResult
-from gpu_workers.results import HostCalibration
+from gpu_workers.results import HostCalibration, Rejection
 from kernels.builtin import BUILTIN
 from kernels.identity import source_hash
 from tests.cpu_support import FLAGS, calibration, cpu_backend, kf_cache
@@ -449,3 +456,64 @@ def test_a_real_campaign_ends_with_its_final_run_and_ranks_its_winner_first(
     assert result["best"]["candidate_id"] == final.order[0]
     assert result["leaderboard"][0]["decided_by"] == board.best.decided_by
     assert viewed == [(final.order[0], board.best.decided_by)]
+
+
+def test_a_refused_final_run_is_recorded_and_the_campaign_finishes_on_its_ranking() -> None:
+    """A request naming a kernel the campaign never timed is refused with the reason (as a
+    back end that cannot make the run is), and the planner finishes the campaign on it."""
+    log, ids = lucky_campaign()
+    request = log.emit(
+        new_event(
+            FinalRunRequested,
+            campaign_id=CAMPAIGN,
+            actor=PLANNER,
+            cause=log.opened,
+            problem="softmax",
+            target="cpu",
+            contenders=[ids["1x"], f"{CAMPAIGN}:g0:c9"],
+            reason="budget reached: 3 candidates",
+        )
+    )
+    assert isinstance(request, FinalRunRequested)
+    job = final_job(log.history, request, BUILTIN["softmax"].dims)
+    assert isinstance(job, Rejection) and f"{CAMPAIGN}:g0:c9" in job.message
+    out = log.reactions(request, BENCHMARKER)
+    decide_final(out, None, job, target="cpu", device="")
+    (refused,) = out.events
+    assert isinstance(refused, FinalRunRefused) and refused.reason == "final_run_contenders"
+    log.emit(refused)
+    finish = log.reactions(refused, PLANNER)
+    decide_planner(log.history, refused, finish, now=START)
+    (finished,) = finish.events
+    assert isinstance(finished, CampaignFinished)
+    assert finished.reason == "budget reached: 3 candidates"
+    assert finished.summary["best"]["candidate_id"] == ids["9x"]  # the ranking as it was
+    assert campaign_leaderboard(log.history, CAMPAIGN).best.decided_by == "promoted head to head"
+
+
+def test_a_final_run_no_benchmarker_takes_does_not_hold_the_campaign() -> None:
+    log, _ = lucky_campaign()
+    out = log.reactions(log.opened, PLANNER)
+    end_search(log.history, log.campaign, "budget reached: wall time", out)
+    (request,) = out.events
+    log.emit(request)
+    waited = log.campaign.final_requested
+    assert waited is not None
+    soon = log.reactions(request, PLANNER)
+    decide_deadline(log.history, CAMPAIGN, soon, now=waited.ts + timedelta(seconds=10))
+    assert soon.events == []
+    late = log.reactions(request, PLANNER)
+    at = waited.ts + timedelta(seconds=FINAL_RUN_PATIENCE_S + 1)
+    decide_deadline(log.history, CAMPAIGN, late, now=at)
+    (finished,) = late.events
+    assert isinstance(finished, CampaignFinished)
+    assert finished.reason.startswith("budget reached: wall time; no final run result within")
+
+
+def test_a_campaign_with_one_timed_kernel_finishes_without_a_final_run() -> None:
+    log = Campaign()
+    log.timed("c0", softmax_repeated(1), mean_ms=1.0)
+    out = log.reactions(log.opened, PLANNER)
+    end_search(log.history, log.campaign, "nothing left to try", out)
+    (finished,) = out.events
+    assert isinstance(finished, CampaignFinished) and finished.reason == "nothing left to try"

@@ -46,6 +46,7 @@ from eventstore.events import (
 )
 from eventstore.store import Recorded
 from gpu_workers.cpu.backend import CpuBackend
+from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.final_run import FinalBuilds, FinalResult
 from gpu_workers.results import HostCalibration, Rejection
 from kernels.builtin import BUILTIN
@@ -517,3 +518,12 @@ def test_a_campaign_with_one_timed_kernel_finishes_without_a_final_run() -> None
     end_search(log.history, log.campaign, "nothing left to try", out)
     (finished,) = out.events
     assert isinstance(finished, CampaignFinished) and finished.reason == "nothing left to try"
+
+
+def test_the_cuda_back_end_refuses_a_final_run_in_words(tmp_path: Path) -> None:
+    """No GPU needed: the CUDA back end says it does not support the run, and the rules
+    hand that refusal on (the benchmarker records it as FinalRunRefused)."""
+    builds: FinalBuilds[object] = FinalBuilds(CudaBackend(cache_dir=tmp_path), (object(),) * 2)
+    refused = builds.time(BUILTIN["softmax"], SMALL, llc_bytes=1 << 20, max_seconds=1.0)
+    assert isinstance(refused, Rejection)
+    assert refused.reason == "final_run_not_supported" and "cuda" in refused.message

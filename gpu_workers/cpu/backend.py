@@ -209,11 +209,7 @@ class CpuBackend:
                 sandbox=self._report(outcome, self.bench_limits, reply.mechanisms),
                 wall_seconds=outcome.wall_seconds,
                 timed_seconds=reply.timed_seconds,
-                host_contention_cores=(
-                    reply.window_contention_cores
-                    if reply.window_contention_cores is not None
-                    else contention(outcome)
-                ),
+                host_contention_cores=_window_contention(reply, outcome),
                 rejection=reply.rejection,
             )
 
@@ -240,11 +236,7 @@ class CpuBackend:
             rounds=reply.rounds,
             timed_seconds=reply.timed_seconds,
             wall_seconds=outcome.wall_seconds,
-            host_contention_cores=(
-                reply.window_contention_cores
-                if reply.window_contention_cores is not None
-                else contention(outcome)
-            ),
+            host_contention_cores=_window_contention(reply, outcome),
             caches_flushed=True,
             rejection=reply.rejection,
         )
@@ -335,3 +327,11 @@ class CpuBackend:
                 f"{outcome.stderr[-2000:]}"
             )
         return outcome
+
+
+def _window_contention(reply: p.BenchReply | p.FinalReply, outcome: SandboxOutcome) -> float | None:
+    """Other work on the host during the timed window, as the driver measured it, else over
+    the driver's whole run."""
+    if reply.window_contention_cores is not None:
+        return reply.window_contention_cores
+    return contention(outcome)

@@ -15,9 +15,16 @@ Reports the median, IQR, the median of per-round ratios against the fastest Kern
 config, the fraction of the calibrated copy bandwidth and of the copy timed in this run,
 and the load average; and the CPU time of each call (all threads of this process), whose
 per-round ratios a loaded host skews far less than the wall time's. Writes
-bench/results/softmax_limit.json, and adds its headline figures (the first --factory
-kernel, the promoted best, against Kernel Tuner's fastest and the ceilings) to this host
-kind's row of bench/results/hosts.md (bench/host_results.py).
+bench/results/softmax_limit.json, and adds its headline figures to this host kind's row of
+bench/results/hosts.md (bench/host_results.py): the promoted best (campaign_rank_1, else
+the first --factory kernel) against Kernel Tuner's fastest and the ceilings, the fastest
+hand kernel against Kernel Tuner's, and the fastest of the top N against the promoted best.
+
+With `--home HOME --campaign ID` the campaign's top `--top` (4) kernels by its leaderboard
+join the run as campaign_rank_1 (its promoted best: the final run's winner once it had
+one) to campaign_rank_N, and the run reports whether the promoted best is within noise of
+the fastest of them in this neutral run: the median and IQR of its per-round time ratio
+against that fastest one (within noise when the IQR reaches 1).
 """
 
 from __future__ import annotations
@@ -48,9 +55,11 @@ from native_harness import (  # noqa: E402
 )
 from roofline import measure  # noqa: E402
 
+from actors.campaign.leaderboard import campaign_leaderboard  # noqa: E402
 from gpu_workers.cache_root import cache_root  # noqa: E402
 from gpu_workers.cpu.calibrate import load_or_calibrate  # noqa: E402
 from kernels.builtin import BUILTIN  # noqa: E402
+from ops.store_access import open_history, rebuild_campaign  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 HAND_SOURCE = ROOT / "bench" / "softmax_hand.c"
@@ -75,6 +84,38 @@ def source_library(path: Path, name: str) -> Path:
     return compile_library(name, text, tuple(first.split(":", 1)[1].split()))
 
 
+def campaign_top(home: Path, campaign: str, top: int, workdir: Path) -> list[Path]:
+    """The campaign's top kernels by its leaderboard, rank 1 first, as kernel files."""
+    with open_history(home) as snapshot:
+        rebuilt = rebuild_campaign(snapshot, campaign)
+    board = campaign_leaderboard(rebuilt.history, campaign)
+    workdir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for row in board.rows[:top]:
+        path = workdir / f"{campaign}_rank_{row.rank}.c"
+        flags = " ".join(row.written.flags)
+        path.write_text(f"// kfactory-flags: {flags}\n{row.written.source}")
+        files.append(path)
+        print(f"campaign_rank_{row.rank}: {row.candidate_id} ({row.decided_by})", flush=True)
+    return files
+
+
+def promoted_versus_fastest(samples: dict[str, list[int]], names: list[str]) -> dict[str, Any]:
+    """The promoted best (`names[0]`) against the fastest of `names` in this run, by the
+    median of per-round time ratios; within noise when their IQR reaches 1."""
+    fastest = min(names, key=lambda n: statistics.median(samples[n]))
+    ratios = [b / f for b, f in zip(samples[names[0]], samples[fastest], strict=True)]
+    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return {
+        "promoted": names[0],
+        "fastest": fastest,
+        "ratio_median": median,
+        "ratio_q1": q1,
+        "ratio_q3": q3,
+        "within_noise": fastest == names[0] or q1 <= 1.0,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
@@ -85,6 +126,9 @@ def main() -> None:
         default="0:6,1:6,0:4,1:4,0:0,3:5",
         help="hand-written variants STRUCTURE:EXP, comma separated (see softmax_hand.c)",
     )
+    parser.add_argument("--home", type=Path, help="a run folder holding --campaign")
+    parser.add_argument("--campaign", help="time this campaign's top kernels too")
+    parser.add_argument("--top", type=int, default=4, help="the campaign's top N kernels")
     parser.add_argument("--out", type=Path, default=RESULTS / "softmax_limit.json")
     args = parser.parse_args()
     started = time.time()
@@ -107,6 +151,13 @@ def main() -> None:
     for i, path in enumerate(args.factory):
         name = f"factory_{i + 1}"
         contenders[name] = native_call(source_library(path, name), workload)
+    campaign_names: list[str] = []
+    if args.campaign:
+        kernels = campaign_top(args.home, args.campaign, args.top, args.out.parent / "campaign")
+        for rank, path in enumerate(kernels, 1):
+            name = f"campaign_rank_{rank}"
+            contenders[name] = native_call(source_library(path, name), workload)
+            campaign_names.append(name)
     for variant in filter(None, args.hand.split(",")):
         structure, exp = (int(v) for v in variant.split(":"))
         name, library = hand_library(structure, exp)
@@ -166,6 +217,14 @@ def main() -> None:
             f"{row['max_rel_error']:12.1e} {row['cpu_median_ms']:8.2f} "
             f"{row['cpu_speedup_vs_reference']:9.2f}x"
         )
+    versus = promoted_versus_fastest(samples, campaign_names) if campaign_names else None
+    if versus is not None:
+        print(
+            f"promoted best {versus['promoted']} against the fastest of the campaign's top "
+            f"{len(campaign_names)}, {versus['fastest']}: per-round ratio "
+            f"{versus['ratio_median']:.3f} (IQR {versus['ratio_q1']:.3f}-"
+            f"{versus['ratio_q3']:.3f}), within noise: {versus['within_noise']}"
+        )
     print(f"load average: {loads}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
@@ -186,6 +245,8 @@ def main() -> None:
                     "bound_ms": bound_ms,
                 },
                 "interleaved": table,
+                "campaign": args.campaign,
+                "promoted_versus_fastest_of_top": versus,
                 "load_average": loads,
                 "seconds": time.time() - started,
             },
@@ -193,23 +254,32 @@ def main() -> None:
         )
     )
     print(f"wrote {args.out}")
-    figures = host_figures(table, kt_names, len(args.factory))
+    promoted = "campaign_rank_1" if campaign_names else "factory_1" if args.factory else None
+    figures = host_figures(table, kt_names, promoted, versus)
     if figures:
         print(f"host table: {host_results.record(figures, ' '.join(sys.argv))}")
 
 
 def host_figures(
-    table: dict[str, dict[str, float]], kt_names: list[str], factories: int
+    table: dict[str, dict[str, float]],
+    kt_names: list[str],
+    promoted: str | None,
+    versus: dict[str, Any] | None,
 ) -> dict[str, float]:
-    """This run's headline figures for the per-host table: the first factory kernel (the
-    promoted best) against Kernel Tuner's fastest and the ceilings, and the fastest hand
-    kernel against Kernel Tuner's; none without Kernel Tuner's configs in the run."""
+    """This run's headline figures for the per-host table: the promoted best against
+    Kernel Tuner's fastest and the ceilings, the fastest hand kernel against Kernel
+    Tuner's (none of these without Kernel Tuner's configs in the run), and the fastest of
+    the campaign's top N against the promoted best."""
+    figures: dict[str, float] = {}
+    if versus is not None:
+        figures["fastest_of_top_n_vs_promoted"] = versus["ratio_median"]
     if not kt_names:
-        return {}
+        return figures
     hand = [row["speedup_vs_reference"] for name, row in table.items() if name.startswith("hand")]
-    figures = {"hand_best_vs_kernel_tuner": max(hand)} if hand else {}
-    if factories:
-        best = table["factory_1"]
+    if hand:
+        figures["hand_best_vs_kernel_tuner"] = max(hand)
+    if promoted is not None:
+        best = table[promoted]
         figures |= {
             "promoted_best_vs_kernel_tuner": best["speedup_vs_reference"],
             "of_roofline_bound": best["of_roofline_bound"],

@@ -30,6 +30,7 @@ _EMITS: dict[str, tuple[str, ...]] = {
         "CandidateProposed",
         "CampaignFinished",
         "CampaignStalled",
+        "FinalRunRequested",
         *LIFECYCLE,
     ),
     "kernel-writer": (
@@ -43,7 +44,14 @@ _EMITS: dict[str, tuple[str, ...]] = {
     "fuser": ("FusionPlanned", *LIFECYCLE),
     "compiler": ("KernelCompiled", "KernelRejected", *LIFECYCLE),
     "verifier": ("KernelVerified", "KernelRejected", *LIFECYCLE),
-    "benchmarker": ("BenchmarkCompleted", "KernelRejected", "HostCalibrated", *LIFECYCLE),
+    "benchmarker": (
+        "BenchmarkCompleted",
+        "KernelRejected",
+        "HostCalibrated",
+        "FinalRankingTimed",
+        "FinalRunRefused",
+        *LIFECYCLE,
+    ),
     "librarian": ("LessonLearned", "GenerationClosed", "CampaignStalled", *LIFECYCLE),
     CLI: ("CampaignStarted", "CampaignResumed", "CampaignStalled"),
     RECORDER: ("EventRejected", "DeadLettered"),

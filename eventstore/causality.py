@@ -8,6 +8,9 @@ A `BenchmarkCompleted` is accepted only when the store already holds
 - when it claims a head-to-head (`incumbent`, `speedup_vs_incumbent` or `head_to_head`),
   a `BenchmarkCompleted` of that incumbent in the same campaign: its own recorded result.
 
+A `FinalRankingTimed` is accepted only when its device was calibrated and every contender
+it cites has its own `BenchmarkCompleted` in the same campaign.
+
 The recorder keeps a `Causality` index (sets of keys, built once from the store's
 verifications, calibrations and benchmarks, then kept by every event it accepts), so each
 check is a set lookup, never a query. A breaking event is refused with `EventRejected`.
@@ -32,13 +35,19 @@ from collections.abc import Iterable
 
 from eventstore.claims import Claim, agrees, differs
 from eventstore.codec import InvalidEvent
-from eventstore.events import BenchmarkCompleted, Event, HostCalibrated, KernelVerified
+from eventstore.events import (
+    BenchmarkCompleted,
+    Event,
+    FinalRankingTimed,
+    HostCalibrated,
+    KernelVerified,
+)
 
 #: The event types the index is built from.
 INDEXED_TYPES = ("KernelVerified", "HostCalibrated", "BenchmarkCompleted")
 #: The types the rule may refuse: an actor handles one only once the recorder stored it
 #: (`actors/runtime.py`), since admission alone cannot tell.
-CHECKED_TYPES = frozenset({"BenchmarkCompleted"})
+CHECKED_TYPES = frozenset({"BenchmarkCompleted", "FinalRankingTimed"})
 MAX_LISTED = 10
 
 
@@ -63,6 +72,9 @@ class Causality:
 
     def check(self, event: Event) -> None:
         """Raise CausalityBroken when `event` claims what the index cannot back."""
+        if isinstance(event, FinalRankingTimed):
+            self._check_final(event)
+            return
         if not isinstance(event, BenchmarkCompleted):
             return
         verified = (event.campaign_id, event.candidate_id, event.target, event.source_hash)
@@ -92,6 +104,23 @@ class Causality:
                 f"{event.campaign_id}"
             )
 
+    def _check_final(self, event: FinalRankingTimed) -> None:
+        if event.device not in self._calibrated:
+            raise CausalityBroken(
+                f"FinalRankingTimed names device {event.device!r}, which no benchmarker "
+                "calibrated (no HostCalibrated of it was recorded)"
+            )
+        untimed = [
+            c.candidate_id
+            for c in event.contenders
+            if (event.campaign_id, c.candidate_id) not in self._timed
+        ]
+        if untimed or not event.contenders:
+            raise CausalityBroken(
+                f"FinalRankingTimed cites {', '.join(untimed) or 'no contender'}, which has no "
+                f"recorded BenchmarkCompleted of its own in {event.campaign_id}"
+            )
+
     def note(self, event: Event) -> None:
         """Keep what an accepted event lets later events cite."""
         if isinstance(event, KernelVerified) and event.actor.role == "verifier":
@@ -111,7 +140,9 @@ def causality_claim(events: Iterable[tuple[int, Event]], campaign_id: str) -> Cl
     broken: list[tuple[int, str]] = []
     checked = 0
     for position, event in events:
-        if event.campaign_id == campaign_id and isinstance(event, BenchmarkCompleted):
+        if event.campaign_id == campaign_id and isinstance(
+            event, BenchmarkCompleted | FinalRankingTimed
+        ):
             checked += 1
             try:
                 index.check(event)

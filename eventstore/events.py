@@ -331,6 +331,73 @@ class GenerationClosed(Event, tag=True, frozen=True):
     best_speedup: float | None = None
 
 
+class FinalRunRequested(Event, tag=True, frozen=True):
+    """The campaign is done searching (`reason`, what its CampaignFinished will say): its
+    top kernels by the ranking now (`contenders`, candidate ids) are to be timed together
+    in one final run on its target before it finishes."""
+
+    problem: str
+    target: str
+    contenders: list[str]
+    reason: str
+    dtype: str = "fp32"
+
+    @property
+    def subject_target(self) -> str | None:
+        return self.target
+
+
+class FinalContender(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One kernel in a final run: its figures over that run's timed calls."""
+
+    candidate_id: str
+    source_hash: str
+    mean_ns: float
+    median_ns: float
+    q1_ns: float
+    q3_ns: float
+    iqr_ns: float
+    rounds: int
+    failure: str = ""
+    """Why its judged calls in the run failed ("" when they passed): then it has no place."""
+
+
+class FinalRankingTimed(Event, tag=True, frozen=True):
+    """A campaign's final run: its top kernels timed together in one interleaved run (the
+    head-to-head extended to N), each with its figures over the run (`contenders`, in the
+    request's order), and `order`: those whose judged calls passed, by mean, fastest
+    first. Rank 1 of the campaign's leaderboard is `order[0]`."""
+
+    target: str
+    device: str
+    seed: int
+    shape: dict[str, int]
+    contenders: list[FinalContender]
+    order: list[str]
+    rounds: int
+    baseline: str
+    baseline_mean_ns: float | None = None
+    host_contention_cores: float | None = None
+    timed_seconds: float = 0.0
+
+    @property
+    def subject_target(self) -> str | None:
+        return self.target
+
+
+class FinalRunRefused(Event, tag=True, frozen=True):
+    """A final run that could not be made (a back end that does not support it, a kernel
+    that no longer builds or crashed): the campaign finishes on its ranking as it was."""
+
+    target: str
+    reason: str
+    message: str
+
+    @property
+    def subject_target(self) -> str | None:
+        return self.target
+
+
 # --- devices ----------------------------------------------------------------------------
 
 
@@ -393,6 +460,9 @@ AnyEvent = (
     | BenchmarkCompleted
     | LessonLearned
     | GenerationClosed
+    | FinalRunRequested
+    | FinalRankingTimed
+    | FinalRunRefused
     | HostCalibrated
     | ActorStarted
     | ActorStopped

@@ -13,7 +13,10 @@
   `speedup_vs_campaign_baseline` is the campaign's baseline (the median of its candidates'
   baseline times, `campaign_baseline_ns`) over that. The figures are those of
   `actors.campaign.leaderboard` (tests/test_leaderboard.py pins them), whose order puts
-  the best, promoted head to head, first;
+  the best, promoted head to head, first. Once a campaign's final run is recorded
+  (`FinalRankingTimed`), both put its placed contenders first in its order (by that run's
+  mean), with its figures (`final_mean_ns`, `final_median_ns`, `final_iqr_ns`,
+  `final_rounds`), then the rest by pooled time; `decided_by` says which rule placed a row;
 - `lessons`: every lesson with the ids of the events it cites;
 - `rejections`: one row per rejected candidate (stage, reason, first message line, and
   the operator that proposed it: a variation operator, an LLM's improve or fix, or
@@ -153,9 +156,28 @@ own AS (
     FROM at_shape AS t
     JOIN runs AS r USING (campaign_id, candidate_id)
     GROUP BY t.campaign_id, t.candidate_id
+),
+final_run AS (  -- each campaign's final run, the first recorded (the one a History keeps)
+    SELECT e.campaign_id, e.payload AS run
+    FROM {events} AS e
+    WHERE e.type = 'FinalRankingTimed'
+    QUALIFY row_number() OVER (PARTITION BY e.campaign_id ORDER BY e.position) = 1
+),
+final AS (  -- its contenders with a place in its order
+    SELECT
+        f.campaign_id, u.c.candidate_id,
+        list_position(CAST(f.run->'order' AS VARCHAR[]), u.c.candidate_id) AS place,
+        u.c.mean_ns, u.c.median_ns, u.c.iqr_ns, u.c.rounds,
+        'final run of ' || json_array_length(f.run->'contenders') || ' ('
+            || (f.run->>'rounds') || ' rounds)' AS decided_by
+    FROM final_run AS f, unnest(from_json(f.run->'contenders',
+        '[{"candidate_id":"VARCHAR","mean_ns":"DOUBLE","median_ns":"DOUBLE",'
+        '"iqr_ns":"DOUBLE","rounds":"BIGINT"}]')) AS u(c)
 )
 SELECT
-    rank() OVER (PARTITION BY t.campaign_id ORDER BY own.median_ns) AS rank,
+    rank() OVER (
+        PARTITION BY t.campaign_id ORDER BY fin.place NULLS LAST, own.median_ns
+    ) AS rank,
     t.campaign_id, t.problem, t.target, t.dtype, t.shape, t.candidate_id, t.generation,
     t.template, t.params,
     t.median_ns, t.iqr_ns, t.speedup, own.median_ns AS pooled_median_ns, own.runs,
@@ -164,9 +186,16 @@ SELECT
         AS campaign_baseline_ns,
     median(coalesce(t.baseline_mean_ns, t.baseline_ns)) OVER (PARTITION BY t.campaign_id)
         / own.median_ns AS speedup_vs_campaign_baseline,
-    t.roofline_fraction, t.device, t.source_hash, t.flags, t.source
+    t.roofline_fraction, t.device, t.source_hash, t.flags, t.source,
+    coalesce(fin.decided_by, 'pooled time over ' || own.runs || ' run'
+        || CASE WHEN own.runs = 1 THEN '' ELSE 's' END) AS decided_by,
+    fin.mean_ns AS final_mean_ns, fin.median_ns AS final_median_ns,
+    fin.iqr_ns AS final_iqr_ns, fin.rounds AS final_rounds
 FROM at_shape AS t
 JOIN own USING (campaign_id, candidate_id)
+LEFT JOIN final AS fin
+    ON fin.campaign_id = t.campaign_id AND fin.candidate_id = t.candidate_id
+    AND fin.place > 0
 """
 
 _LESSONS = """

@@ -115,3 +115,53 @@ def interleave(
         round_index += 1
     samples.timed_seconds = time.perf_counter() - started
     return samples
+
+
+@dataclass
+class FieldSamples:
+    """Every contender's timed calls, and the baseline's, of one N-way run."""
+
+    contender_ns: list[list[int]]
+    baseline_ns: list[int] = field(default_factory=list)
+    rounds: int = 0
+    timed_seconds: float = 0.0
+
+
+def interleave_all(
+    contenders: list[Call],
+    baseline: Call,
+    input_sets: int,
+    *,
+    warmup: int,
+    rounds: int,
+    max_seconds: float,
+    progress: Callable[[str], None],
+    baseline_every: int = 1,
+) -> FieldSamples:
+    """The head-to-head extended to N contenders, with no early stop: `warmup` calls of
+    each (the baseline once), then rounds in which every contender is called once, the
+    order rotated by one each round (the baseline, every `baseline_every`-th round, takes
+    its turn in the rotation), until `rounds` are timed or `max_seconds` have passed
+    with at least 3."""
+    samples = FieldSamples(contender_ns=[[] for _ in contenders])
+    progress("warm-up")
+    baseline(0)
+    for n in range(warmup):
+        for call in contenders:
+            call(n % input_sets)
+    progress("timing")
+    everyone = [*zip(contenders, samples.contender_ns, strict=True)]
+    started = time.perf_counter()
+    while samples.rounds < rounds:
+        if time.perf_counter() - started >= max_seconds and samples.rounds >= 3:
+            break
+        i = samples.rounds % input_sets
+        order = [*everyone]
+        if samples.rounds % baseline_every == 0:
+            order.append((baseline, samples.baseline_ns))
+        first = samples.rounds % len(order)
+        for call, into in order[first:] + order[:first]:
+            into.append(call(i))
+        samples.rounds += 1
+    samples.timed_seconds = time.perf_counter() - started
+    return samples

@@ -142,6 +142,47 @@ class TimingRequest(Generic[BuildT]):
     error raised to the caller."""
 
 
+@dataclass(frozen=True)
+class FinalRequest(Generic[BuildT]):
+    """The final run of a campaign: its top kernels timed together in one interleaved run
+    (the head-to-head extended to N), the baseline as in a head-to-head. The inputs,
+    cache flushes, rotated order and judged calls follow a timing run's rules; there is no
+    re-check (each contender passed one when it was first timed) and no early stop."""
+
+    problem: Problem
+    builds: tuple[BuildT, ...]
+    shape: dict[str, int]
+    seed: int
+    seeds: tuple[int, ...]
+    rounds: int
+    max_seconds: float
+    """Timing ends after this long even short of `rounds` (with at least 3)."""
+    rotate_bytes: int
+    window_open: Callable[[], None] | None = None
+    window_closed: Callable[[], None] | None = None
+    call_seconds: float | None = None
+    watch: Callable[[], None] | None = None
+
+
+@dataclass
+class FinalSamples:
+    """What a final run measured: every contender's timed calls (in the request's order),
+    the baseline's, and why each contender failed its judged calls, if it did."""
+
+    contender_ns: list[list[int]] = field(default_factory=list)
+    baseline_ns: list[int] = field(default_factory=list)
+    failures: list[Rejection | None] = field(default_factory=list)
+    rounds: int = 0
+    timed_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    host_contention_cores: float | None = None
+    caches_flushed: bool = False
+    baseline_name: str = "numpy float32"
+    rejection: Rejection | None = None
+    """The run as a whole could not be made (a back end that does not support it, a
+    kernel that crashed)."""
+
+
 class DeviceBackend(Protocol[BuildT]):
     """What a target must provide to be verified."""
 
@@ -163,6 +204,10 @@ class TimingBackend(Protocol[BuildT]):
 
     def time(self, request: TimingRequest[BuildT]) -> TimingRun:
         """One timing run, with its window callbacks called as `TimingRequest` says."""
+        ...
+
+    def time_final(self, request: FinalRequest[BuildT]) -> FinalSamples:
+        """A final run, or a `FinalSamples` whose `rejection` says why not."""
         ...
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from actors.campaign.history import Candidate, History
-from actors.campaign.leaderboard import leaderboard
+from actors.campaign.leaderboard import campaign_leaderboard
 from actors.campaign.ranking import short_id
 from bus.connection import Client
 from bus.follow import Msg
@@ -78,7 +78,7 @@ class Progress:
         candidates = self.history.campaign_candidates(self.campaign_id)
         settled = sum(c.settled for c in candidates)
         budget = campaign.spec.budget.candidates if campaign else 0
-        best = leaderboard(candidates).best
+        best = campaign_leaderboard(self.history, self.campaign_id).best if campaign else None
         elapsed = time.monotonic() - self.started
         left = max(budget - settled, 0)
         return Counts(

@@ -223,6 +223,10 @@ def _board_row(row: Row) -> dict[str, Any]:
         "source": kernel_text(row.candidate),
         "event_id": row.timed.event_id,
         "standing": row.standing,
+        "decided_by": row.decided_by,
+        "final": ""
+        if row.final is None
+        else f"{row.final.mean_ns / 1e6:.4f} (IQR {row.final.iqr_ns / 1e6:.4f})",
     }
 
 

@@ -544,10 +544,25 @@ def _result(
             "speedup_vs_campaign_baseline": row.speedup_vs_campaign_baseline,
             "roofline_fraction": row.roofline_fraction,
             "standing": row.standing,
+            "decided_by": row.decided_by,
+            "final_run": None
+            if row.final is None
+            else {
+                "mean_ms": row.final.mean_ns / 1e6,
+                "median_ms": row.final.median_ns / 1e6,
+                "iqr_ms": row.final.iqr_ns / 1e6,
+                "rounds": row.final.rounds,
+            },
         }
         for row in board.rows
     ]
     return result
+
+
+def _final_figure(final: dict[str, Any] | None) -> str:
+    if final is None:
+        return ""
+    return f"{final['mean_ms']:.3f} ({final['iqr_ms']:.3f})"
 
 
 def _print_results(result: dict[str, Any], top: int = SHOWN) -> None:
@@ -566,7 +581,9 @@ def _print_results(result: dict[str, Any], top: int = SHOWN) -> None:
         "speedup",
         "roofline",
         "pooled ms (runs)",
+        "final run mean ms (IQR)",
         "standing",
+        "decided by",
     ):
         board.add_column(column)
     for row in result["leaderboard"][:top]:
@@ -581,7 +598,9 @@ def _print_results(result: dict[str, Any], top: int = SHOWN) -> None:
             f"{row['speedup']:.2f}x",
             f"{row['roofline_fraction']:.0%}",
             f"{row['pooled_median_ms']:.3f} ({row['runs']})",
+            _final_figure(row["final_run"]),
             row["standing"],
+            row["decided_by"],
         )
     for row in result["by_generation"]:
         if row["lessons_used"]:
@@ -605,7 +624,9 @@ def _print_results(result: dict[str, Any], top: int = SHOWN) -> None:
             "kernel's own timing run's. Rank 1 is the best: the last kernel promoted, by a "
             "head-to-head run against the best of its time; the others follow by their pooled "
             "time, the median over every run that timed the kernel (runs): its own, and each "
-            "head-to-head run that timed it as the best",
+            "head-to-head run that timed it as the best. Once the search ended, its top "
+            "kernels were timed together in one final run: its winner is rank 1, and its "
+            "contenders come first, by that run's mean (decided by)",
             markup=False,
         )
     rows = len(result["leaderboard"])

@@ -280,8 +280,8 @@ def test_a_truncated_tail_is_caught_against_an_exported_head(home: Path) -> None
     assert heads.returncode == 0, heads.stderr
     head = next(h for h in json.loads(heads.stdout) if h["campaign_id"] == CAMPAIGN_ID)
     rows = read_rows(home)
-    cut = campaign_rows(rows)[-2:]  # the last close and the finish
-    assert [r["type"] for r in cut] == ["GenerationClosed", "CampaignFinished"]
+    cut = campaign_rows(rows)[-2:]  # the final run and the finish
+    assert [r["type"] for r in cut] == ["FinalRankingTimed", "CampaignFinished"]
     rows = [r for r in rows if r not in cut]
     write_rows(home, rows)  # renumbered, so the chain and positions alone look intact
     code, report, _ = audit(home)

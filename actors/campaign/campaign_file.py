@@ -78,6 +78,9 @@ class Writer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Search(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     per_generation: int = 8
     seed: int = 1
+    final_contenders: int = 4
+    """The top kernels timed together in the final run once the search ends (fewer if
+    fewer were timed); below 2, no final run."""
 
 
 class Seed(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -116,6 +119,8 @@ class CampaignSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         request = msgspec.to_builtins(self)
         if self.writer.agent == Agent():  # as before the table was added: the same id
             del request["writer"]["agent"]
+        if self.search.final_contenders == Search().final_contenders:  # likewise
+            del request["search"]["final_contenders"]
         digest = hashlib.sha256(msgspec.json.encode(request)).hexdigest()[:8]
         # A file's problem is named by NAME in path.py:NAME, so that the campaigns of the
         # problems of one file differ at a glance.

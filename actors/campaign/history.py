@@ -19,6 +19,8 @@ campaign's events to a fresh one, up to any position or time.
   the time since its start or latest resume plus the time it ran before, up to its last
   event before that resume.
 - `best` is the incumbent, promoted only head to head (`actors.campaign.ranking.best_of`).
+- A campaign done searching has its `final_requested`, then its `final_run` (the top
+  kernels timed together, or why that could not be made), then its `finished`.
 - `outcome_log` lists every candidate's outcome events in the order they were applied,
   so a reader that keeps tallies (the lessons' `actors.search.lesson_tally`) catches up
   from where it stopped instead of going over every candidate again.
@@ -46,6 +48,9 @@ from eventstore.events import (
     CandidateProposed,
     DeadLettered,
     Event,
+    FinalRankingTimed,
+    FinalRunRefused,
+    FinalRunRequested,
     FusionPlanned,
     GenerationClosed,
     GenerationOpened,
@@ -74,6 +79,9 @@ HISTORY_TYPES = [
         BenchmarkCompleted,
         LessonLearned,
         GenerationClosed,
+        FinalRunRequested,
+        FinalRankingTimed,
+        FinalRunRefused,
         DeadLettered,
     )
 ]
@@ -150,6 +158,10 @@ class Campaign:
     """Seconds the campaign ran before its latest start or resume."""
     segment_start: datetime | None = None
     last_ts: datetime | None = None
+    final_requested: FinalRunRequested | None = None
+    """The search is over: its top kernels are to be timed together before it finishes."""
+    final_run: FinalRankingTimed | FinalRunRefused | None = None
+    """That final run, or why it could not be made."""
 
     def active_seconds(self, now: datetime) -> float:
         """The time the campaign was running: a gap before a resume does not count."""
@@ -212,6 +224,10 @@ class History:
             generation = campaign.generations.get(event.generation)
             if generation is not None:
                 generation.closed = event
+        elif isinstance(event, FinalRunRequested):
+            campaign.final_requested = campaign.final_requested or event
+        elif isinstance(event, FinalRankingTimed | FinalRunRefused):
+            campaign.final_run = campaign.final_run or event
         elif isinstance(event, LessonLearned):
             campaign.lessons.append(event)
             campaign.said.add(event.statement)

@@ -1,7 +1,11 @@
 """A campaign's leaderboard, the one read model every view of it renders: a typed row per
 kernel timed at the campaign's shape, the best first (the last kernel promoted, by a
 head-to-head run), then the others by their pooled time, each with why it is or is not
-the best (`actors.campaign.ranking` holds the rules).
+the best (`actors.campaign.ranking` holds the rules). Once the campaign's final run is
+recorded (`FinalRankingTimed`: its top kernels timed together in one interleaved run),
+its contenders come first in that run's order (by its mean; rank 1, the best, is its
+winner), then the others by pooled time; `Row.decided_by` says which rule placed a row,
+and `Row.final` holds the final run's figures and spread for its contenders.
 
 A kernel has one figure everywhere: its time (`Row.median_ns`, with `iqr_ns` the spread
 of the same run) and its speedup (`Row.speedup`) over the baseline measured in the same
@@ -31,7 +35,13 @@ from actors.campaign.ranking import (
     promotion_walk,
     speedup_over,
 )
-from eventstore.events import BenchmarkCompleted, HeadToHeadRecord, KernelWritten
+from eventstore.events import (
+    BenchmarkCompleted,
+    FinalContender,
+    FinalRankingTimed,
+    HeadToHeadRecord,
+    KernelWritten,
+)
 
 
 @dataclass(frozen=True)
@@ -87,10 +97,31 @@ class Row:
     timed: BenchmarkCompleted
     written: KernelWritten
     candidate: Candidate
+    decided_by: str = ""
+    """How its rank was decided: "final run of 4 (30 rounds)", "promoted head to head",
+    "pooled time over 3 runs"."""
+    final: FinalContender | None = None
+    """Its figures in the campaign's final run (mean, median, IQR, rounds), where it was
+    placed by that run."""
+
+
+def decided_by(own: OwnTime, promoted: bool, final: FinalRankingTimed | None) -> str:
+    """How a row's rank was decided (`final` where the final run placed it)."""
+    if final is not None:
+        return f"final run of {len(final.contenders)} ({final.rounds} rounds)"
+    if promoted:
+        return "promoted head to head"
+    return f"pooled time over {own.runs} run{'s' if own.runs != 1 else ''}"
 
 
 def _row(
-    rank: int, c: Candidate, own: OwnTime, baseline: CampaignBaseline | None, standing: str
+    rank: int,
+    c: Candidate,
+    own: OwnTime,
+    baseline: CampaignBaseline | None,
+    standing: str,
+    decided: str,
+    final: FinalContender | None,
 ) -> Row:
     timed, written = c.benchmark, c.written
     assert timed is not None and written is not None, "a row is a timed, written kernel"
@@ -118,6 +149,8 @@ def _row(
         timed=timed,
         written=written,
         candidate=c,
+        decided_by=decided,
+        final=final,
     )
 
 
@@ -132,6 +165,8 @@ class Leaderboard:
     """Every timed kernel's own time at the campaign's shape, by candidate id."""
     by_id: dict[str, Row]
     """The rows by candidate id."""
+    final: FinalRankingTimed | None = None
+    """The campaign's final run, whose order placed the first rows."""
 
     def own_time(self, candidate_id: str) -> OwnTime | None:
         return self.times.get(candidate_id)
@@ -146,8 +181,9 @@ class Leaderboard:
         return row.speedup if row is not None else None
 
 
-def leaderboard(candidates: list[Candidate]) -> Leaderboard:
-    """The leaderboard of these kernels (a campaign's, or a campaign's up to a generation)."""
+def leaderboard(candidates: list[Candidate], final: FinalRankingTimed | None = None) -> Leaderboard:
+    """The leaderboard of these kernels (a campaign's, or a campaign's up to a generation),
+    with the campaign's `final` run where it has one."""
     timed = at_campaign_shape(candidates)  # what each rule below takes of the list
     times = own_times(timed)
     baseline = campaign_baseline(timed)
@@ -155,15 +191,32 @@ def leaderboard(candidates: list[Candidate]) -> Leaderboard:
     standing = walk.standing
     promoted = walk.chain[-1] if walk.chain else None
     by_own_time = sorted(timed, key=lambda c: times[c.candidate_id].median_ns)
-    order = ([promoted] if promoted else []) + [c for c in by_own_time if c is not promoted]
-    rows = [
-        _row(rank, c, times[c.candidate_id], baseline, standing.get(c.candidate_id, ""))
-        for rank, c in enumerate([c for c in order if c.written], 1)
-    ]
-    best = rows[0] if rows and rows[0].candidate is promoted else None
+    writable = {c.candidate_id: c for c in timed if c.written}
+    placed = [cid for cid in (final.order if final else []) if cid in writable]
+    figures = {c.candidate_id: c for c in final.contenders} if final else {}
+    first = [writable[cid] for cid in placed] or ([promoted] if promoted else [])
+    order = first + [c for c in by_own_time if c not in first]
+    rows = []
+    for rank, c in enumerate([c for c in order if c.written], 1):
+        own, in_final = times[c.candidate_id], c.candidate_id in placed
+        decided = decided_by(own, c is promoted and not placed, final if in_final else None)
+        figure = figures[c.candidate_id] if in_final else None
+        rows.append(_row(rank, c, own, baseline, standing.get(c.candidate_id, ""), decided, figure))
+    best = rows[0] if rows and (placed or rows[0].candidate is promoted) else None
     by_id = {row.candidate_id: row for row in rows}
-    return Leaderboard(rows=rows, best=best, baseline=baseline, times=times, by_id=by_id)
+    return Leaderboard(
+        rows=rows,
+        best=best,
+        baseline=baseline,
+        times=times,
+        by_id=by_id,
+        final=final if placed else None,
+    )
 
 
 def campaign_leaderboard(history: History, campaign_id: str) -> Leaderboard:
-    return leaderboard(history.campaign_candidates(campaign_id))
+    final = history.campaigns[campaign_id].final_run
+    return leaderboard(
+        history.campaign_candidates(campaign_id),
+        final if isinstance(final, FinalRankingTimed) else None,
+    )

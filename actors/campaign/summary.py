@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.campaign.history import Campaign, History
+from actors.campaign.leaderboard import campaign_leaderboard
 
 
 def identity(campaign: Campaign) -> dict[str, Any]:
@@ -29,7 +30,9 @@ def spent_candidates(history: History, campaign: Campaign) -> int:
 def summary(history: History, campaign: Campaign) -> dict[str, Any]:
     campaign_id = campaign.started.campaign_id
     candidates = history.campaign_candidates(campaign_id)
-    best = history.best(campaign_id)
+    board = campaign_leaderboard(history, campaign_id)
+    # the final run's winner, once it was timed; else the incumbent
+    best = board.best.candidate if board.final and board.best else history.best(campaign_id)
     return {
         "evaluated": sum(1 for c in candidates if c.evaluated),
         "duplicates_avoided": sum(1 for c in candidates if c.duplicate),

@@ -3,7 +3,8 @@
 Replays the history of the campaign's problem (every campaign of it: lessons draw on
 them all) and, at the moment each claim was made, rebuilds what the claim should have
 been: each generation's lessons and close (best candidate, counts), the dedupe answers,
-the finish reason and summary. Every kernel's source must hash to the identity that
+the final run's order (its passing contenders by mean, its winner the leaderboard's rank
+1), the finish reason and summary. Every kernel's source must hash to the identity that
 later events name, and every benchmark's speedup must be its own baseline over its time
 (the mean over the timed calls; the median in events recorded before the mean was kept).
 
@@ -32,7 +33,7 @@ from typing import Any
 import msgspec
 
 from actors.campaign.history import History
-from actors.campaign.leaderboard import campaign_leaderboard
+from actors.campaign.leaderboard import campaign_leaderboard, leaderboard
 from actors.campaign.ranking import best_of
 from actors.campaign.summary import spent_candidates, summary
 from actors.search.lessons import RULE, RULES, Lesson, draw_lessons, lesson_rule, under_rule
@@ -42,6 +43,7 @@ from eventstore.events import (
     CampaignFinished,
     CandidateDeduplicated,
     Event,
+    FinalRankingTimed,
     GenerationClosed,
     KernelCompiled,
     KernelRejected,
@@ -135,6 +137,8 @@ def audit_projections(events: Iterable[tuple[int, Event]], campaign_id: str) -> 
             elif isinstance(event, BenchmarkCompleted):
                 _check_same_kernel(history, event, position, sources)
                 _check_benchmark(event, position, board)
+            elif isinstance(event, FinalRankingTimed):
+                _check_final(history, campaign_id, event, position, board)
             elif isinstance(event, CampaignFinished):
                 finish = _check_finish(history, campaign_id, event, position, board, dedupe)
         history.apply(position, event)
@@ -341,6 +345,29 @@ def _check_benchmark(event: BenchmarkCompleted, position: int, board: _Area) -> 
             f"roofline/{rule} {floor:.6g}/{kernel:.6g}",
             position,
         )
+
+
+def _check_final(
+    history: History, campaign_id: str, event: FinalRankingTimed, position: int, board: _Area
+) -> None:
+    """A final run's order re-derived from its contenders' figures: those that passed
+    their judged calls, by mean, fastest first; and the leaderboard, once it holds the
+    run, ranks its winner first."""
+    passed = [c for c in event.contenders if not c.failure]
+    expected = [c.candidate_id for c in sorted(passed, key=lambda c: c.mean_ns)]
+    board.check(
+        expected == event.order,
+        f"final run: order {event.order} is not its passing contenders by mean {expected}",
+        position,
+    )
+    best = leaderboard(history.campaign_candidates(campaign_id), event).best
+    board.check(
+        best is not None and bool(event.order) and best.candidate_id == event.order[0],
+        f"final run: the leaderboard's rank 1 is "
+        f"{best.candidate_id if best else None}, not the run's winner "
+        f"{event.order[0] if event.order else None}",
+        position,
+    )
 
 
 _WALL = re.compile(r"wall time reached: ([\d.]+) s")

@@ -35,6 +35,13 @@ the kept run's `host_contention_cores` and the `timing_attempts`. Its `evidence`
 the rest: the judged calls, the re-checked distributions, the handshake cost, the
 `lease` (device and fencing token of the first window) and the sandbox mechanisms
 applied (`contained_by`).
+
+When a campaign's search ends, the planner asks for its final run (`FinalRunRequested`):
+the benchmarker builds the top kernels it names and times them together in one
+interleaved run under the device lease (`gpu_workers.final_run`), and records
+`FinalRankingTimed` (each contender's mean, median, IQR and rounds in that run, and the
+order by mean) or, when the run cannot be made, `FinalRunRefused` with the reason. A
+campaign whose search has ended times no further kernel (`timing_job`).
 """
 
 from __future__ import annotations
@@ -57,6 +64,10 @@ from eventstore.events import (
     ActorRef,
     BenchmarkCompleted,
     Event,
+    FinalContender,
+    FinalRankingTimed,
+    FinalRunRefused,
+    FinalRunRequested,
     HeadToHeadRecord,
     HostCalibrated,
     KernelRejected,
@@ -65,6 +76,7 @@ from eventstore.events import (
 )
 from gpu_workers.calibration_cache import is_quiet
 from gpu_workers.deadlines import call_deadline, recorded_pace
+from gpu_workers.final_run import FinalBuilds, FinalResult, build_contenders, final_seconds
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from gpu_workers.targets import (
     TimingBuilds,
@@ -122,7 +134,8 @@ def timing_job(history: History, event: KernelVerified, dims: tuple[str, ...]) -
         raise PoisonMessage(
             f"no recorded kernel for {event.candidate_id} of campaign {event.campaign_id}"
         )
-    if candidate.benchmark is not None or candidate.rejected is not None or campaign.finished:
+    settled = candidate.benchmark is not None or candidate.rejected is not None
+    if settled or campaign.finished or campaign.final_requested:
         return None
     shape = dict(zip(dims, campaign.spec.shapes[0], strict=True)) if campaign.spec.shapes else None
     written = candidate.written
@@ -203,9 +216,105 @@ def decide_timed(
     )
 
 
+class FinalJob(msgspec.Struct, frozen=True):
+    """What the benchmarker times in a campaign's final run: its contenders' kernels and
+    recorded times, in the request's order, at the campaign's first shape."""
+
+    candidate_ids: list[str]
+    source_hashes: list[str]
+    kernels: list[tuple[str, tuple[str, ...]]]
+    """(source, flags) of each."""
+    recorded_ns: list[float]
+    shape: dict[str, int] | None
+
+
+def final_job(
+    history: History, event: FinalRunRequested, dims: tuple[str, ...]
+) -> FinalJob | Rejection | None:
+    """The kernels of the final run, from the history; None when the run was recorded
+    already (a redelivery) or the campaign finished; a rejection when the request names a
+    kernel with no recorded source and timing of its own in the campaign."""
+    campaign = history.campaigns.get(event.campaign_id)
+    if campaign is None:
+        raise PoisonMessage(f"no recorded campaign {event.campaign_id}")
+    if campaign.final_run is not None or campaign.finished is not None:
+        return None
+    own = {c.candidate_id: c for c in history.campaign_candidates(event.campaign_id)}
+    found = [own.get(cid) for cid in event.contenders]
+    timed = [c for c in found if c is not None and c.written and c.benchmark]
+    if len(timed) != len(event.contenders) or len(timed) < 2:
+        return Rejection(
+            stage="benchmark",
+            reason="final_run_contenders",
+            message=(
+                f"the final run names {event.contenders}; it needs at least two kernels of "
+                f"{event.campaign_id}, each with its recorded source and timing"
+            ),
+        )
+    shape = dict(zip(dims, campaign.spec.shapes[0], strict=True)) if campaign.spec.shapes else None
+    return FinalJob(
+        candidate_ids=[c.candidate_id for c in timed],
+        source_hashes=[c.written.source_hash for c in timed if c.written],
+        kernels=[(c.written.source, tuple(c.written.flags)) for c in timed if c.written],
+        recorded_ns=[c.benchmark.time_ns for c in timed if c.benchmark],
+        shape=shape,
+    )
+
+
+def decide_final(
+    out: Reactions,
+    job: FinalJob | None,
+    outcome: FinalResult | Rejection,
+    *,
+    target: str,
+    device: str,
+) -> None:
+    """The final run's record: `FinalRankingTimed` with each contender's figures in the
+    run and the order by mean, or `FinalRunRefused` with the reason."""
+    if isinstance(outcome, Rejection) or job is None:
+        refusal = outcome if isinstance(outcome, Rejection) else None
+        out.emit(
+            FinalRunRefused,
+            target=target,
+            reason=refusal.reason if refusal else "final_run_contenders",
+            message=refusal.message if refusal else "no kernels to time",
+        )
+        return
+    ids = job.candidate_ids
+    out.emit(
+        FinalRankingTimed,
+        target=target,
+        device=device,
+        seed=outcome.seed,
+        shape=outcome.shape,
+        contenders=[
+            FinalContender(
+                candidate_id=cid,
+                source_hash=source_hash,
+                mean_ns=standing.stats.mean_ns,
+                median_ns=standing.stats.median_ns,
+                q1_ns=standing.stats.q1_ns,
+                q3_ns=standing.stats.q3_ns,
+                iqr_ns=standing.stats.iqr_ns,
+                rounds=standing.stats.runs,
+                failure=standing.failure.message if standing.failure else "",
+            )
+            for cid, source_hash, standing in zip(
+                ids, job.source_hashes, outcome.standings, strict=True
+            )
+        ],
+        order=[ids[n] for n in outcome.order],
+        rounds=outcome.rounds,
+        baseline=outcome.baseline_name,
+        baseline_mean_ns=outcome.baseline.mean_ns if outcome.baseline else None,
+        host_contention_cores=outcome.host_contention_cores,
+        timed_seconds=outcome.timed_seconds,
+    )
+
+
 class Benchmarker(Actor):
     role = "benchmarker"
-    reacts_to = (KernelVerified,)
+    reacts_to = (KernelVerified, FinalRunRequested)
 
     target: str
     #: A benchmarker that dies holds the device this long at most.
@@ -252,6 +361,9 @@ class Benchmarker(Actor):
         time holding the device's lease; the decisions are `timing_job` and
         `decide_timed`. Nothing here asks the librarian: the history has the kernel and
         the incumbent."""
+        if isinstance(event, FinalRunRequested):
+            await self._final_run(event, out)
+            return
         assert isinstance(event, KernelVerified)
         assert self._reader is not None and self._leases is not None
         history = await self._reader.catch_up(event.event_id)
@@ -308,6 +420,72 @@ class Benchmarker(Actor):
                 window=TimedWindow(self._device, windows.tokens[0]),
             )
             return
+
+    async def _final_run(self, event: FinalRunRequested, out: Reactions) -> None:
+        """The edges of a final run: catch up, build the contenders off the loop, time
+        them holding the device's lease; the decisions are `final_job` and `decide_final`.
+        A run the harness could not make is refused with its message, so the campaign
+        finishes on its ranking as it was."""
+        assert self._reader is not None and self._leases is not None
+        history = await self._reader.catch_up(event.event_id)
+        problem = await asyncio.to_thread(load_problem, event.problem)
+        job = final_job(history, event, problem.dims)
+        if job is None:
+            return
+        device = ""
+        outcome: FinalResult | Rejection
+        windows = TimingWindows(self._leases, self._device, asyncio.get_running_loop(), self.status)
+        try:
+            if isinstance(job, Rejection):
+                outcome = job
+            else:
+                await windows.share()
+                self.status("building the final run")
+                builds = await asyncio.to_thread(
+                    build_contenders, event.target, problem, job.kernels, event.dtype
+                )
+                if isinstance(builds, Rejection):
+                    outcome = builds
+                else:
+                    timing = functools.partial(self._time_final, builds, problem, job, windows)
+                    try:
+                        device, outcome = await _abandoned_on_cancel(
+                            asyncio.to_thread(timing), windows
+                        )
+                    except Exception as exc:  # the harness failed: said, never hidden
+                        windows.check()  # a lost lease is not a refusal: nothing is published
+                        outcome = Rejection(
+                            stage="benchmark",
+                            reason="final_run_failed",
+                            message=f"{type(exc).__name__}: {exc}",
+                        )
+        finally:
+            await windows.release()
+        windows.check()
+        decide_final(
+            out,
+            job if not isinstance(job, Rejection) else None,
+            outcome,
+            target=event.target,
+            device=device,
+        )
+
+    def _time_final(
+        self, builds: FinalBuilds[Any], problem: Problem, job: FinalJob, windows: TimingWindows
+    ) -> tuple[str, FinalResult | Rejection]:
+        """The device's name, and the final run on it, in a window of its own."""
+        if not calibration_kept(self.target):
+            windows.open()  # the device is measured again: alone on it
+        calibration = calibration_for(self.target)
+        shape = problem.full_shape(job.shape or problem.default_shape)
+        return calibration.host, builds.time(
+            problem,
+            shape,
+            llc_bytes=calibration.llc_bytes,
+            max_seconds=final_seconds(job.recorded_ns),
+            window=windows,
+            watch=windows.watch,
+        )
 
     async def _still_current(
         self, event: KernelVerified, dims: tuple[str, ...], incumbent: Incumbent | None

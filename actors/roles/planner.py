@@ -1,8 +1,14 @@
 """The planner: runs a campaign's lifecycle and proposes each generation's candidates.
 
-On CampaignStarted it opens generation 0; on GenerationClosed it either finishes the
-campaign (budget, wall time, the roofline target, or nothing left to try) or opens the
-next generation. On CampaignResumed it continues a campaign whose last generation was
+On CampaignStarted it opens generation 0; on GenerationClosed it either ends the
+campaign's search (budget, wall time, the roofline target, or nothing left to try) or
+opens the next generation. A search that ends asks for a final run
+(`FinalRunRequested`): the top `search.final_contenders` kernels by the ranking then (4
+by default) timed together by the benchmarker; on its result (`FinalRankingTimed`, or
+`FinalRunRefused`) the campaign finishes, with the reason the search ended. Fewer than two
+timed kernels need no final run: the campaign finishes at once. A final run that gives no
+result within `FINAL_RUN_PATIENCE_S` (no benchmarker took it) does not hold the campaign:
+it finishes, saying so. On CampaignResumed it continues a campaign whose last generation was
 closed (work in flight resumes by itself: the bus redelivers it). A generation is
 filled by the campaign's search strategy, looked up by its `writer.kind` in
 `actors.search.registry` (the template search, or LLM variations); for strategies that
@@ -36,6 +42,7 @@ import structlog
 
 from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Campaign, History
+from actors.campaign.leaderboard import campaign_leaderboard
 from actors.campaign.replayer import HistoryReader
 from actors.campaign.summary import spent_candidates, summary
 from actors.roles.messages import SeenRequest, ask_lessons, ask_seen
@@ -55,6 +62,9 @@ from eventstore.events import (
     CampaignStarted,
     CandidateProposed,
     Event,
+    FinalRankingTimed,
+    FinalRunRefused,
+    FinalRunRequested,
     GenerationClosed,
     GenerationOpened,
 )
@@ -66,11 +76,19 @@ log = structlog.get_logger("actors.roles.planner")
 #: How often the planner looks at its campaigns' wall-time deadlines.
 DEADLINE_TICK_S = 1.0
 WALL_TIME_REASON = "budget reached: wall time"
+#: How long a requested final run may take to report before the campaign finishes without.
+FINAL_RUN_PATIENCE_S = 300.0
 
 
 class Planner(Actor):
     role = "planner"
-    reacts_to = (CampaignStarted, CampaignResumed, GenerationClosed)
+    reacts_to = (
+        CampaignStarted,
+        CampaignResumed,
+        GenerationClosed,
+        FinalRankingTimed,
+        FinalRunRefused,
+    )
 
     def __init__(self) -> None:
         self._nc: Client | None = None
@@ -190,7 +208,7 @@ def _spaces_and_first_points(
 def generation_to_open(history: History, event: Event, now: datetime) -> int | None:
     """The generation this event opens, or None if it opens none."""
     campaign = history.campaigns.get(event.campaign_id)
-    if campaign is None or campaign.finished is not None:
+    if campaign is None or campaign.finished is not None or campaign.final_requested:
         return None
     if not campaign.generations:
         return 0 if active_wall_left(campaign, now) else None
@@ -218,11 +236,15 @@ def decide_planner(
     known: set[str] | frozenset[str] = frozenset(),
     avoid: Sequence[dict[str, Any]] = (),
 ) -> None:
-    """React to CampaignStarted, CampaignResumed or GenerationClosed: open a generation
-    (with `spaces` searched, `known` keys and `avoid` regions skipped), finish the
-    campaign, say it stalled, or do nothing."""
+    """React to CampaignStarted, CampaignResumed, GenerationClosed or a final run's
+    result: open a generation (with `spaces` searched, `known` keys and `avoid` regions
+    skipped), end the search, finish the campaign, say it stalled, or do nothing."""
     campaign = history.campaigns.get(event.campaign_id)
     if campaign is None or campaign.finished is not None:
+        return
+    if campaign.final_requested is not None:
+        if campaign.final_run is not None:
+            finish(history, campaign, campaign.final_requested.reason, out)
         return
     generation = generation_to_open(history, event, now)
     if generation is not None:
@@ -239,15 +261,50 @@ def decide_planner(
         return
     reason = _finish_reason(history, campaign, now)
     if reason is not None:
-        finish(history, campaign, reason, out)
+        end_search(history, campaign, reason, out)
 
 
 def decide_deadline(history: History, campaign_id: str, out: Reactions, *, now: datetime) -> None:
-    """Finish the campaign if its wall time (active time) is spent."""
+    """End the campaign's search if its wall time (active time) is spent; finish it if its
+    final run reported, or gave no result within `FINAL_RUN_PATIENCE_S`."""
     campaign = history.campaigns.get(campaign_id)
-    if campaign is None or campaign.finished is not None or active_wall_left(campaign, now):
+    if campaign is None or campaign.finished is not None:
         return
-    finish(history, campaign, WALL_TIME_REASON, out)
+    requested = campaign.final_requested
+    if requested is not None:
+        waited = (now - requested.ts).total_seconds()
+        if campaign.final_run is not None:
+            finish(history, campaign, requested.reason, out)
+        elif waited > FINAL_RUN_PATIENCE_S:
+            late = f"; no final run result within {FINAL_RUN_PATIENCE_S:g} s"
+            finish(history, campaign, requested.reason + late, out)
+        return
+    if not active_wall_left(campaign, now):
+        end_search(history, campaign, WALL_TIME_REASON, out)
+
+
+def end_search(history: History, campaign: Campaign, reason: str, out: Reactions) -> None:
+    """The search is over: ask for the final run of the top kernels (one request per
+    campaign, whichever decision reaches it first), or finish at once when fewer than two
+    were timed."""
+    if campaign.final_requested is not None:
+        return
+    spec = campaign.spec
+    board = campaign_leaderboard(history, campaign.started.campaign_id)
+    contenders = [row.candidate_id for row in board.rows[: spec.search.final_contenders]]
+    if len(contenders) < 2:
+        finish(history, campaign, reason, out)
+        return
+    out.emit(
+        FinalRunRequested,
+        campaign_id=campaign.started.campaign_id,
+        event_id=derived_event_id(campaign.started.event_id, "final-run"),
+        problem=spec.problem,
+        target=spec.target,
+        dtype=spec.dtype,
+        contenders=contenders,
+        reason=reason,
+    )
 
 
 def finish(history: History, campaign: Campaign, reason: str, out: Reactions) -> None:
@@ -301,9 +358,9 @@ def _propose(
     reason_if_none: str,
     out: Reactions,
 ) -> None:
-    """Open the generation with these candidates, or finish the campaign if there are none."""
+    """Open the generation with these candidates, or end the search if there are none."""
     if not candidates:
-        finish(history, campaign, reason_if_none, out)
+        end_search(history, campaign, reason_if_none, out)
         return
     spec = campaign.spec
     campaign_id = campaign.started.campaign_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -19,6 +20,8 @@ from gpu_workers.cpu.toolchain import nan_safe
 from gpu_workers.cpu.trusted_build import cache_flush_library, fresh_inputs_library, kernel_host
 from gpu_workers.protocols import (
     CompileOutcome,
+    FinalRequest,
+    FinalSamples,
     RunOutcome,
     RunOutput,
     TimingRequest,
@@ -178,47 +181,18 @@ class CpuBackend:
         inputs), so that this happens while other work still has the host. It flushes
         every call's inputs and outputs from the caches, so `rotate_bytes` (what a back end
         that cannot flush writes between calls) is not used here."""
-        incumbent, window_open = request.incumbent, request.window_open
-        window_closed = request.window_closed
+        incumbent = request.incumbent
         job = p.BenchJob(
             library=request.build.library,
             incumbent_library=incumbent.library if incumbent is not None else None,
-            kernel_host=self._kernel_host(self.bench_limits, request.call_seconds),
-            fresh_inputs_library=str(fresh_inputs_library(self.cache_dir)),
-            cache_flush_library=str(cache_flush_library(self.cache_dir)),
-            problem=request.problem.load_spec,
-            dtype=self.dtype,
-            shape=request.shape,
-            seed=request.seed,
-            seeds=list(request.seeds),
             recheck_seed=request.recheck_seed,
             recheck_pool=str(self.recheck_pool.folder) if self.recheck_pool else None,
             min_runs=request.min_runs,
             min_seconds=request.min_seconds,
-            wait_for_window=window_open is not None,
+            **self._run_settings(request),
         )
         with sandbox_dir(RUN_DIR_PREFIX) as workdir:
-            opened = closed = False
-
-            def watch() -> None:
-                nonlocal opened, closed
-                if request.watch is not None:
-                    request.watch()
-                if window_open is not None and not opened and files.window_ready(workdir):
-                    window_open()
-                    opened = True
-                    files.open_window(workdir)
-                if window_closed is not None and not closed and files.window_closed(workdir):
-                    closed = True
-                    window_closed()
-
-            outcome = self._run(
-                job,
-                workdir,
-                self.bench_limits,
-                watch,
-                arena_bytes=arena_bytes(request.problem, job),
-            )
+            outcome = self._run_timed(job, workdir, request)
             reply = expect_reply(workdir, p.Reply, p.BenchReply)
             return TimingRun(
                 kernel_ns=reply.kernel_ns,
@@ -235,13 +209,81 @@ class CpuBackend:
                 sandbox=self._report(outcome, self.bench_limits, reply.mechanisms),
                 wall_seconds=outcome.wall_seconds,
                 timed_seconds=reply.timed_seconds,
-                host_contention_cores=(
-                    reply.window_contention_cores
-                    if reply.window_contention_cores is not None
-                    else contention(outcome)
-                ),
+                host_contention_cores=_window_contention(reply, outcome),
                 rejection=reply.rejection,
             )
+
+    def time_final(self, request: FinalRequest[CompiledKernel]) -> FinalSamples:
+        """A final run in the driver (`gpu_workers.cpu.final_run`), set up before
+        `window_open` as a timing run is."""
+        libraries = [build.library for build in request.builds]
+        job = p.FinalJob(
+            libraries=libraries,
+            library=libraries[0],
+            incumbent_library=None,
+            recheck_seed=None,
+            min_runs=request.rounds,
+            max_seconds=request.max_seconds,
+            **self._run_settings(request),
+        )
+        with sandbox_dir(RUN_DIR_PREFIX) as workdir:
+            outcome = self._run_timed(job, workdir, request)
+            reply = expect_reply(workdir, p.Reply, p.FinalReply)
+        return FinalSamples(
+            contender_ns=reply.contender_ns,
+            baseline_ns=reply.baseline_ns,
+            failures=reply.failures,
+            rounds=reply.rounds,
+            timed_seconds=reply.timed_seconds,
+            wall_seconds=outcome.wall_seconds,
+            host_contention_cores=_window_contention(reply, outcome),
+            caches_flushed=True,
+            rejection=reply.rejection,
+        )
+
+    def _run_settings(
+        self, request: TimingRequest[CompiledKernel] | FinalRequest[CompiledKernel]
+    ) -> dict[str, Any]:
+        """What a timing job and a final run's job take alike from their request."""
+        return {
+            "kernel_host": self._kernel_host(self.bench_limits, request.call_seconds),
+            "fresh_inputs_library": str(fresh_inputs_library(self.cache_dir)),
+            "cache_flush_library": str(cache_flush_library(self.cache_dir)),
+            "problem": request.problem.load_spec,
+            "dtype": self.dtype,
+            "shape": request.shape,
+            "seed": request.seed,
+            "seeds": list(request.seeds),
+            "wait_for_window": request.window_open is not None,
+        }
+
+    def _run_timed(
+        self,
+        job: p.BenchJob,
+        workdir: Path,
+        request: TimingRequest[CompiledKernel] | FinalRequest[CompiledKernel],
+    ) -> SandboxOutcome:
+        """Run a timing job in the driver, opening the request's window once the driver
+        has set up and closing it when the driver says its timed rounds are over."""
+        window_open, window_closed = request.window_open, request.window_closed
+        opened = closed = False
+
+        def watch() -> None:
+            nonlocal opened, closed
+            if request.watch is not None:
+                request.watch()
+            if window_open is not None and not opened and files.window_ready(workdir):
+                window_open()
+                opened = True
+                files.open_window(workdir)
+            if window_closed is not None and not closed and files.window_closed(workdir):
+                closed = True
+                window_closed()
+
+        arena = arena_bytes(request.problem, job) * (
+            len(job.libraries) if isinstance(job, p.FinalJob) else 1
+        )
+        return self._run(job, workdir, self.bench_limits, watch, arena_bytes=arena)
 
     @staticmethod
     def _report(
@@ -285,3 +327,11 @@ class CpuBackend:
                 f"{outcome.stderr[-2000:]}"
             )
         return outcome
+
+
+def _window_contention(reply: p.BenchReply | p.FinalReply, outcome: SandboxOutcome) -> float | None:
+    """Other work on the host during the timed window, as the driver measured it, else over
+    the driver's whole run."""
+    if reply.window_contention_cores is not None:
+        return reply.window_contention_cores
+    return contention(outcome)

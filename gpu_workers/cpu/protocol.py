@@ -93,6 +93,13 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     device alone for the run (`runner_files.wait_for_window`) before warming up."""
 
 
+class FinalJob(BenchJob, frozen=True, kw_only=True, tag="final"):
+    """A final run: every library in `libraries` timed in one interleaved run, with the
+    settings of a timing run (`library` is the first of them; `min_runs` the rounds)."""
+
+    libraries: list[str]
+
+
 class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):
     library: str
     copy_bytes: int
@@ -100,7 +107,7 @@ class CalibrateJob(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate"):
     fma_iterations: int
 
 
-Job = VerifyJob | BenchJob | CalibrateJob
+Job = VerifyJob | BenchJob | FinalJob | CalibrateJob
 
 
 class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
@@ -140,4 +147,18 @@ class CalibrateReply(msgspec.Struct, frozen=True, kw_only=True, tag="calibrate")
     streaming_stores: bool
 
 
-Reply = VerifyReply | BenchReply | CalibrateReply
+class FinalReply(msgspec.Struct, frozen=True, kw_only=True, tag="final"):
+    contender_ns: list[list[int]]
+    """Each library's timed calls, in the job's order."""
+    baseline_ns: list[int]
+    rounds: int
+    timed_seconds: float
+    failures: list[Rejection | None]
+    """Why each library's judged calls failed, or None."""
+    rejection: Rejection | None
+    """The run could not be finished (a kernel ended, or wrote out of bounds)."""
+    mechanisms: list[Mechanism]
+    window_contention_cores: float | None = None
+
+
+Reply = VerifyReply | BenchReply | FinalReply | CalibrateReply

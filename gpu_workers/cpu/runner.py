@@ -91,6 +91,10 @@ def main(args: list[str]) -> None:
         from gpu_workers.cpu.verify_run import verify
 
         reply = verify(job)
+    elif isinstance(job, p.FinalJob):
+        from gpu_workers.cpu.final_run import final_run
+
+        reply = final_run(job)
     elif isinstance(job, p.BenchJob):
         from gpu_workers.cpu.timing_run import bench  # imports the problem library
 

@@ -454,19 +454,42 @@ def arena_bytes(problem: Problem, job: p.BenchJob) -> int:
     return set_slot_bytes(problem, job)
 
 
+def baseline_inputs(problem: Problem, job: p.BenchJob, secret: np.random.Generator) -> list[Arrays]:
+    """The baseline's input sets, one per baseline seed."""
+    fresh = FreshInputs(problem, job, secret)
+    return [
+        fresh.make()
+        if fresh.fill is not None
+        else problem.generate(job.shape, "normal", seed, job.dtype)
+        for seed in job.seeds
+    ]
+
+
+def baseline_call(problem: Problem, distinct: list[Arrays], flush: Flush) -> Call:
+    """The baseline timed here, in the driver, on input set `i` flushed from the caches."""
+
+    def call_baseline(i: int) -> int:
+        inputs = distinct[i % len(distinct)]
+        for array in inputs.values():
+            flush(array)
+        started = time.perf_counter_ns()
+        outputs = problem.baseline(inputs)
+        ns = time.perf_counter_ns() - started
+        for array in outputs.values():  # the next call does not pay for writing them back
+            if isinstance(array, np.ndarray) and array.flags.c_contiguous:
+                flush(array)
+        return ns
+
+    return call_baseline
+
+
 def bench(job: p.BenchJob) -> p.BenchReply:
     problem = load_problem(job.problem)
     secret = np.random.default_rng(job.seed)
     set_bytes = problem.nbytes(job.shape, job.dtype)
     n_sets = input_sets(job)
     files.write_progress("baseline inputs")
-    fresh = FreshInputs(problem, job, secret)
-    distinct = [
-        fresh.make()
-        if fresh.fill is not None
-        else problem.generate(job.shape, "normal", seed, job.dtype)
-        for seed in job.seeds
-    ]
+    distinct = baseline_inputs(problem, job, secret)
     flush = cache_flush(job.cache_flush_library)
     files.write_progress("starting the kernel")
     contenders: list[Contender] = []
@@ -501,22 +524,10 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             assert incumbent is not None
             return incumbent.timed(f"incumbent call {incumbent.process.calls}")
 
-        def call_baseline(i: int) -> int:
-            inputs = distinct[i % len(distinct)]
-            for array in inputs.values():
-                flush(array)
-            started = time.perf_counter_ns()
-            outputs = problem.baseline(inputs)
-            ns = time.perf_counter_ns() - started
-            for array in outputs.values():  # the next call does not pay for writing them back
-                if isinstance(array, np.ndarray) and array.flags.c_contiguous:
-                    flush(array)
-            return ns
-
         contender_calls: Call | None = call_incumbent if incumbent is not None else None
         samples = interleave(
             call_kernel,
-            call_baseline,
+            baseline_call(problem, distinct, flush),
             contender_calls,
             n_sets,
             warmup=job.warmup,

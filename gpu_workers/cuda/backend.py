@@ -45,6 +45,8 @@ from gpu_workers.cuda.static import source_check, static_check
 from gpu_workers.cuda.timing import CudaTiming, default_rechecks, read_timing, timing_run
 from gpu_workers.protocols import (
     CompileOutcome,
+    FinalRequest,
+    FinalSamples,
     RunOutcome,
     RunOutput,
     TimingRequest,
@@ -185,6 +187,17 @@ class CudaBackend:
                 for r in reply.runs
             ]
             return RunOutcome(runs=runs, sandbox=outcome.report)
+
+    def time_final(self, request: FinalRequest[CudaBuild]) -> FinalSamples:
+        """Not supported here yet: the campaign records the refusal and finishes on its
+        pooled ranking."""
+        return FinalSamples(
+            rejection=Rejection(
+                stage="benchmark",
+                reason="final_run_not_supported",
+                message="the cuda back end does not support a final run of N kernels",
+            )
+        )
 
     def time(self, request: TimingRequest[CudaBuild]) -> TimingRun:
         """Time the kernel, its baseline and the incumbent, interleaved, by CUDA events,

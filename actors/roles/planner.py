@@ -298,7 +298,7 @@ def end_search(history: History, campaign: Campaign, reason: str, out: Reactions
     out.emit(
         FinalRunRequested,
         campaign_id=campaign.started.campaign_id,
-        event_id=derived_event_id(campaign.started.event_id, "final-run"),
+        event_id=out.derived_id(campaign.started.event_id, "final-run"),
         problem=spec.problem,
         target=spec.target,
         dtype=spec.dtype,

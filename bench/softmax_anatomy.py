@@ -3,8 +3,9 @@
 Usage: .venv/bin/python bench/softmax_anatomy.py [--rounds 15] [--structure 1] [--exp 6]
 
 A structure of bench/softmax_hand.c (--structure, default 1: max; exp into an L1 row
-buffer; scale with non-temporal stores) is timed beside its phases (bench/softmax_anatomy.c), each over the
-whole 4096x4096 matrix with the kernel's own loops and split of rows over threads:
+buffer; scale with non-temporal stores) is timed beside its phases
+(bench/softmax_anatomy.c), each over the whole 4096x4096 matrix with the kernel's own
+loops and split of rows over threads:
 - read: x once (the row max): the read traffic alone;
 - write: y once with non-temporal stores: the write traffic alone;
 - exp: the exp pass over a row that stays in L1, once per row: the arithmetic alone;

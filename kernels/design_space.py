@@ -94,6 +94,9 @@ class Param:
     name: str
     choices: tuple[ParamValue, ...]
     doc: str
+    before: ParamValue | None = None
+    """The value a point recorded before this parameter existed takes: the one that renders
+    the kernel the template rendered then (None: a parameter from the start)."""
 
 
 @dataclass(frozen=True)
@@ -157,8 +160,16 @@ class Template:
     def accepts(self, dtype: str) -> bool:
         return dtype in TARGET_DTYPES[self.target]
 
+    def completed(self, params: Params) -> dict[str, ParamValue]:
+        """`params` with each parameter added since it was recorded at its `before` value,
+        so that a stored point renders as it did."""
+        added = {p.name: p.before for p in self.params if p.before is not None}
+        return {**added, **params}
+
     def render(self, params: Params, dtype: str = "fp32") -> Rendered:
-        """The source and flags of one valid assignment, for elements of `dtype`."""
+        """The source and flags of one valid assignment (a point recorded before a parameter
+        existed takes its `before` value), for elements of `dtype`."""
+        params = self.completed(params)
         problems = self.violations(params)
         if not self.accepts(dtype):
             problems.append(f"dtype {dtype!r}: {self.name} is not written for it")

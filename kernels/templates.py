@@ -276,6 +276,7 @@ SOFTMAX_ROWS = _stream_template(
             ("output", "exp"),
             "the pass that prefetches the row ahead: the output pass (while it writes) or the "
             "exp sweep (the longest stretch of arithmetic, so the next row's reads overlap it)",
+            before="output",
         ),
         Param(
             "exp",

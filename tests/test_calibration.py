@@ -21,6 +21,7 @@ from gpu_workers import targets
 from gpu_workers.calibration_cache import (
     CONTENDED_KEPT_SECONDS,
     QUIET_CORES,
+    cached_calibration,
     contended_path,
     is_quiet,
 )
@@ -133,3 +134,26 @@ def test_a_contended_calibration_is_used_for_a_while_then_measured_again(
     targets.recalibrate("cpu")
     targets.calibration_for("cpu")
     assert len(measured) == 3
+
+
+def test_a_quiet_measurement_taken_again_keeps_each_ceiling_s_higher_value(
+    tmp_path: Path,
+) -> None:
+    """A host quiet by CPU time can still be short of memory bandwidth (another guest on
+    the machine): the calibration that read low is not kept for good once a quiet
+    measurement reads higher, and a lower one never replaces a ceiling."""
+    path = calibration_path(tmp_path)
+    first = msgspec.structs.replace(
+        _planted(path, busy=0.0), memory_bandwidth_gbs=40.0, fma_peak_gflops=200.0
+    )
+    path.write_bytes(msgspec.json.encode(first))
+    second = msgspec.structs.replace(
+        first, memory_bandwidth_gbs=60.0, fma_peak_gflops=150.0, measured_at="later"
+    )
+    merged = cached_calibration(path, lambda: second, force=True)
+    assert (merged.memory_bandwidth_gbs, merged.fma_peak_gflops) == (60.0, 200.0)
+    assert merged.measured_at == "later" and first.measured_at in merged.method
+    assert msgspec.json.decode(path.read_bytes(), type=HostCalibration) == merged
+    busy = msgspec.structs.replace(second, memory_bandwidth_gbs=90.0, host_contention_cores=1.5)
+    assert cached_calibration(path, lambda: busy, force=True) == busy
+    assert load_or_calibrate(tmp_path) == merged  # a busy host's reading replaced nothing

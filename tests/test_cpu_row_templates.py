@@ -18,7 +18,7 @@ import pytest
 from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.verification import verify
 from kernels.builtin import BUILTIN
-from kernels.design_space import ParamValue, Template
+from kernels.design_space import InvalidParams, ParamValue, Template
 from kernels.host_isa import host_cpu_flags
 from kernels.templates import TEMPLATES
 from tests.cpu_support import cpu_backend, kf_cache
@@ -256,3 +256,17 @@ def test_the_chains_cheapest_gelu_form_verifies(cpu_backend: CpuBackend) -> None
     assert "v_gelu_fast(" in rendered.source and "v_recip(" in rendered.source
     verdict = verify(BUILTIN[template.problem], cpu_backend, rendered.source, rendered.flags)
     assert verdict.verified, (point, verdict.seed, verdict.rejection)
+
+
+def test_a_point_recorded_before_a_parameter_existed_renders_the_kernel_it_did() -> None:
+    """A store from before `prefetch_pass` holds softmax points without it: they render (a
+    resumed campaign re-writes them) as the template rendered them then, prefetching in
+    the output pass; a point missing a parameter that was there from the start is still
+    refused."""
+    template = TEMPLATES["softmax_rows"]
+    point = {**template.best_known, "prefetch": 1, "prefetch_pass": "output"}
+    recorded = {k: v for k, v in point.items() if k != "prefetch_pass"}
+    assert template.render(recorded) == template.render(point)
+    assert template.render(recorded) != template.render({**point, "prefetch_pass": "exp"})
+    with pytest.raises(InvalidParams, match="missing parameter unroll"):
+        template.render({k: v for k, v in recorded.items() if k != "unroll"})

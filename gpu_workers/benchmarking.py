@@ -61,7 +61,14 @@ from gpu_workers.protocols import (
     TimingWindow,
 )
 from gpu_workers.results import BenchmarkResult, HeadToHead, HostCalibration, Rejection, TimingStats
-from gpu_workers.stopping import HALF_WIDTH, MIN_RUNS, MIN_SECONDS
+from gpu_workers.stopping import (
+    HALF_WIDTH,
+    MEAN_Z,
+    MIN_RUNS,
+    MIN_SECONDS,
+    PROMOTION_ALPHA,
+    wins_by_chance,
+)
 from gpu_workers.verification import bits, compare_outputs, new_seed, trial_seed
 from kernels.spec import Cost, Problem
 
@@ -74,9 +81,6 @@ QUIET_CORES = 0.25
 """A timing run during which other work used more CPU than this is repeated..."""
 BUSY_RETRIES = 2
 """...up to this many times; the least disturbed run is kept, and its disturbance reported."""
-PROMOTION_ALPHA = 0.05
-"""A kernel beats the incumbent only with more round wins than two kernels of equal speed
-(each round a fair coin) would give in more than this share of head-to-heads."""
 
 
 def judge_calls(problem: Problem, dtype: str, calls: list[JudgedCall]) -> Rejection | None:
@@ -154,21 +158,9 @@ def roofline_ns(cost: Cost, calibration: HostCalibration, dtype: str = "fp32") -
     return max(memory, compute) * 1e9
 
 
-def wins_by_chance(wins: int, rounds: int) -> float:
-    """How often two kernels of equal speed give at least `wins` of `rounds` to one of them:
-    the one-sided sign test."""
-    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
-
-
 def paired_rounds(runs: Sequence[TimingRun]) -> list[tuple[int, int]]:
     """(kernel ns, incumbent ns) of every round both were timed in."""
     return [(k, i) for run in runs for k, i in zip(run.kernel_ns, run.incumbent_ns, strict=False)]
-
-
-MEAN_Z = 1.645
-"""One-sided 5%: how many standard errors the kernel's mean time per round must be below
-the incumbent's. Shifting work between calls cannot lower the mean difference, and only
-widens its spread."""
 
 
 def faster_on_average(pairs: Sequence[tuple[int, int]]) -> tuple[float | None, bool]:

@@ -13,6 +13,10 @@ head-to-head: it was slower by `LOSS_RATIO` (1.25x) in each of at least `LOSS_RO
 rounds (`lost`), or its mean time per round is above the incumbent's beyond chance, after
 at least `min_runs` paired rounds (`slower_beyond_chance`: the one-sided paired z-test at
 5% that promotion uses the other way round), so it could be neither promoted nor in doubt.
+A kernel faster on average so far is timed on, even once its interval is tight, until it
+has the evidence a promotion asks for (`faster_beyond_chance`: that z-test and the sign
+test at `PROMOTION_ALPHA`), its mean falls behind the incumbent's, or the caps: a promising
+kernel gets the rounds to prove itself, a slow one stops early.
 
 The interval's running sums are kept as the samples come (`RunningMean`), so a kernel of a
 few microseconds, timed thousands of times, pays nothing per round for the rule."""
@@ -37,9 +41,14 @@ LOSS_RATIO = 1.25
 """A kernel slower than the incumbent by this factor in each of the first `LOSS_ROUNDS`
 paired rounds has lost the head-to-head: the median of its paired ratios is at least this
 factor, and more rounds are not needed to say so."""
-SLOWER_Z = 1.645
-"""One-sided 5%: how many standard errors the kernel's mean time per round must be above
-the incumbent's for the run to stop as lost."""
+MEAN_Z = 1.645
+"""One-sided 5%: how many standard errors the kernel's mean time per round must be below
+the incumbent's to be promoted (`gpu_workers.benchmarking.head_to_head`), or above it for
+the run to stop as lost. Shifting work between calls cannot lower the mean difference, and
+only widens its spread."""
+PROMOTION_ALPHA = 0.05
+"""A kernel beats the incumbent only with more round wins than two kernels of equal speed
+(each round a fair coin) would give in more than this share of head-to-heads."""
 
 
 def t_quantile_975(degrees: int) -> float:
@@ -92,13 +101,32 @@ def lost(kernel_ns: Sequence[int], incumbent_ns: Sequence[int]) -> bool:
     return len(rounds) >= LOSS_ROUNDS and all(k >= LOSS_RATIO * i for k, i in rounds)
 
 
+def wins_by_chance(wins: int, rounds: int) -> float:
+    """How often two kernels of equal speed give at least `wins` of `rounds` to one of them:
+    the one-sided sign test."""
+    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
+
+
+def _standard_error(differences: RunningMean) -> float:
+    return differences.half_width() / t_quantile_975(differences.count - 1)
+
+
 def slower_beyond_chance(differences: RunningMean) -> bool:
     """The kernel's mean time per round (`differences`: kernel ns less incumbent ns, round by
-    round) is above the incumbent's by more than `SLOWER_Z` standard errors."""
+    round) is above the incumbent's by more than `MEAN_Z` standard errors."""
     if differences.count < 2:
         return False
-    error = differences.half_width() / t_quantile_975(differences.count - 1)
-    return differences.mean > 0 and differences.mean > SLOWER_Z * error
+    return differences.mean > 0 and differences.mean > MEAN_Z * _standard_error(differences)
+
+
+def faster_beyond_chance(differences: RunningMean, wins: int) -> bool:
+    """The evidence a promotion asks for (`gpu_workers.benchmarking.head_to_head`): the mean
+    time per round below the incumbent's by more than `MEAN_Z` standard errors, and `wins`
+    rounds of `differences.count` more than chance would give at `PROMOTION_ALPHA`."""
+    if differences.count < 2:
+        return False
+    below = differences.mean < 0 and differences.mean < -MEAN_Z * _standard_error(differences)
+    return below and wins_by_chance(wins, differences.count) <= PROMOTION_ALPHA
 
 
 @dataclass(frozen=True)
@@ -121,11 +149,13 @@ class Stopping:
         self.rule = rule
         self.kernel = RunningMean()
         self.differences = RunningMean()
+        self.wins = 0
 
     def add(self, kernel_ns: int, incumbent_ns: int | None) -> None:
         self.kernel.add(kernel_ns)
         if incumbent_ns is not None:
             self.differences.add(kernel_ns - incumbent_ns)
+            self.wins += kernel_ns < incumbent_ns
 
     def reason(
         self, elapsed: float, kernel_ns: Sequence[int], incumbent_ns: Sequence[int]
@@ -143,10 +173,17 @@ class Stopping:
             return None
         if rule.half_width is None:
             return "fixed count"
-        if self.kernel.within(rule.half_width):
-            return "settled"
         if incumbent_ns and slower_beyond_chance(self.differences):
             return "slower"
+        if self.kernel.within(rule.half_width) and not self._still_to_prove(incumbent_ns):
+            return "settled"
         if runs >= rule.max_runs:
             return "max runs"
         return None
+
+    def _still_to_prove(self, incumbent_ns: Sequence[int]) -> bool:
+        """Against an incumbent, the kernel is faster on average so far but not yet by the
+        evidence a promotion asks for: more rounds may give it."""
+        if not incumbent_ns or self.differences.mean >= 0:
+            return False
+        return not faster_beyond_chance(self.differences, self.wins)

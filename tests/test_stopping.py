@@ -13,10 +13,13 @@ from gpu_workers.stopping import (
     HALF_WIDTH,
     LOSS_RATIO,
     LOSS_ROUNDS,
+    PROMOTION_ALPHA,
     RunningMean,
     Stopping,
     StoppingRule,
+    faster_beyond_chance,
     t_quantile_975,
+    wins_by_chance,
 )
 
 
@@ -144,3 +147,25 @@ def test_the_timing_loop_stops_where_the_rule_says() -> None:
     )
     assert samples.stopped == "settled"
     assert len(samples.kernel_ns) == _first_tight(spread * 200, 10)
+
+
+def test_a_tight_kernel_faster_on_average_is_timed_until_a_promotion_could_say_so() -> None:
+    kernel = [99, 100, 98, 101, 97]  # tight, and faster on average, winning 3 rounds in 5
+    assert _run(kernel, min_runs=10) == (10, "settled")  # alone, its mean is known at once
+    rounds, reason = _run(kernel, [100], min_runs=10)
+    assert reason == "settled" and 10 < rounds < 100
+    differences = RunningMean()
+    wins = 0
+    for k in itertools.islice(itertools.cycle(kernel), rounds):
+        differences.add(k - 100)
+        wins += k < 100
+    assert faster_beyond_chance(differences, wins)
+    assert wins_by_chance(wins, rounds) <= PROMOTION_ALPHA
+
+
+def test_a_kernel_clearly_faster_stops_at_the_minimum() -> None:
+    assert _run([90, 91, 89], [100], min_runs=10) == (10, "settled")
+
+
+def test_a_kernel_no_faster_on_average_is_not_timed_on_to_prove_itself() -> None:
+    assert _run([100, 101, 99], [100], min_runs=12) == (12, "settled")

@@ -3,7 +3,7 @@
 The device back end times the kernel, the baseline and the incumbent interleaved in one
 run (`gpu_workers.interleave`), warm-up first, then timed rounds until the 95% interval
 of the kernel's mean is within `HALF_WIDTH` (2%) of it, after at least `MIN_RUNS` (10)
-rounds and `MIN_SECONDS` (0.2 s), at most `MAX_RUNS` (100) rounds or `MAX_SECONDS` (10 s),
+rounds and `MIN_SECONDS` (0.2 s), at most `MAX_RUNS` (100) rounds or `MAX_SECONDS` (3 s),
 unless it has already lost to the incumbent (`gpu_workers.stopping`), over
 `DISTINCT_INPUT_SETS` (2) input sets with fresh inputs before every timed call. Both
 back ends evict every timed call's inputs and outputs from the caches before it (a

@@ -35,7 +35,9 @@ MAX_RUNS = 100
 """Rounds after which a kernel whose interval never tightens stops anyway (once
 `min_seconds` have passed): its mean is then known to about 1.96 / 10 of its spread."""
 MIN_SECONDS = 0.2
-MAX_SECONDS = 10.0
+MAX_SECONDS = 3.0
+"""Timed seconds after which a run stops with 3 rounds at least: a slow kernel's timing
+costs at most this, whatever its spread."""
 LOSS_ROUNDS = 8
 LOSS_RATIO = 1.25
 """A kernel slower than the incumbent by this factor in each of the first `LOSS_ROUNDS`

@@ -15,8 +15,8 @@ at least `min_runs` paired rounds (`slower_beyond_chance`: the one-sided paired 
 5% that promotion uses the other way round), so it could be neither promoted nor in doubt.
 A kernel faster on average so far is timed on, even once its interval is tight, until it
 has the evidence a promotion asks for (`faster_beyond_chance`: that z-test and the sign
-test at `PROMOTION_ALPHA`), its mean falls behind the incumbent's, or the caps: a promising
-kernel gets the rounds to prove itself, a slow one stops early.
+test at `PROMOTION_ALPHA`), its mean falls behind the incumbent's, or `PROVE_RUNS` (30)
+rounds: a promising kernel gets the rounds to prove itself, a slow one stops early.
 
 The interval's running sums are kept as the samples come (`RunningMean`), so a kernel of a
 few microseconds, timed thousands of times, pays nothing per round for the rule."""
@@ -48,6 +48,10 @@ MEAN_Z = 1.645
 the incumbent's to be promoted (`gpu_workers.benchmarking.head_to_head`), or above it for
 the run to stop as lost. Shifting work between calls cannot lower the mean difference, and
 only widens its spread."""
+PROVE_RUNS = 30
+"""Rounds a kernel faster on average may take to prove it (`faster_beyond_chance`), as many
+as every head-to-head had before the rule adapted; one still in doubt then is timed again
+and pooled (`gpu_workers.benchmarking.pool_a_head_to_head_in_doubt`)."""
 PROMOTION_ALPHA = 0.05
 """A kernel beats the incumbent only with more round wins than two kernels of equal speed
 (each round a fair coin) would give in more than this share of head-to-heads."""
@@ -185,7 +189,7 @@ class Stopping:
 
     def _still_to_prove(self, incumbent_ns: Sequence[int]) -> bool:
         """Against an incumbent, the kernel is faster on average so far but not yet by the
-        evidence a promotion asks for: more rounds may give it."""
-        if not incumbent_ns or self.differences.mean >= 0:
+        evidence a promotion asks for, in fewer than `PROVE_RUNS` rounds: more may give it."""
+        if not incumbent_ns or self.differences.mean >= 0 or self.kernel.count >= PROVE_RUNS:
             return False
         return not faster_beyond_chance(self.differences, self.wins)

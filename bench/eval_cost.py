@@ -134,8 +134,6 @@ def timing_phases(
         seed=seed,
         seeds=[seed + 1, seed + 2],
         recheck_seed=seed + 3,
-        min_runs=30,
-        min_seconds=0.5,
         **pool_of(backend),
         **caches_of(backend, llc),
     )

@@ -1,12 +1,14 @@
 """Timing rules, the same for every device.
 
 The device back end times the kernel, the baseline and the incumbent interleaved in one
-run (`gpu_workers.interleave`), warm-up first, then at least `MIN_RUNS` (30) timed
-rounds and `MIN_SECONDS` (0.5 s) unless it has already lost to the incumbent (`lost`,
-`cannot_win` there), over `DISTINCT_INPUT_SETS` (2) input sets with fresh inputs before every
-timed call. Both back ends evict every timed call's inputs and outputs from the caches
-before it (a CPU's every level; a GPU's L2, by writing the request's `rotate_bytes`,
-twice the last-level cache), and the result says so (`caches_flushed`). This module
+run (`gpu_workers.interleave`), warm-up first, then timed rounds until the 95% interval
+of the kernel's mean is within `HALF_WIDTH` (2%) of it, after at least `MIN_RUNS` (10)
+rounds and `MIN_SECONDS` (0.2 s), at most `MAX_RUNS` (100) rounds or `MAX_SECONDS` (3 s),
+unless it has already lost to the incumbent (`gpu_workers.stopping`), over
+`DISTINCT_INPUT_SETS` (2) input sets with fresh inputs before every timed call. Both
+back ends evict every timed call's inputs and outputs from the caches before it (a
+CPU's every level; a GPU's L2, by writing the request's `rotate_bytes`, twice the
+last-level cache), and the result says so (`caches_flushed`). This module
 turns samples into statistics and refuses what cannot be trusted. A kernel is ranked by
 the mean over its timed calls (`TimingStats.mean_ns`; speedups, the roofline fraction
 and the head-to-head are ratios of means): moving work from one call to another cannot
@@ -59,11 +61,17 @@ from gpu_workers.protocols import (
     TimingWindow,
 )
 from gpu_workers.results import BenchmarkResult, HeadToHead, HostCalibration, Rejection, TimingStats
+from gpu_workers.stopping import (
+    HALF_WIDTH,
+    MEAN_Z,
+    MIN_RUNS,
+    MIN_SECONDS,
+    PROMOTION_ALPHA,
+    wins_by_chance,
+)
 from gpu_workers.verification import bits, compare_outputs, new_seed, trial_seed
 from kernels.spec import Cost, Problem
 
-MIN_RUNS = 30
-MIN_SECONDS = 0.5
 STALL_FACTOR = 20.0
 STALL_MIN_EXCESS_NS = 100_000_000
 ROOFLINE_SLACK = 1.10
@@ -73,9 +81,6 @@ QUIET_CORES = 0.25
 """A timing run during which other work used more CPU than this is repeated..."""
 BUSY_RETRIES = 2
 """...up to this many times; the least disturbed run is kept, and its disturbance reported."""
-PROMOTION_ALPHA = 0.05
-"""A kernel beats the incumbent only with more round wins than two kernels of equal speed
-(each round a fair coin) would give in more than this share of head-to-heads."""
 
 
 def judge_calls(problem: Problem, dtype: str, calls: list[JudgedCall]) -> Rejection | None:
@@ -153,21 +158,9 @@ def roofline_ns(cost: Cost, calibration: HostCalibration, dtype: str = "fp32") -
     return max(memory, compute) * 1e9
 
 
-def wins_by_chance(wins: int, rounds: int) -> float:
-    """How often two kernels of equal speed give at least `wins` of `rounds` to one of them:
-    the one-sided sign test."""
-    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
-
-
 def paired_rounds(runs: Sequence[TimingRun]) -> list[tuple[int, int]]:
     """(kernel ns, incumbent ns) of every round both were timed in."""
     return [(k, i) for run in runs for k, i in zip(run.kernel_ns, run.incumbent_ns, strict=False)]
-
-
-MEAN_Z = 1.645
-"""One-sided 5%: how many standard errors the kernel's mean time per round must be below
-the incumbent's. Shifting work between calls cannot lower the mean difference, and only
-widens its spread."""
 
 
 def faster_on_average(pairs: Sequence[tuple[int, int]]) -> tuple[float | None, bool]:
@@ -307,6 +300,8 @@ class BenchmarkRequest(Generic[BuildT]):
     seed: int | None = None
     min_runs: int = MIN_RUNS
     min_seconds: float = MIN_SECONDS
+    half_width: float | None = HALF_WIDTH
+    """The stopping rule's interval (`gpu_workers.stopping`); None: a fixed count."""
     recalibrate: Callable[[], HostCalibration] | None = None
     window: TimingWindow | None = None
     watch: Callable[[], None] | None = None
@@ -350,6 +345,7 @@ class TimingSession(Generic[BuildT]):
                     rotate_bytes=2 * self.calibration.llc_bytes,
                     min_runs=request.min_runs,
                     min_seconds=request.min_seconds,
+                    half_width=request.half_width,
                     window_open=self.window.open,
                     window_closed=self.window.close,
                     watch=request.watch,

@@ -5,12 +5,8 @@ times slower than the kernel and pooled over a whole campaign, may join only eve
 round: its samples still spread evenly over the whole timed window (the CPU driver's
 `BASELINE_EVERY`, 3, or `BASELINE_EVERY_WITH_INCUMBENT`, 6, in gpu_workers.cpu.protocol).
 
-Against an incumbent the rounds are paired, and timing may end early once `min_seconds`
-have passed: when the kernel was slower by `LOSS_RATIO` (1.25x) or more in every round so
-far, at least `LOSS_ROUNDS` (8) of them (`lost`: it has lost the head-to-head), or when
-the incumbent was as fast or faster in more than half of `min_runs` rounds (`cannot_win`:
-16 of 30), since the remaining rounds could not bring the median of the paired ratios
-below 1 and the verdict (not faster, not in doubt) is the full run's."""
+Against an incumbent the rounds are paired. When to stop is `gpu_workers.stopping`'s rule:
+once the kernel's mean is known closely enough, or it has lost to the incumbent."""
 
 from __future__ import annotations
 
@@ -18,29 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpu_workers.stopping import HALF_WIDTH, MAX_RUNS, Stopping, StoppingRule
+
 Call = Callable[[int], int]
 """One timed call on input set `i`, returning its nanoseconds."""
 MAX_WARMUP_CALLS = 10_000
-LOSS_ROUNDS = 8
-LOSS_RATIO = 1.25
-"""A kernel slower than the incumbent by this factor in each of the first `LOSS_ROUNDS`
-paired rounds has lost the head-to-head: the median of its paired ratios is at least this
-factor, and more rounds are not needed to say so."""
-
-
-def lost(kernel_ns: list[int], incumbent_ns: list[int]) -> bool:
-    """Every paired round so far, at least `LOSS_ROUNDS` of them, went to the incumbent by
-    `LOSS_RATIO` or more."""
-    rounds = list(zip(kernel_ns, incumbent_ns, strict=False))
-    return len(rounds) >= LOSS_ROUNDS and all(k >= LOSS_RATIO * i for k, i in rounds)
-
-
-def cannot_win(kernel_ns: list[int], incumbent_ns: list[int], min_runs: int) -> bool:
-    """The incumbent was at least as fast in more than half of `min_runs` rounds: however
-    the rest of a `min_runs`-round head-to-head went, the median of its paired ratios would
-    not fall below 1, so the kernel could be neither faster nor in doubt."""
-    losses = sum(k >= i for k, i in zip(kernel_ns, incumbent_ns, strict=False))
-    return 2 * losses > min_runs
 
 
 @dataclass
@@ -50,6 +28,8 @@ class Samples:
     baseline_ns: list[int] = field(default_factory=list)
     incumbent_ns: list[int] = field(default_factory=list)
     timed_seconds: float = 0.0
+    stopped: str = ""
+    """Why the timed rounds ended (`gpu_workers.stopping.Stopping.reason`)."""
 
 
 def interleave(
@@ -65,12 +45,12 @@ def interleave(
     max_seconds: float,
     progress: Callable[[str], None],
     baseline_every: int = 1,
+    max_runs: int = MAX_RUNS,
+    half_width: float | None = HALF_WIDTH,
 ) -> Samples:
     """Warm up (`warmup` calls and `warmup_seconds`; the baseline once), then time rounds
-    until `min_runs` and `min_seconds` are both reached, or `max_seconds` with at least 3
-    runs, or, after `min_seconds`, the kernel has `lost` to the incumbent or `cannot_win`
-    against it. The baseline is called in every `baseline_every`-th round (the first one
-    included)."""
+    until the stopping rule (`gpu_workers.stopping`) says so. The baseline is called in
+    every `baseline_every`-th round (the first one included)."""
     samples = Samples()
     progress("warm-up")
     warm_started = time.perf_counter()
@@ -91,18 +71,14 @@ def interleave(
     if incumbent is not None:
         everyone.append((incumbent, samples.incumbent_ns))
     without_baseline = [c for c in everyone if c[0] is not baseline]
+    stopping = Stopping(StoppingRule(min_runs, min_seconds, max_runs, max_seconds, half_width))
     started = time.perf_counter()
     round_index = 0
     while True:
         elapsed = time.perf_counter() - started
-        if len(samples.kernel_ns) >= min_runs and elapsed >= min_seconds:
-            break
-        if elapsed >= max_seconds and len(samples.kernel_ns) >= 3:
-            break
-        if elapsed >= min_seconds and (
-            lost(samples.kernel_ns, samples.incumbent_ns)
-            or cannot_win(samples.kernel_ns, samples.incumbent_ns, min_runs)
-        ):
+        stopped = stopping.reason(elapsed, samples.kernel_ns, samples.incumbent_ns)
+        if stopped is not None:
+            samples.stopped = stopped
             break
         i = round_index % input_sets
         with_baseline = round_index % baseline_every == 0
@@ -112,6 +88,7 @@ def interleave(
         for slot in range(len(contenders)):
             call, into = contenders[(slot + first) % len(contenders)]
             into.append(call(i))
+        stopping.add(samples.kernel_ns[-1], samples.incumbent_ns[-1] if incumbent else None)
         round_index += 1
     samples.timed_seconds = time.perf_counter() - started
     return samples

@@ -94,6 +94,7 @@ def probe_time(
             rotate_bytes=ROTATE_BYTES,
             min_runs=QUICK_RUNS,
             min_seconds=0.0,
+            half_width=None,  # a fixed count: advice, never evidence
         )
     )
     if run.rejection is not None:

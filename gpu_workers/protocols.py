@@ -13,6 +13,7 @@ from typing import Generic, Protocol, TypeVar
 
 from gpu_workers.pass_band import Band
 from gpu_workers.results import Rejection, SandboxReport
+from gpu_workers.stopping import HALF_WIDTH
 from kernels.spec import Arrays, Problem
 
 BuildT = TypeVar("BuildT")
@@ -127,6 +128,9 @@ class TimingRequest(Generic[BuildT]):
     """What a back end that cannot flush the caches writes between calls instead."""
     min_runs: int
     min_seconds: float
+    half_width: float | None = HALF_WIDTH
+    """Timing stops once the kernel's mean is known within this share (`gpu_workers.stopping`;
+    None: after `min_runs` and `min_seconds`)."""
     window_open: Callable[[], None] | None = None
     """Called once the run is set up and before its warm-up; returns when the device is
     held alone (a back end that cannot set up first calls it at once)."""

@@ -552,7 +552,8 @@ def test_a_write_to_an_input_during_timing_is_named(
     assert isinstance(result, Rejection), result
     assert (result.stage, result.reason) == ("benchmark", "input_written"), result
     assert result.evidence["buffer"] == "x"
-    assert result.evidence["progress"] == "timed call 3"
+    fourth = r"timed call 3|re-check among the timed calls \(call 3\): .*"  # the secret's draw
+    assert re.fullmatch(fourth, result.evidence["progress"]), result
 
 
 @pytest.mark.parametrize(

@@ -189,6 +189,7 @@ class CpuBackend:
             recheck_pool=str(self.recheck_pool.folder) if self.recheck_pool else None,
             min_runs=request.min_runs,
             min_seconds=request.min_seconds,
+            half_width=request.half_width,
             **self._run_settings(request),
         )
         with sandbox_dir(RUN_DIR_PREFIX) as workdir:

@@ -10,6 +10,7 @@ import msgspec
 
 from gpu_workers.results import Mechanism, Rejection
 from gpu_workers.runner_files import VerifyReply
+from gpu_workers.stopping import HALF_WIDTH, MAX_RUNS, MAX_SECONDS, MIN_RUNS, MIN_SECONDS
 
 POISON_BITS = (0x7FBADBAD, 0xFFC0FFEE)
 """Output poison per run: two different NaN payloads, so 'unwritten' is recognisable."""
@@ -50,11 +51,11 @@ class VerifyJob(msgspec.Struct, frozen=True, kw_only=True, tag="verify"):
 
 
 BASELINE_EVERY = 3
-"""The baseline is timed in every n-th round (still over the whole window): at 30 rounds
-it gets 10 samples, and the campaign pools every candidate's."""
+"""The baseline is timed in every n-th round (still over the whole window): at 10 rounds
+it gets 4 samples, and the campaign pools every candidate's."""
 BASELINE_EVERY_WITH_INCUMBENT = 6
 """Once the campaign has a best (the incumbent), its pooled baseline has samples already:
-the baseline joins every n-th round (5 samples at 30 rounds)."""
+the baseline joins every n-th round (2 samples at 10 rounds)."""
 
 
 class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
@@ -83,9 +84,13 @@ class BenchJob(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     judged."""
     warmup: int = 3
     warmup_seconds: float = 0.3
-    min_runs: int = 30
-    min_seconds: float = 0.5
-    max_seconds: float = 60.0
+    min_runs: int = MIN_RUNS
+    min_seconds: float = MIN_SECONDS
+    max_runs: int = MAX_RUNS
+    max_seconds: float = MAX_SECONDS
+    half_width: float | None = HALF_WIDTH
+    """The stopping rule (`gpu_workers.stopping`): timing stops once the 95% interval of the
+    kernel's mean is within this share of it (None: after `min_runs` and `min_seconds`)."""
     baseline_every: int = BASELINE_EVERY
     baseline_every_with_incumbent: int = BASELINE_EVERY_WITH_INCUMBENT
     wait_for_window: bool = False
@@ -130,6 +135,8 @@ class BenchReply(msgspec.Struct, frozen=True, kw_only=True, tag="bench"):
     kernel_cpu_seconds: float
     """CPU time the kernel's process used over warm-up and timing (all its threads)."""
     mechanisms: list[Mechanism]
+    stopped: str = ""
+    """Why the timed rounds ended (`gpu_workers.stopping.Stopping.reason`)."""
     window_contention_cores: float | None = None
     """Cores' worth of CPU time used during the timed window (warm-up and timed rounds) by
     other processes and by the driver's own threads while a contender's call was timed, if

@@ -67,6 +67,7 @@ from gpu_workers.sampled_rows import (
     take_rows,
 )
 from gpu_workers.sandbox import host_busy_seconds
+from gpu_workers.stopping import LOSS_ROUNDS
 from gpu_workers.verification import trial_seed
 from kernels.loading import load_problem
 from kernels.spec import Arrays, Problem
@@ -334,19 +335,42 @@ def recheck_draws(problem: Problem, job: p.BenchJob) -> list[tuple[str, int]]:
     return [(d, trial_seed(job.recheck_seed, i, d)) for i, d in enumerate(problem.distributions)]
 
 
+RECHECK_SECONDS = 1.0
+"""About how long the re-check's kernel calls may take in all: as many distributions as
+calls of the kernel's time fit in it, one at least (`recheck_count`)."""
+
+
+def recheck_count(distributions: int, call_seconds: float) -> int:
+    """How many distributions a kernel whose call takes `call_seconds` is re-checked on at
+    the timed shape: every one while their calls fit in `RECHECK_SECONDS`, fewer for a
+    slower kernel, never none."""
+    if distributions == 0:
+        return 0
+    if call_seconds <= 0:
+        return distributions
+    return max(1, min(distributions, int(RECHECK_SECONDS / call_seconds)))
+
+
 class InterleavedRecheck:
     """The re-check among the timed calls: each distribution's call comes just before a
-    timed call drawn from the secret among the first `warmup + min_runs`, on the same path
-    with the same poison and shape, so a kernel cannot tell it from the calls around it
-    (only its inputs differ, and every timed call is judged besides). Its time is not a
-    sample. Inputs are prepared before the timed window; what the run ends before reaching
-    is re-checked after timing."""
+    timed call drawn from the secret among calls 1 to `warmup + min(min_runs,
+    LOSS_ROUNDS)` (calls every run makes unless it hits `max_seconds` first, however soon
+    the stopping rule ends it), on the same path with the same poison and shape, so a
+    kernel cannot tell it from the calls around it (only its inputs differ, and every timed
+    call is judged besides). Its time is not a sample. Once the first call is timed, the
+    re-check keeps `recheck_count` distributions for that call's time, drawn from the
+    secret (its cost scales with the kernel's time). Inputs are prepared before the timed
+    window; what the run ends before reaching is re-checked after timing."""
 
     def __init__(self, problem: Problem, job: p.BenchJob, secret: np.random.Generator) -> None:
         draws = recheck_draws(problem, job)
-        span = job.warmup + job.min_runs
-        at = [int(n) for n in secret.choice(span, size=min(len(draws), span), replace=False)]
+        span = job.warmup + min(job.min_runs, LOSS_ROUNDS)
+        count = min(len(draws), span - 1)
+        at = [int(n) + 1 for n in secret.choice(span - 1, size=count, replace=False)]
         self.due = {n: draw for n, draw in zip(at, draws, strict=False)}
+        self.kept_order = [draws[int(i)][0] for i in secret.permutation(len(draws))]
+        self.selected = [d for d, _ in draws]
+        """The distributions this run re-checks, in the problem's order."""
         self.prepared = {
             n: (d, _recheck_inputs(problem, job, d, seed)) for n, (d, seed) in self.due.items()
         }
@@ -354,12 +378,21 @@ class InterleavedRecheck:
         self.done: list[JudgedCall] = []
         self.distributions: list[str] = []
 
+    def after_first_call(self, call_ns: int) -> None:
+        """Keep as many distributions as the first call's time allows (`recheck_count`)."""
+        kept = set(self.kept_order[: recheck_count(len(self.kept_order), call_ns / 1e9)])
+        self.selected = [d for d in self.selected if d in kept]
+        self.prepared = {n: item for n, item in self.prepared.items() if item[0] in kept}
+
     def before_timed_call(self, kernel: Contender) -> None:
         n, self.calls = self.calls, self.calls + 1
         if n not in self.prepared:
             return
         distribution, (inputs, reference, seed) = self.prepared.pop(n)
-        what = f"re-check among the timed calls: {distribution} inputs at {kernel.job.shape}"
+        what = (
+            f"re-check among the timed calls (call {kernel.process.calls}): "
+            f"{distribution} inputs at {kernel.job.shape}"
+        )
         call = kernel.run_once(inputs, f"{what}, seed {seed}", seed)
         call.expected, call.scales, call.bands = reference
         self.done.append(call)
@@ -375,10 +408,14 @@ def _judge_and_recheck(
     rechecked: list[str],
 ) -> Rejection | None:
     """Judge the kept timed calls and the re-check calls made among them, then re-check
-    every distribution the run did not reach on the same loaded kernel; the first failure,
-    in that order."""
+    every distribution it keeps (`InterleavedRecheck.selected`) that the run did not reach,
+    on the same loaded kernel; the first failure, in that order."""
     rechecked += [d for d in problem.distributions if d in interleaved.distributions]
-    draws = [(d, seed) for d, seed in recheck_draws(problem, job) if d not in rechecked]
+    draws = [
+        (d, seed)
+        for d, seed in recheck_draws(problem, job)
+        if d in interleaved.selected and d not in rechecked
+    ]
     with (
         ThreadPoolExecutor(max_workers=JUDGES) as judges,
         ThreadPoolExecutor(max_workers=PREPARED_AHEAD) as preparers,
@@ -518,7 +555,10 @@ def bench(job: p.BenchJob) -> p.BenchReply:
 
         def call_kernel(_: int) -> int:
             interleaved.before_timed_call(kernel)
-            return kernel.timed(f"timed call {kernel.process.calls}")
+            ns = kernel.timed(f"timed call {kernel.process.calls}")
+            if interleaved.calls == 1:
+                interleaved.after_first_call(ns)
+            return ns
 
         def call_incumbent(_: int) -> int:
             assert incumbent is not None
@@ -535,6 +575,8 @@ def bench(job: p.BenchJob) -> p.BenchReply:
             min_runs=job.min_runs,
             min_seconds=job.min_seconds,
             max_seconds=job.max_seconds,
+            max_runs=job.max_runs,
+            half_width=job.half_width,
             progress=files.write_progress,
             baseline_every=(
                 job.baseline_every if incumbent is None else job.baseline_every_with_incumbent
@@ -574,4 +616,5 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         kernel_cpu_seconds=max(0.0, cpu_after - cpu_before),
         mechanisms=list(mechanisms),
         window_contention_cores=contention,
+        stopped=samples.stopped if samples else "",
     )

@@ -135,6 +135,7 @@ class Template:
         return {p.name: p.choices for p in self.params}
 
     def violations(self, params: Params) -> list[str]:
+        params = self.completed(params)
         problems: list[str] = []
         for p in self.params:
             if p.name not in params:
@@ -168,7 +169,8 @@ class Template:
 
     def render(self, params: Params, dtype: str = "fp32") -> Rendered:
         """The source and flags of one valid assignment (a point recorded before a parameter
-        existed takes its `before` value), for elements of `dtype`."""
+        existed takes its `before` value, here and in `violations`), for elements of
+        `dtype`."""
         params = self.completed(params)
         problems = self.violations(params)
         if not self.accepts(dtype):

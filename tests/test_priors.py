@@ -27,6 +27,7 @@ from eventstore.events import (
     KernelRejected,
     new_event,
 )
+from kernels.templates import TEMPLATES
 from tests.decision_log import read_log
 
 ACTOR = ActorRef("benchmarker", "benchmarker-0", "test")
@@ -45,6 +46,9 @@ class Space:
 
     def is_valid(self, params: Any) -> bool:
         return True
+
+    def completed(self, params: Any) -> dict[str, Any]:
+        return dict(params)  # no parameter was added after the points were recorded
 
 
 SPACE = Space("toy", (Param("a", (1, 2, 3, 4)), Param("b", ("x", "y", "z")), Param("c", (0, 1))))
@@ -253,7 +257,12 @@ def test_a_campaign_after_the_recorded_one_starts_from_its_best_points() -> None
         history, started, out, now=started.ts, spaces=design_spaces("softmax", "cpu", "fp32")
     )
     proposed = [e for e in out.events if isinstance(e, CandidateProposed)]
-    assert [p.param_key for p in proposed[: len(near)]] == [c.proposal.param_key for c in near]
+    # the recorded points, completed with the parameters added since at the values that
+    # render them as they were (`Param.before`)
+    softmax = TEMPLATES["softmax_rows"]
+    assert [p.param_key for p in proposed[: len(near)]] == [
+        param_key(c.proposal.template, softmax.completed(c.proposal.params)) for c in near
+    ]
     # the same history, decided again (a resumed planner), proposes the same
     again = Reactions(started, ActorRef("planner", "planner-1", "test"))
     decide_planner(

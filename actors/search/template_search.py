@@ -61,6 +61,7 @@ class Space(Protocol):
     @property
     def params(self) -> Sequence[ParamSpec]: ...
     def is_valid(self, params: Any) -> bool: ...
+    def completed(self, params: Any) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,12 @@ class TemplateSearch:
         return found
 
     def _trial_params(self, template: str, given: dict[str, Any]) -> dict[str, Any] | None:
-        """The study's names for a point of `template`, or None when the space no longer
-        holds it (it changed since; that point cannot inform this study)."""
+        """The study's names for a point of `template` (one recorded before a parameter
+        existed takes its `before` value), or None when the space no longer holds it (it
+        changed since; that point cannot inform this study)."""
         if template not in self.spaces:
             return None
+        given = self.spaces[template].completed(given)
         space = self.spaces[template].params
         if set(given) != {p.name for p in space} or any(
             given[p.name] not in p.choices for p in space
@@ -194,12 +197,12 @@ class TemplateSearch:
                 break
             proposed = points[key]
             params = self._trial_params(proposed.template, proposed.params)
-            proposal = Proposal(proposed.template, dict(proposed.params))
-            if (
-                params is None
-                or not self.spaces[proposal.template].is_valid(proposal.params)
-                or unwanted(proposal)
-            ):
+            if params is None:
+                continue
+            proposal = Proposal(
+                proposed.template, self.spaces[proposed.template].completed(proposed.params)
+            )
+            if not self.spaces[proposal.template].is_valid(proposal.params) or unwanted(proposal):
                 continue
             found.append(params)
         return found

@@ -10,12 +10,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import duckdb
 
 from actors.campaign.history import HISTORY_TYPES, History
 from eventstore.codec import decode
 from eventstore.events import Event
+from kernels.design_space import Param, Params, ParamValue, Template
 
 LOGS = Path(__file__).parent / "logs"
 
@@ -23,6 +25,29 @@ LOGS = Path(__file__).parent / "logs"
 def read_log(name: str) -> list[Event]:
     lines = (LOGS / name).read_text().splitlines()
     return [decode(line.encode()) for line in lines if line.strip()]
+
+
+class AsRecorded:
+    """A space as a recorded swarm searched it: without the parameters added since (those
+    with a `before` value), which its points take at that value (`Template.completed`);
+    everything else is the space's own."""
+
+    def __init__(self, space: Template) -> None:
+        self._space = space
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return tuple(p for p in self._space.params if p.before is None)
+
+    def completed(self, params: Params) -> dict[str, ParamValue]:
+        return dict(params)  # the search sees the points as recorded; render completes them
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._space, name)
+
+
+def as_recorded(space: Template) -> Template:
+    return cast(Template, AsRecorded(space))
 
 
 def replay(events: list[Event]) -> Iterator[tuple[History, Event]]:

@@ -43,7 +43,7 @@ from eventstore.events import (
 )
 from kernels import host_isa
 from ops.run_cmd import _generations
-from tests.decision_log import read_log, replay
+from tests.decision_log import as_recorded, read_log, replay
 
 E = TypeVar("E", bound=Event)
 LOG = "softmax-two-generations.jsonl"
@@ -90,7 +90,7 @@ def planner_decision(history: History, event: Event, now: datetime | None = None
         event,
         out,
         now=now or event.ts,
-        spaces=design_spaces(spec.problem, spec.target, spec.dtype),
+        spaces=[as_recorded(s) for s in design_spaces(spec.problem, spec.target, spec.dtype)],
         known={c.proposal.param_key for c in scope},
         # as the planner asks the librarian: the regions its recorded lessons avoid
         avoid=regions_to_avoid(x.data for x in campaign.lessons),

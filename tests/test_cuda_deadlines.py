@@ -6,6 +6,7 @@ fake device (`test_cuda_fake_device.py`) and on a GPU (`test_cuda_runtime.py`)."
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,13 +49,16 @@ def _job(tmp_path: Path, call_timeout_s: float, judged_calls: int = 4) -> p.Benc
 
 
 def _stand_ins_alive() -> list[str]:
+    """This process's stand-in runners still alive (the sandbox names its worker's pid:
+    another test's, running beside this one, is not ours)."""
+    ours = f"gpu_workers.sandbox {os.getpid()} "
     alive = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if STAND_IN in text and "gpu_workers.sandbox" in text:
+        if STAND_IN in text and ours in text:
             alive.append(text)
     return alive
 

@@ -13,8 +13,8 @@
             exp2_4 with 8 floats and FMA)
      PREFETCH_IN 1 (the default): structures 0-2 prefetch the row AHEAD rows on (1) to L2
             during the exp pass, the longest stretch of arithmetic; 0: during the scale
-            pass (structures 1 and 2 only). On a 2-core AVX2 EPYC the exp pass was 1.17x
-            faster for structure 1 (bench/softmax_anatomy.py's host).
+            pass (structures 1 and 2 only). The exp pass is faster on a 2-core AVX2 EPYC,
+            as for the template's `prefetch_pass` (bench/softmax_limit.py --point).
    Every loop keeps 4 independent accumulators; any shape is taken (a row's last
    cols % 32 elements one at a time). Built with -O3 -march=native -ffast-math
    -fopenmp, as the factory's fastest points. */

@@ -5,6 +5,9 @@ which writes bench/results/kernel_tuner_brute_force.json):
   kfactory best CAMPAIGN --home HOME -o /tmp/factory_best.c
   .venv/bin/python bench/softmax_limit.py --factory /tmp/factory_best.c --rounds 20
 
+`--point prefetch_pass=output --point prefetch_pass=exp` times softmax_rows points (its best
+known point with those changes) beside the others.
+
 One neutral interleaved run (bench/native_harness.py): Kernel Tuner's fastest configs (by
 its own timing), the factory's best (a file from `kfactory best`, flags on its first line),
 the hand-written AVX2 kernels of bench/softmax_hand.c (each structure x exp variant asked
@@ -59,6 +62,7 @@ from actors.campaign.leaderboard import campaign_leaderboard  # noqa: E402
 from gpu_workers.cache_root import cache_root  # noqa: E402
 from gpu_workers.cpu.calibrate import load_or_calibrate  # noqa: E402
 from kernels.builtin import BUILTIN  # noqa: E402
+from kernels.templates import TEMPLATES  # noqa: E402
 from ops.store_access import open_history, rebuild_campaign  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -72,6 +76,21 @@ def hand_library(structure: int, exp: int) -> tuple[str, Path]:
     name = f"hand_{STRUCTURES[structure]}_{EXPS[exp]}"
     defines = f"#define STRUCTURE {structure}\n#define EXP {exp}\n"
     return name, compile_library(name, defines + HAND_SOURCE.read_text(), HAND_FLAGS)
+
+
+def template_point_library(changes: str) -> tuple[str, Path]:
+    """softmax_rows at its best known point with `changes` ("param=value,..."), built."""
+    template = TEMPLATES["softmax_rows"]
+    point = dict(template.best_known)
+    for change in changes.split(","):
+        key, _, text = change.partition("=")
+        if key not in point:
+            raise SystemExit(f"--point {changes}: softmax_rows has no parameter {key!r}")
+        old = point[key]
+        point[key] = text == "True" if isinstance(old, bool) else type(old)(text)
+    rendered = template.render(point)
+    name = "point_" + changes.replace("=", "_").replace(",", "_")
+    return name, compile_library(name, rendered.source, rendered.flags)
 
 
 def source_library(path: Path, name: str) -> Path:
@@ -129,6 +148,13 @@ def main() -> None:
     parser.add_argument("--home", type=Path, help="a run folder holding --campaign")
     parser.add_argument("--campaign", help="time this campaign's top kernels too")
     parser.add_argument("--top", type=int, default=4, help="the campaign's top N kernels")
+    parser.add_argument(
+        "--point",
+        action="append",
+        default=[],
+        help="a softmax_rows point to time too: its best known point with these changes, "
+        "e.g. prefetch=1,prefetch_pass=exp (repeat for more points)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "softmax_limit.json")
     args = parser.parse_args()
     started = time.time()
@@ -158,6 +184,9 @@ def main() -> None:
             name = f"campaign_rank_{rank}"
             contenders[name] = native_call(source_library(path, name), workload)
             campaign_names.append(name)
+    for changes in args.point:
+        name, library = template_point_library(changes)
+        contenders[name] = native_call(library, workload)
     for variant in filter(None, args.hand.split(",")):
         structure, exp = (int(v) for v in variant.split(":"))
         name, library = hand_library(structure, exp)

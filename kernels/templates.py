@@ -19,8 +19,9 @@ parameter too:
   (exp values in a per-thread row buffer that stays in L1/L2, or in the output row),
   `tile` (max and exp sweep tiles of 512 or 2048 floats, or the whole row),
   `prefetch_pass` (the row ahead is prefetched while the output is written, or during the
-  exp sweep, the longest stretch of arithmetic: on a 2-core AVX2 EPYC the second was 1.15x
-  faster, bench/softmax_anatomy.py) and `exp` (the vector layer's Cephes exp, or
+  exp sweep, the longest stretch of arithmetic: on a 2-core AVX2 EPYC the second made the
+  best known point 1.13x and a buffered, streaming point 1.37x faster, `bench/softmax_limit.py
+  --point`) and `exp` (the vector layer's Cephes exp, or
   2^(d log2 e) by a degree-5 or degree-4 polynomial and a truncating round: fewer
   operations, within the tolerance; the passes only take exp of d <= 0);
 - layernorm has no one-sweep form (shifted float32 sums of squares cancel on rows with
@@ -306,9 +307,10 @@ SOFTMAX_ROWS = _stream_template(
         ),
     ),
     {"fuse": "none", "buffer": False, "tile": 0, "exp": "cephes", "prefetch_pass": "output"},
-    # the fastest point side by side on a quiet 2-core AVX2 EPYC: 4.11 ms at 4096x4096,
-    # Kernel Tuner's best 6.98 ms (bench/softmax_anatomy.py's host); on an AVX-512 host
-    # the search may well prefer buffer + streaming
+    # a fast point on a quiet 2-core AVX2 EPYC: 4.93 ms at 4096x4096 against Kernel
+    # Tuner's best 7.08 ms in one run of bench/softmax_limit.py --point; buffer + streaming
+    # was faster there still (4.69 ms) while the host's memory ran slow, so the search
+    # decides
     {
         "unroll": 2,
         "prefetch": 1,

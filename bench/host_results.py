@@ -35,7 +35,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "promoted best's time over the fastest of the top N (median per round)",
         "{:.3f}",
     ),
-    "of_roofline_bound": ("promoted best, of the roofline bound", "{:.0%}"),
+    "of_softmax_bound": (
+        "promoted best, of the bound max(copy, softmax arithmetic)",
+        "{:.0%}",
+    ),
+    "of_exp_bound": ("promoted best, of the looser max(copy, exps alone)", "{:.0%}"),
     "of_copy_in_this_run": ("promoted best, of the copy timed beside it", "{:.0%}"),
     "hand_best_vs_kernel_tuner": ("best hand kernel vs Kernel Tuner's best", "{:.2f}x"),
     "candidates_per_minute": ("candidates per minute (softmax 4096²)", "{:.1f}"),

@@ -20,9 +20,12 @@ is refused before anything starts (`refuse_untimeable`): nothing is recorded.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import typer
 
 from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.final_answer import final_answer
@@ -46,7 +49,7 @@ from eventstore.queries import replay
 from gpu_workers.targets import device_missing
 from ops.errors import UserError
 from ops.home import client_auth_for, nats_url, resolve_home
-from ops.lifecycle import run_command
+from ops.lifecycle import STOPPED, run_command
 from ops.logging import quiet_logs
 from ops.progress import Progress
 from ops.run_cmd import Joined, Settings, diagnostics, joined_swarm
@@ -77,12 +80,17 @@ def run_final(home: Path | None, campaign_id: str, spec: CampaignSpec) -> None:
     settings = Settings(folder, 1, 1, as_json=False, local_actors=True, tls_ca=None)
     quiet_logs()
 
-    async def body(stop: asyncio.Event) -> None:
+    stopped = "stopped; what was recorded stays, and the same command asks again"
+
+    async def body(stop: asyncio.Event) -> bool:
         async with joined_swarm(stop, spec.target, url, auth, settings, FINAL_RUN_ROLES) as joined:
             await _ask_and_wait(stop, campaign_id, joined)
+        return stop.is_set()
 
     try:
-        run_command(body, "stopped before the final run was recorded; nothing else changed")
+        if run_command(body, stopped):
+            print(f"kfactory: {stopped}", file=sys.stderr)
+            raise typer.Exit(STOPPED)
     except (ConnectionError, AuthError) as exc:
         raise UserError(str(exc)) from exc
 

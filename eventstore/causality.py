@@ -159,6 +159,7 @@ def causality_claim(events: Iterable[tuple[int, Event]], campaign_id: str) -> Cl
     return agrees(
         "causality",
         name,
-        f"{checked} benchmarks each follow a verification of their source, a calibration "
-        "of their device and, for a head-to-head, the incumbent's own result",
+        f"{checked} benchmarks and final runs each follow a calibration of their device, and "
+        "a verification of their source, the incumbent's own result for a head-to-head, or "
+        "each contender's own result for a final run",
     )

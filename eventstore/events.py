@@ -103,9 +103,13 @@ class CampaignStalled(Event, tag=True, frozen=True):
 
 
 class CampaignResumed(Event, tag=True, frozen=True):
-    """`kfactory run` found this campaign unfinished and picked it up again."""
+    """`kfactory run` found this campaign unfinished and picked it up again; or, with
+    `end_search`, `kfactory best --final-run` asked for its final answer: its search ends
+    at once and its current top kernels are timed together in a final run (a finished
+    campaign's too, when its latest final run did not time them all)."""
 
     reason: str = "resumed"
+    end_search: bool = False
 
 
 class GenerationOpened(Event, tag=True, frozen=True):

@@ -14,9 +14,10 @@
   baseline times, `campaign_baseline_ns`) over that. The figures are those of
   `actors.campaign.leaderboard` (tests/test_leaderboard.py pins them), whose order puts
   the best, promoted head to head, first. Once a campaign's final run is recorded
-  (`FinalRankingTimed`), both put its placed contenders first in its order (by that run's
-  mean), with its figures (`final_mean_ns`, `final_median_ns`, `final_iqr_ns`,
-  `final_rounds`), then the rest by pooled time; `decided_by` says which rule placed a row;
+  (`FinalRankingTimed`; the latest, where a final answer asked for later timed another),
+  both put its placed contenders first in its order (by that run's mean), with its
+  figures (`final_mean_ns`, `final_median_ns`, `final_iqr_ns`, `final_rounds`), then the
+  rest by pooled time; `decided_by` says which rule placed a row;
 - `lessons`: every lesson with the ids of the events it cites;
 - `rejections`: one row per rejected candidate (stage, reason, first message line, and
   the operator that proposed it: a variation operator, an LLM's improve or fix, or
@@ -157,11 +158,11 @@ own AS (
     JOIN runs AS r USING (campaign_id, candidate_id)
     GROUP BY t.campaign_id, t.candidate_id
 ),
-final_run AS (  -- each campaign's final run, the first recorded (the one a History keeps)
+final_run AS (  -- each campaign's final run, the latest recorded (a History's final_ranking)
     SELECT e.campaign_id, e.payload AS run
     FROM {events} AS e
     WHERE e.type = 'FinalRankingTimed'
-    QUALIFY row_number() OVER (PARTITION BY e.campaign_id ORDER BY e.position) = 1
+    QUALIFY row_number() OVER (PARTITION BY e.campaign_id ORDER BY e.position DESC) = 1
 ),
 final AS (  -- its contenders with a place in its order
     SELECT

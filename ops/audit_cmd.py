@@ -122,7 +122,8 @@ def audit_claims(snapshot: Snapshot, campaign: str, expect_head: str | None) -> 
         claims.append(check_anchor(rows, campaign, expect_head))
     try:
         claims += audit_projections(snapshot.events(types=HISTORY_TYPES), campaign)
-        claims.append(causality_claim(snapshot.events(types=list(INDEXED_TYPES)), campaign))
+        cited = [*INDEXED_TYPES, "FinalRankingTimed"]  # a final run's claims are checked too
+        claims.append(causality_claim(snapshot.events(types=cited), campaign))
     except Exception as exc:  # a record too damaged to replay is itself a finding
         claims.append(
             Claim(

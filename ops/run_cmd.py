@@ -26,7 +26,7 @@ import contextlib
 import sys
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,31 +278,10 @@ async def _main(
     """Run or follow the campaign, print its result; the exit status."""
     console = diagnostics()
     best_dir = settings.home / "best"
-    if url is not None:
-        result = await _in_front_of_swarm(stop, spec, url, auth or ClientAuth(), settings)
-    else:
-        async with running_hub(settings.home, stop=stop) as hub:
-            console.print(f"hub {hub.url}; events in {hub.store.path}")
-            async with running_swarm(
-                hub.url,
-                target=spec.target,
-                verifiers=settings.verifiers,
-                benchmarkers=settings.benchmarkers,
-                auth=hub.auth,
-            ) as swarm:
-                if swarm.device_missing is not None:
-                    console.print(
-                        f"no {spec.target} device here ({swarm.device_missing}): kernels are "
-                        "compiled and checked here, then wait for a device host to join the "
-                        "bus. For that, run the hub where the device host reaches it "
-                        "(`kfactory server --listen 0.0.0.0`, then this command with --nats), "
-                        "and on the device host:\n"
-                        f"  kfactory actor verifier --target {spec.target} --nats URL\n"
-                        f"  kfactory actor benchmarker --target {spec.target} --nats URL"
-                    )
-                result = await follow_campaign(
-                    spec, hub.url, hub.auth("cli"), swarm, stop, console, hub.check, best_dir
-                )
+    async with joined_swarm(stop, spec.target, url, auth, settings) as joined:
+        result = await follow_campaign(
+            spec, joined.url, joined.auth, joined.swarm, stop, console, joined.hub_check, best_dir
+        )
     if result is None:
         console.print("stopped; run the same command again to resume")
         if settings.as_json:
@@ -319,35 +298,69 @@ async def _main(
     return 0
 
 
-async def _in_front_of_swarm(
-    stop: asyncio.Event, spec: CampaignSpec, url: str, auth: ClientAuth, settings: Settings
-) -> dict[str, Any] | None:
-    """Follow the campaign on a running swarm; start here the roles it lacks (unless
-    told not to), and say which those are either way."""
+@dataclass(frozen=True)
+class Joined:
+    """Where a command reaches the swarm: the hub's URL, its own credentials there, the
+    actors it started in this process (None: all were live), and the check of an embedded
+    hub it started (None: it joined a running one)."""
+
+    url: str
+    auth: ClientAuth
+    swarm: Swarm | None
+    hub_check: Callable[[], None] | None = None
+
+
+@contextlib.asynccontextmanager
+async def joined_swarm(
+    stop: asyncio.Event,
+    target: str,
+    url: str | None,
+    auth: ClientAuth | None,
+    settings: Settings,
+    roles: Collection[str] | None = None,
+) -> AsyncIterator[Joined]:
+    """The swarm a campaign on `target` needs (`roles` of it; default every role it
+    needs): with no `url`, the embedded hub and the actors, in this process; in front of a
+    running swarm, the roles it lacks started here (unless told not to), named either way."""
     console = diagnostics()
-    best_dir = settings.home / "best"
-    nc = await connect(url, "kfactory-run", wait_for_server=INTERACTIVE_WAIT, stop=stop, auth=auth)
-    try:
-        beats = await collect(nc)
-    finally:
-        await nc.close()
-    live = {(beat.role, beat.target) for beat, _ in beats.values()}
-    missing = [
-        role
-        for role, target in needed_roles(spec.target)
-        if not any(r == role and (target is None or t == target) for r, t in live)
-    ]
+    if url is None:
+        async with running_hub(settings.home, stop=stop) as hub:
+            console.print(f"hub {hub.url}; events in {hub.store.path}")
+            async with running_swarm(
+                hub.url,
+                target=target,
+                verifiers=settings.verifiers,
+                benchmarkers=settings.benchmarkers,
+                auth=hub.auth,
+                only=roles,
+            ) as swarm:
+                if swarm.device_missing is not None:
+                    console.print(
+                        f"no {target} device here ({swarm.device_missing}): kernels are "
+                        "compiled and checked here, then wait for a device host to join the "
+                        "bus. For that, run the hub where the device host reaches it "
+                        "(`kfactory server --listen 0.0.0.0`, then this command with --nats), "
+                        "and on the device host:\n"
+                        f"  kfactory actor verifier --target {target} --nats URL\n"
+                        f"  kfactory actor benchmarker --target {target} --nats URL"
+                    )
+                yield Joined(hub.url, hub.auth("cli"), swarm, hub.check)
+        return
+    auth = auth or ClientAuth()
+    missing = await _missing_roles(stop, target, url, auth, roles)
     if not missing:
-        return await follow_campaign(spec, url, auth, None, stop, console, best_dir=best_dir)
+        yield Joined(url, auth, None)
+        return
     if not settings.local_actors:
         console.print(
             f"the swarm at {url} has no live {', '.join(missing)} (--no-local-actors): the "
             "campaign waits until they join, e.g. on a host with the credentials:\n"
             + "\n".join(
-                f"  kfactory actor {role} --target {spec.target} --nats {url}" for role in missing
+                f"  kfactory actor {role} --target {target} --nats {url}" for role in missing
             )
         )
-        return await follow_campaign(spec, url, auth, None, stop, console, best_dir=best_dir)
+        yield Joined(url, auth, None)
+        return
     console.print(f"the swarm at {url} has no live {', '.join(missing)}: starting them here")
 
     def role_auth(role: str) -> ClientAuth:
@@ -355,7 +368,7 @@ async def _in_front_of_swarm(
 
     async with running_swarm(
         url,
-        target=spec.target,
+        target=target,
         verifiers=settings.verifiers,
         benchmarkers=settings.benchmarkers,
         auth=role_auth,
@@ -363,10 +376,33 @@ async def _in_front_of_swarm(
     ) as swarm:
         if swarm.device_missing is not None and {"verifier", "benchmarker"} & set(missing):
             console.print(
-                f"no {spec.target} device here ({swarm.device_missing}): the device's roles "
+                f"no {target} device here ({swarm.device_missing}): the device's roles "
                 "still have to join from a host that has it"
             )
-        return await follow_campaign(spec, url, auth, swarm, stop, console, best_dir=best_dir)
+        yield Joined(url, auth, swarm)
+
+
+async def _missing_roles(
+    stop: asyncio.Event,
+    target: str,
+    url: str,
+    auth: ClientAuth,
+    roles: Collection[str] | None,
+) -> list[str]:
+    """The roles (of `roles`, default all) a campaign on `target` needs that have no live
+    instance on the swarm at `url`."""
+    nc = await connect(url, "kfactory-run", wait_for_server=INTERACTIVE_WAIT, stop=stop, auth=auth)
+    try:
+        beats = await collect(nc)
+    finally:
+        await nc.close()
+    live = {(beat.role, beat.target) for beat, _ in beats.values()}
+    return [
+        role
+        for role, role_target in needed_roles(target)
+        if (roles is None or role in roles)
+        and not any(r == role and (role_target is None or t == role_target) for r, t in live)
+    ]
 
 
 def diagnostics() -> Console:

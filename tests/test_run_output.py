@@ -82,13 +82,13 @@ async def test_in_front_of_a_server_run_names_the_missing_roles(tmp_path: Path) 
         monkey = pytest.MonkeyPatch()
         monkey.setattr(run_cmd, "diagnostics", lambda: console)
         try:
-            result = await run_cmd._in_front_of_swarm(
-                stop,
-                _spec("fronted"),
-                hub.url,
-                hub.auth("cli"),
-                Settings(home, 1, 1, False, False, None),
-            )
+            settings = Settings(home, 1, 1, False, False, None)
+            async with run_cmd.joined_swarm(
+                stop, "cpu", hub.url, hub.auth("cli"), settings
+            ) as joined:
+                result = await run_cmd.follow_campaign(
+                    _spec("fronted"), joined.url, joined.auth, joined.swarm, stop, console
+                )
         finally:
             monkey.undo()
             stop.set()

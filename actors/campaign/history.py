@@ -20,7 +20,12 @@ campaign's events to a fresh one, up to any position or time.
   event before that resume.
 - `best` is the incumbent, promoted only head to head (`actors.campaign.ranking.best_of`).
 - A campaign done searching has its `final_requested`, then its `final_run` (the top
-  kernels timed together, or why that could not be made), then its `finished`.
+  kernels timed together, or why that could not be made), then its `finished`. A final
+  answer asked for later (`kfactory best --final-run`) may request another final run, even
+  of a finished campaign: `final_requested` is the latest request, `final_run` the answer
+  to it (None while it is pending), and `final_ranking` the latest final run timed, which
+  the leaderboard follows. A request still unanswered when the campaign finished (no
+  benchmarker took it in time) was given up on (`final_given_up`).
 - `outcome_log` lists every candidate's outcome events in the order they were applied,
   so a reader that keeps tallies (the lessons' `actors.search.lesson_tally`) catches up
   from where it stopped instead of going over every candidate again.
@@ -159,9 +164,13 @@ class Campaign:
     segment_start: datetime | None = None
     last_ts: datetime | None = None
     final_requested: FinalRunRequested | None = None
-    """The search is over: its top kernels are to be timed together before it finishes."""
+    """The search is over: its top kernels are to be timed together (the latest request)."""
     final_run: FinalRankingTimed | FinalRunRefused | None = None
-    """That final run, or why it could not be made."""
+    """The answer to that request: its final run, or why it could not be made."""
+    final_ranking: FinalRankingTimed | None = None
+    """The latest final run timed (of any request): the leaderboard's."""
+    final_given_up: bool = False
+    """The campaign finished while `final_requested` had no answer."""
 
     def active_seconds(self, now: datetime) -> float:
         """The time the campaign was running: a gap before a resume does not count."""
@@ -213,6 +222,7 @@ class History:
         campaign._touch(event)
         if isinstance(event, CampaignFinished):
             campaign.finished = event
+            campaign.final_given_up = bool(campaign.final_requested and not campaign.final_run)
         elif isinstance(event, CampaignStalled) and event.blocks:
             campaign.stalled = event
         elif isinstance(event, DeadLettered):
@@ -225,9 +235,10 @@ class History:
             if generation is not None:
                 generation.closed = event
         elif isinstance(event, FinalRunRequested):
-            campaign.final_requested = campaign.final_requested or event
+            campaign.final_requested, campaign.final_run = event, None
+            campaign.final_given_up = False
         elif isinstance(event, FinalRankingTimed | FinalRunRefused):
-            campaign.final_run = campaign.final_run or event
+            self._apply_final_run(campaign, event)
         elif isinstance(event, LessonLearned):
             campaign.lessons.append(event)
             campaign.said.add(event.statement)
@@ -241,6 +252,15 @@ class History:
                 self._candidate_of[event.event_id] = event.candidate_id
         else:
             self._apply_outcome(campaign, event)
+
+    @staticmethod
+    def _apply_final_run(campaign: Campaign, event: FinalRankingTimed | FinalRunRefused) -> None:
+        requested = campaign.final_requested
+        answers = requested is not None and event.causation_id == requested.event_id
+        if answers and campaign.final_run is None:
+            campaign.final_run = event
+        if isinstance(event, FinalRankingTimed):
+            campaign.final_ranking = event
 
     def _apply_dead_letter(self, event: DeadLettered) -> None:
         candidate = self.candidate_of(event.original_event_id or "")

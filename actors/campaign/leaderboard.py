@@ -2,9 +2,10 @@
 kernel timed at the campaign's shape, the best first (the last kernel promoted, by a
 head-to-head run), then the others by their pooled time, each with why it is or is not
 the best (`actors.campaign.ranking` holds the rules). Once the campaign's final run is
-recorded (`FinalRankingTimed`: its top kernels timed together in one interleaved run),
-its contenders come first in that run's order (by its mean; rank 1, the best, is its
-winner), then the others by pooled time; `Row.decided_by` says which rule placed a row,
+recorded (`FinalRankingTimed`: its top kernels timed together in one interleaved run; the
+latest, where a final answer asked for later timed another), its contenders come first in
+that run's order (by its mean; rank 1, the best, is its winner), then the others by
+pooled time; `Row.decided_by` says which rule placed a row,
 and `Row.final` holds the final run's figures and spread for its contenders.
 
 A kernel has one figure everywhere: its time (`Row.median_ns`, with `iqr_ns` the spread
@@ -215,8 +216,6 @@ def leaderboard(candidates: list[Candidate], final: FinalRankingTimed | None = N
 
 
 def campaign_leaderboard(history: History, campaign_id: str) -> Leaderboard:
-    final = history.campaigns[campaign_id].final_run
-    return leaderboard(
-        history.campaign_candidates(campaign_id),
-        final if isinstance(final, FinalRankingTimed) else None,
-    )
+    """The campaign's leaderboard, placed by its latest final run where it has one."""
+    final = history.campaigns[campaign_id].final_ranking
+    return leaderboard(history.campaign_candidates(campaign_id), final)

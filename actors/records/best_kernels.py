@@ -22,6 +22,7 @@ from actors.campaign.history import Candidate
 from actors.campaign.leaderboard import Row, figure_of
 from actors.campaign.ranking import CampaignBaseline
 from actors.search.operators.protocol import Step
+from eventstore.events import FinalContender
 from gpu_workers.atomic_file import write_atomically
 from gpu_workers.targets import target_of
 from kernels.loading import ProblemLoadError, load_problem
@@ -82,7 +83,8 @@ def write_kernel(candidate: Candidate, path: Path, lineage: Sequence[Step] = ())
 def describe(row: Row, path: Path | None, baseline: CampaignBaseline | None) -> dict[str, Any]:
     """A leaderboard row's figure (`median_ns`, `iqr_ns`, `speedup`: its own run's), and
     the ranking's, named for what they are: `pooled_median_ns` over every run that timed
-    it, the campaign's `baseline` and the speedup over that."""
+    it, the campaign's `baseline` and the speedup over that; how its rank was decided, and
+    its figures in the final run that placed it."""
     return {
         "candidate_id": row.candidate_id,
         "template": row.template,
@@ -102,5 +104,18 @@ def describe(row: Row, path: Path | None, baseline: CampaignBaseline | None) -> 
         "head_to_head": msgspec.to_builtins(row.head_to_head),
         "campaign_baseline": baseline.as_dict() if baseline else None,
         "speedup_vs_campaign_baseline": row.speedup_vs_campaign_baseline,
+        "decided_by": row.decided_by,
+        "final_run": None if row.final is None else final_figures(row.final),
         "path": str(path) if path else None,
+    }
+
+
+def final_figures(final: FinalContender) -> dict[str, Any]:
+    """A kernel's figures in the campaign's final run: its mean, median and IQR over that
+    run's rounds."""
+    return {
+        "mean_ns": final.mean_ns,
+        "median_ns": final.median_ns,
+        "iqr_ns": final.iqr_ns,
+        "rounds": final.rounds,
     }

@@ -41,7 +41,9 @@ the benchmarker builds the top kernels it names and times them together in one
 interleaved run under the device lease (`gpu_workers.final_run`), and records
 `FinalRankingTimed` (each contender's mean, median, IQR and rounds in that run, and the
 order by mean) or, when the run cannot be made, `FinalRunRefused` with the reason. A
-campaign whose search has ended times no further kernel (`timing_job`).
+campaign whose search has ended times no further kernel (`timing_job`). A final answer
+asked for later (`kfactory best --final-run`) may request another final run, of a
+finished campaign too; only the latest request of a campaign is timed (`final_job`).
 """
 
 from __future__ import annotations
@@ -231,13 +233,17 @@ class FinalJob(msgspec.Struct, frozen=True):
 def final_job(
     history: History, event: FinalRunRequested, dims: tuple[str, ...]
 ) -> FinalJob | Rejection | None:
-    """The kernels of the final run, from the history; None when the run was recorded
-    already (a redelivery) or the campaign finished; a rejection when the request names a
-    kernel with no recorded source and timing of its own in the campaign."""
+    """The kernels of the final run, from the history; None when the request was answered
+    already (a redelivery), a later request replaced it, or the campaign finished without
+    waiting for it; a rejection when the request names a kernel with no recorded source
+    and timing of its own in the campaign."""
     campaign = history.campaigns.get(event.campaign_id)
     if campaign is None:
         raise PoisonMessage(f"no recorded campaign {event.campaign_id}")
-    if campaign.final_run is not None or campaign.finished is not None:
+    requested = campaign.final_requested
+    if requested is None or requested.event_id != event.event_id:
+        return None
+    if campaign.final_run is not None or campaign.final_given_up:
         return None
     own = {c.candidate_id: c for c in history.campaign_candidates(event.campaign_id)}
     found = [own.get(cid) for cid in event.contenders]

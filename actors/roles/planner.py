@@ -9,7 +9,12 @@ by default) timed together by the benchmarker; on its result (`FinalRankingTimed
 timed kernels need no final run: the campaign finishes at once. A final run that gives no
 result within `FINAL_RUN_PATIENCE_S` (no benchmarker took it) does not hold the campaign:
 it finishes, saying so. On CampaignResumed it continues a campaign whose last generation was
-closed (work in flight resumes by itself: the bus redelivers it). A generation is
+closed (work in flight resumes by itself: the bus redelivers it). A CampaignResumed with
+`end_search` (`kfactory best --final-run`: a final answer is asked for) ends the search
+at once instead, and asks for a final run of the current top N unless the campaign's
+latest final run timed them all (`actors.campaign.final_answer`); a campaign that had
+finished, or whose final run was of an older top N, gets another request, its id derived
+from that CampaignResumed, and the campaign is not finished twice. A generation is
 filled by the campaign's search strategy, looked up by its `writer.kind` in
 `actors.search.registry` (the template search, or LLM variations); for strategies that
 propose points of the design spaces the librarian is asked which points were already
@@ -41,8 +46,8 @@ from typing import Any
 import structlog
 
 from actors.campaign.campaign_file import CampaignSpec
+from actors.campaign.final_answer import current_contenders, final_answer
 from actors.campaign.history import Campaign, History
-from actors.campaign.leaderboard import campaign_leaderboard
 from actors.campaign.replayer import HistoryReader
 from actors.campaign.summary import spent_candidates, summary
 from actors.roles.messages import SeenRequest, ask_lessons, ask_seen
@@ -78,6 +83,8 @@ DEADLINE_TICK_S = 1.0
 WALL_TIME_REASON = "budget reached: wall time"
 #: How long a requested final run may take to report before the campaign finishes without.
 FINAL_RUN_PATIENCE_S = 300.0
+#: Why the search ended when a final answer was asked for before anything else ended it.
+FINAL_ANSWER_REASON = "final answer asked for by kfactory best"
 
 
 class Planner(Actor):
@@ -210,6 +217,8 @@ def generation_to_open(history: History, event: Event, now: datetime) -> int | N
     campaign = history.campaigns.get(event.campaign_id)
     if campaign is None or campaign.finished is not None or campaign.final_requested:
         return None
+    if isinstance(event, CampaignResumed) and event.end_search:
+        return None
     if not campaign.generations:
         return 0 if active_wall_left(campaign, now) else None
     last = max(campaign.generations)
@@ -240,6 +249,9 @@ def decide_planner(
     result: open a generation (with `spaces` searched, `known` keys and `avoid` regions
     skipped), end the search, finish the campaign, say it stalled, or do nothing."""
     campaign = history.campaigns.get(event.campaign_id)
+    if campaign is not None and isinstance(event, CampaignResumed) and event.end_search:
+        answer_asked(history, campaign, event, out, now=now)
+        return
     if campaign is None or campaign.finished is not None:
         return
     if campaign.final_requested is not None:
@@ -289,16 +301,44 @@ def end_search(history: History, campaign: Campaign, reason: str, out: Reactions
     were timed."""
     if campaign.final_requested is not None:
         return
-    spec = campaign.spec
-    board = campaign_leaderboard(history, campaign.started.campaign_id)
-    contenders = [row.candidate_id for row in board.rows[: spec.search.final_contenders]]
+    contenders = current_contenders(history, campaign.started.campaign_id)
     if len(contenders) < 2:
         finish(history, campaign, reason, out)
         return
+    _request_final(campaign, contenders, reason, campaign.started.event_id, out)
+
+
+def answer_asked(
+    history: History, campaign: Campaign, event: CampaignResumed, out: Reactions, *, now: datetime
+) -> None:
+    """A final answer was asked for (`event.end_search`): end the search now, or, where it
+    has ended, ask for another final run when the latest did not time the current top N
+    (its id derived from `event`, so a redelivery asks once); finish a campaign whose
+    final run has answered and that did not finish yet."""
+    if campaign.finished is None and campaign.final_requested is None:
+        end_search(
+            history, campaign, _finish_reason(history, campaign, now) or FINAL_ANSWER_REASON, out
+        )
+        return
+    answer = final_answer(history, campaign.started.campaign_id)
+    requested = campaign.final_requested
+    if not answer.final:
+        ended = requested.reason if requested and campaign.finished is None else None
+        _request_final(
+            campaign, answer.contenders, ended or FINAL_ANSWER_REASON, event.event_id, out
+        )
+    elif campaign.finished is None and requested is not None and campaign.final_run is not None:
+        finish(history, campaign, requested.reason, out)
+
+
+def _request_final(
+    campaign: Campaign, contenders: list[str], reason: str, derived_from: str, out: Reactions
+) -> None:
+    spec = campaign.spec
     out.emit(
         FinalRunRequested,
         campaign_id=campaign.started.campaign_id,
-        event_id=out.derived_id(campaign.started.event_id, "final-run"),
+        event_id=out.derived_id(derived_from, "final-run"),
         problem=spec.problem,
         target=spec.target,
         dtype=spec.dtype,

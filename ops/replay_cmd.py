@@ -98,6 +98,8 @@ def _print(told: dict[str, Any], lessons: int) -> None:
             _speed(g["best_so_far"]),
         )
     out.print(table)
+    if told["best"] is not None:
+        out.print(f"best: {_speed(told['best'])}, decided by {told['best']['decided_by']}")
     shown = told["lessons"][-lessons:] if lessons else []
     if shown:
         out.print(f"[bold]lessons[/] ({len(shown)} of {len(told['lessons'])})")

@@ -160,7 +160,8 @@ class Leaderboard:
     rows: list[Row]
     """Timed kernels at the campaign's shape that have their source: the best first."""
     best: Row | None
-    """The last kernel promoted (`ranking.best_of`): the campaign's incumbent."""
+    """Rank 1: the final run's winner, or without one the last kernel promoted
+    (`ranking.best_of`), the campaign's incumbent."""
     baseline: CampaignBaseline | None
     times: dict[str, OwnTime]
     """Every timed kernel's own time at the campaign's shape, by candidate id."""

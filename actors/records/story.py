@@ -3,7 +3,9 @@ the lessons and what they changed, rejections by stage and reason, and the time 
 role spent. `rebuild` applies the events to a fresh `History` and stops at a position
 or a moment, so the story can be told as of any point of the campaign (`kfactory
 replay`). Each generation names its best so far by the rule `run` and the librarian use
-(`actors.campaign.ranking.best_of`); each lesson says what later proposals did with it;
+(`actors.campaign.ranking.best_of`); `best` is the campaign's answer as of that point,
+the leaderboard's rank 1 (the final run's winner once there is one) with how its rank was
+decided; each lesson says what later proposals did with it;
 the time per role is the sum of the seconds from each event's cause to it.
 """
 
@@ -17,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from actors.campaign.history import Candidate, History
-from actors.campaign.leaderboard import figure_of
+from actors.campaign.leaderboard import campaign_leaderboard, figure_of
 from actors.campaign.ranking import RunningBoard, best_of
 from actors.campaign.summary import identity
 from eventstore.events import CandidateProposed, Event, LessonLearned
@@ -85,9 +87,27 @@ def story(rebuilt: Rebuilt) -> dict[str, Any]:
         "evaluated": sum(c.evaluated for c in candidates),
         "duplicates_avoided": sum(1 for c in candidates if c.duplicate),
         "generations": generations(history, campaign_id),
+        "best": best_answer(history, campaign_id),
         "lessons": lessons(history, campaign_id),
         "rejections": rejections(candidates),
         "actors": time_per_actor(rebuilt.events),
+    }
+
+
+def best_answer(history: History, campaign_id: str) -> dict[str, Any] | None:
+    """The campaign's best as its leaderboard answers (rank 1: the final run's winner once
+    there is one, else the last kernel promoted head to head): its figure and how its rank
+    was decided; None before a kernel was promoted."""
+    best = campaign_leaderboard(history, campaign_id).best
+    if best is None or best.candidate.benchmark is None:
+        return None
+    figure = figure_of(best.candidate.benchmark)
+    return {
+        "candidate_id": best.candidate_id,
+        "speedup": figure.speedup,
+        "median_ns": figure.median_ns,
+        "iqr_ns": figure.iqr_ns,
+        "decided_by": best.decided_by,
     }
 
 

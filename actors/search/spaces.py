@@ -9,7 +9,9 @@ Seeds, a problem file's `SPACES` and the campaign's `[[spaces]]` are cpu spaces:
 targets get their built-in templates and the fusion space only. Seed spaces come first;
 names must be unique among a problem's spaces, and only the spaces written for the
 campaign's dtype are searched. `kernels/user_spaces.py` builds the user's spaces.
-`seed_points`: generation 0 of a campaign with seeds proposes each seed as it is.
+`seed_points`: generation 0 of a campaign with seeds proposes each seed as it is;
+`starting_points`: then each other space's best known point (a template's, a space's
+declared `best`), so a search never ends below what is already known.
 """
 
 from __future__ import annotations
@@ -96,4 +98,16 @@ def seed_points(campaign: CampaignSpec) -> list[Proposal]:
         Proposal(t.name, dict(t.defaults))
         for t in kernel_templates(campaign.problem, campaign.target, campaign)
         if isinstance(t, GenericSpace)
+    ]
+
+
+def starting_points(campaign: CampaignSpec) -> list[Proposal]:
+    """Generation 0 of a template search: each seed kernel as it is, then each other
+    space's best known point."""
+    seeds = seed_points(campaign)
+    seeded = {p.template for p in seeds}
+    return seeds + [
+        Proposal(t.name, dict(t.best_known))
+        for t in kernel_templates(campaign.problem, campaign.target, campaign)
+        if t.name not in seeded
     ]

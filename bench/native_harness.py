@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 import os
 import statistics
 import subprocess
@@ -62,10 +63,17 @@ def compile_library(name: str, source: str, flags: tuple[str, ...], compiler: st
     return lib
 
 
-def aligned(array: np.ndarray, alignment: int = 64) -> np.ndarray:
+def aligned(array: np.ndarray, alignment: int = 64, shared: bool = False) -> np.ndarray:
     """A copy of `array` whose data starts on an `alignment`-byte boundary, as the
-    factory's harness passes every array."""
-    raw = np.empty(array.nbytes + alignment, dtype=np.uint8)
+    factory's harness passes every array. `shared`: in shared memory, as the factory's
+    arena (a memfd) holds a kernel's arrays: on a host whose shared memory takes no
+    transparent huge pages (/sys/kernel/mm/transparent_hugepage/shmem_enabled `never`),
+    4 KiB pages where numpy's own arrays get 2 MiB ones."""
+    if shared:
+        region = mmap.mmap(-1, array.nbytes + alignment)
+        raw = np.frombuffer(region, dtype=np.uint8)
+    else:
+        raw = np.empty(array.nbytes + alignment, dtype=np.uint8)
     start = -raw.ctypes.data % alignment
     out = raw[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
     out[...] = array
@@ -80,20 +88,23 @@ class Workload:
     spec: Problem
     shape: dict[str, int]
     sets: int = 3
+    shared: bool = False
+    """Every array in shared memory, as the factory's arena holds them (`aligned`)."""
     inputs: list[dict[str, np.ndarray]] = field(init=False)
     outputs: dict[str, np.ndarray] = field(init=False)
 
     def __post_init__(self) -> None:
         self.inputs = [
             {
-                k: aligned(v)
+                k: aligned(v, shared=self.shared)
                 for k, v in self.spec.generate(self.shape, "normal", seed=1000 + i).items()
             }
             for i in range(self.sets)
         ]
         full = self.spec.full_shape(self.shape)
         self.outputs = {
-            a.name: aligned(np.zeros(a.shape(full), dtype=np.float32)) for a in self.spec.outputs
+            a.name: aligned(np.zeros(a.shape(full), dtype=np.float32), shared=self.shared)
+            for a in self.spec.outputs
         }
 
     def args(self, i: int) -> list[Any]:

@@ -14,9 +14,10 @@ the hand-written AVX2 kernels of bench/softmax_hand.c (each structure x exp vari
 for), numpy and the calibration's copy. Each contender's output is checked against the
 float64 reference first. Then the ceilings of bench/roofline.py give the softmax bound
 max(bytes / copy bandwidth, elements / softmax arithmetic rate), each part reached by a
-measured kernel: the copy, and softmax's own arithmetic on cache-resident rows (a max
-pass, the exps with their sum, the scale). The looser bound with the exps alone in place
-of that arithmetic is reported beside it (`of_exp_bound`).
+measured kernel: the copy (its fastest call, of the ceilings' and the interleaved run's:
+the host's memory has a fast and a slow mode), and softmax's own arithmetic on
+cache-resident rows (a max pass, the exps with their sum, the scale). The looser bound
+with the exps alone in place of that arithmetic is reported beside it (`of_exp_bound`).
 Reports the median, IQR, the median of per-round ratios against the fastest Kernel Tuner
 config, the fraction of the calibrated copy bandwidth and of the copy timed in this run,
 and the load average; and the CPU time of each call (all threads of this process), whose
@@ -158,6 +159,12 @@ def main() -> None:
         help="a softmax_rows point to time too: its best known point with these changes, "
         "e.g. prefetch=1,prefetch_pass=exp (repeat for more points)",
     )
+    parser.add_argument(
+        "--shared-memory",
+        action="store_true",
+        help="every array in shared memory, as the factory's arena holds a kernel's (4 KiB "
+        "pages where the host's shared memory takes no transparent huge pages)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "softmax_limit.json")
     args = parser.parse_args()
     started = time.time()
@@ -165,7 +172,7 @@ def main() -> None:
     calibration = load_or_calibrate(cache_root())
     bandwidth = calibration.memory_bandwidth_gbs * 1e9
     spec = BUILTIN["softmax"]
-    workload = Workload(spec, SHAPE)
+    workload = Workload(spec, SHAPE, shared=args.shared_memory)
     elements = SHAPE["rows"] * SHAPE["cols"]
 
     contenders: dict[str, Call] = {}
@@ -212,8 +219,17 @@ def main() -> None:
     ceilings_after = measure(copy_bytes=workload.nbytes, rounds=5)
     loads["end"] = load_average()
     ceilings = max((ceilings_before, ceilings_after), key=lambda c: c.softmax_per_s_all_best)
-    bound_ms = ceilings.softmax_bound_s(workload.nbytes, elements) * 1e3
-    exp_bound_ms = ceilings.bound_s(workload.nbytes, elements) * 1e3
+    # the host's memory has a fast and a slow mode: the copy's fastest call in the run
+    # beside the kernels counts too, so that the bound is the mode the fastest saw
+    fastest_copy_ms = min(
+        min(samples["copy_x_to_y"]) / 1e6,
+        *(
+            workload.nbytes / (c.copy_gbs_best * 1e9) * 1e3
+            for c in (ceilings_before, ceilings_after)
+        ),
+    )
+    bound_ms = max(fastest_copy_ms, elements / ceilings.softmax_per_s_all_best * 1e3)
+    exp_bound_ms = max(fastest_copy_ms, elements / ceilings.exp_per_s_all_best * 1e3)
 
     reference = min(kt_names, key=lambda n: statistics.median(samples[n])) if kt_names else "numpy"
     table = summary(samples, reference)
@@ -239,7 +255,8 @@ def main() -> None:
         f"{ceilings.softmax_per_s_all_best / 1e9:.2f} G elements/s on {ceilings.threads} cores "
         f"(median {ceilings.softmax_per_s_all_median / 1e9:.2f}; {ceilings.softmax_variant}): "
         f"bound {bound_ms:.2f} ms; the exps alone {ceilings.exp_per_s_all_best / 1e9:.2f} G/s "
-        f"(median {ceilings.exp_per_s_all_median / 1e9:.2f}): {exp_bound_ms:.2f} ms"
+        f"(median {ceilings.exp_per_s_all_median / 1e9:.2f}): {exp_bound_ms:.2f} ms; the "
+        f"fastest copy of the run {fastest_copy_ms:.2f} ms"
     )
     print(
         f"{'kernel':22s} {'median ms':>10s} {'IQR ms':>14s} {'vs ref':>7s} {'of calib':>9s} "
@@ -279,6 +296,7 @@ def main() -> None:
                     "before": ceilings_before.to_json(),
                     "after": ceilings_after.to_json(),
                     "bound_ms": bound_ms,
+                    "fastest_copy_ms": fastest_copy_ms,
                     "exp_bound_ms": exp_bound_ms,
                 },
                 "interleaved": table,
@@ -293,7 +311,7 @@ def main() -> None:
     print(f"wrote {args.out}")
     promoted = "campaign_rank_1" if campaign_names else "factory_1" if args.factory else None
     figures = host_figures(table, kt_names, promoted, versus)
-    if figures:
+    if figures and not args.shared_memory:  # the table holds the default setting's figures
         print(f"host table: {host_results.record(figures, ' '.join(sys.argv))}")
 
 

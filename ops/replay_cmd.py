@@ -17,7 +17,7 @@ from ops.store_access import open_history, rebuild_campaign
 
 REPLAY_HELP = """Rebuild a campaign's state from its events alone and tell its story.
 
-Prints the generations with the best kernel so far after each, the lessons and what the proposals made after them did, the rejections by stage and reason (per generation), and the time each role spent (from each event's cause to the event, queueing included).
+Prints the generations with the best kernel so far after each (the incumbent promoted head to head), the campaign's answer (rank 1: the final run's winner once there is one, and how it was decided), the lessons and what the proposals made after them did, the rejections by stage and reason (per generation), and the time each role spent (from each event's cause to the event, queueing included).
 
 --at cuts the history: a number is a store position (see `kfactory sql "SELECT position, type FROM events"`), anything else an ISO time (UTC unless it names a zone).
 

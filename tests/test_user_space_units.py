@@ -11,10 +11,17 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from actors.campaign.campaign_file import load_campaign
+from actors.campaign.campaign_file import CampaignSpec, load_campaign
 from actors.campaign.history import Candidate
 from actors.search.llm import prompts
-from actors.search.spaces import design_spaces, kernel_templates, seed_points, template_named
+from actors.search.spaces import (
+    design_spaces,
+    kernel_templates,
+    seed_points,
+    starting_points,
+    template_named,
+)
+from actors.search.template_strategy import TemplateStrategy
 from actors.search.variation import archive_of, blank_page, source_traits, variations
 from eventstore.events import (
     ActorRef,
@@ -180,6 +187,11 @@ def test_a_campaign_file_resolves_its_files_next_to_it(tmp_path: Path) -> None:
     assert [t.name.split("@")[0] for t in found] == ["seed_seed", "m"]
     assert isinstance(found[0], GenericSpace)
     assert [p.template for p in seed_points(spec)] == [found[0].name]
+    # a template search starts from the seed as it is, then the other space's best point
+    starting = starting_points(spec)
+    assert [p.template for p in starting] == [found[0].name, found[1].name]
+    assert starting[0].params == found[0].defaults
+    assert starting[1].params == found[1].best_known
     assert template_named(spec, found[1].name) == found[1]
     (tmp_path / "m.c").write_text(MACRO + "/* edited */\n")
     edited = kernel_templates(spec.problem, "cpu", spec)[1].name
@@ -276,3 +288,11 @@ def test_two_spaces_of_one_name_are_refused(tmp_path: Path) -> None:
     spaces = '[KernelSpace("k.c", {"BLOCK": [2]}), KernelSpace("k.c", {"BLOCK": [4]})]'
     with pytest.raises(SpaceError, match="names of their own"):
         design_spaces(_write_problem(tmp_path, spaces), "cpu")
+
+
+def test_a_template_search_starts_from_each_built_in_templates_best_known_point() -> None:
+    spec = CampaignSpec(problem="softmax")
+    first = TemplateStrategy().first_points(spec)
+    templates = kernel_templates("softmax", "cpu", spec)
+    assert [p.template for p in first] == [t.name for t in templates]
+    assert [p.params for p in first] == [t.best_known for t in templates]

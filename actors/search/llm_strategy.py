@@ -9,14 +9,15 @@ from collections.abc import Sequence
 
 from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Campaign, History
+from actors.search.spaces import starting_points
 from actors.search.strategy import Filled, GenerationInputs, Planned, Stalled, fresh_points
 from actors.search.template_search import Proposal, Space
-from actors.search.variation import LLM_TEMPLATE, Variation, blank_page, seeds, variations
+from actors.search.variation import LLM_TEMPLATE, Variation, blank_page, variations
 
 
 class LlmStrategy:
     def first_points(self, spec: CampaignSpec) -> list[Proposal]:
-        return seeds(spec)
+        return starting_points(spec)
 
     def needs_known(self, generation: int, spaces: Sequence[Space]) -> bool:
         return generation == 0 and bool(spaces)  # variations have keys of their own

@@ -9,9 +9,9 @@ Seeds, a problem file's `SPACES` and the campaign's `[[spaces]]` are cpu spaces:
 targets get their built-in templates and the fusion space only. Seed spaces come first;
 names must be unique among a problem's spaces, and only the spaces written for the
 campaign's dtype are searched. `kernels/user_spaces.py` builds the user's spaces.
-`seed_points`: generation 0 of a campaign with seeds proposes each seed as it is;
-`starting_points`: then each other space's best known point (a template's, a space's
-declared `best`), so a search never ends below what is already known.
+`seed_points`: each seed as it is; `starting_points`: generation 0 of a search from
+points, each space's best known point (a seed's is the seed as it is; a template's, a
+space's declared `best`), so a search never ends below what is already known.
 """
 
 from __future__ import annotations
@@ -102,12 +102,9 @@ def seed_points(campaign: CampaignSpec) -> list[Proposal]:
 
 
 def starting_points(campaign: CampaignSpec) -> list[Proposal]:
-    """Generation 0 of a template search: each seed kernel as it is, then each other
-    space's best known point."""
-    seeds = seed_points(campaign)
-    seeded = {p.template for p in seeds}
-    return seeds + [
+    """Generation 0 of a search from points: each space's best known point, the seeds' (as
+    they are) first."""
+    return [
         Proposal(t.name, dict(t.best_known))
         for t in kernel_templates(campaign.problem, campaign.target, campaign)
-        if t.name not in seeded
     ]

@@ -21,11 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Candidate
 from actors.search.llm.archive import Archive, ArchiveEntry
-from actors.search.spaces import kernel_templates
-from actors.search.template_search import Proposal
 from kernels.templates import TEMPLATES
 
 LLM_TEMPLATE = "llm"
@@ -51,15 +48,6 @@ class Variation:
     def key(self, campaign_id: str, generation: int) -> str:
         origin = ",".join(self.parents) or f"slot{self.slot}"
         return f"{LLM_TEMPLATE}:{campaign_id}:g{generation}:{self.operator}:{origin}"
-
-
-def seeds(campaign: CampaignSpec) -> list[Proposal]:
-    """Generation 0: every seed kernel as it is and every template's best known point (the
-    user's templates too), the archive's first residents."""
-    return [
-        Proposal(t.name, dict(t.best_known))
-        for t in kernel_templates(campaign.problem, campaign.target, campaign)
-    ]
 
 
 def blank_page(count: int) -> list[Variation]:

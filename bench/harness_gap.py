@@ -18,7 +18,7 @@ every kernel in every way, the order rotating); the factory's runs follow. Each 
 is the median over the calls.
 
 Usage: python bench/harness_gap.py [--kernel FILE ...] [--rounds 15]
-(default: softmax_rows' best known point; a FILE starts with `// kfactory-flags: ...`, as
+(default: softmax_rows' best known point; a FILE has a `// kfactory-flags: ...` line, as
 `kfactory best` writes it). Prints a table; writes bench/results/harness_gap.json.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from native_harness import Workload, compile_library  # noqa: E402
+from native_harness import Workload, compile_library, kernel_file  # noqa: E402
 
 from gpu_workers.results import BenchmarkResult  # noqa: E402
 from gpu_workers.targets import calibration_for, compile_and_time  # noqa: E402
@@ -57,14 +57,7 @@ def kernels_to_time(files: list[Path]) -> dict[str, tuple[str, tuple[str, ...]]]
         template = TEMPLATES["softmax_rows"]
         rendered = template.render(dict(template.best_known))
         return {"best_known_point": (rendered.source, tuple(rendered.flags))}
-    found = {}
-    for path in files:
-        text = path.read_text()
-        first = text.splitlines()[0]
-        if not first.startswith("// kfactory-flags:"):
-            raise SystemExit(f"{path}: the first line is not `// kfactory-flags: ...`")
-        found[path.stem] = (text, tuple(first.split(":", 1)[1].split()))
-    return found
+    return {path.stem: kernel_file(path) for path in files}
 
 
 def neutral_times(

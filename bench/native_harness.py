@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from actors.search.llm.extract import split_flags
 from gpu_workers.cpu.timing_run import Flush, cache_flush
 from gpu_workers.cpu.trusted_build import cache_flush_library
 from kernels.design_space import ParamValue, Template
@@ -61,6 +62,16 @@ def compile_library(name: str, source: str, flags: tuple[str, ...], compiler: st
         if proc.returncode != 0:
             raise RuntimeError(f"{name}: {compiler} failed: {proc.stderr[-2000:]}")
     return lib
+
+
+def kernel_file(path: Path) -> tuple[str, tuple[str, ...]]:
+    """A kernel file's text and the flags its `// kfactory-flags: ...` line names, as
+    `kfactory best` writes it and `kfactory check` reads it."""
+    text = path.read_text()
+    flags = split_flags(text).flags
+    if flags is None:
+        raise SystemExit(f"{path}: no `// kfactory-flags: ...` line")
+    return text, flags
 
 
 def aligned(array: np.ndarray, alignment: int = 64, shared: bool = False) -> np.ndarray:

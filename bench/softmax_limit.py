@@ -55,6 +55,7 @@ from native_harness import (  # noqa: E402
     compile_library,
     copy_call,
     interleaved,
+    kernel_file,
     load_average,
     native_call,
     summary,
@@ -63,6 +64,7 @@ from native_harness import (  # noqa: E402
 from roofline import measure  # noqa: E402
 
 from actors.campaign.leaderboard import campaign_leaderboard  # noqa: E402
+from actors.records.best_kernels import write_kernel  # noqa: E402
 from gpu_workers.cache_root import cache_root  # noqa: E402
 from gpu_workers.cpu.calibrate import load_or_calibrate  # noqa: E402
 from kernels.builtin import BUILTIN  # noqa: E402
@@ -98,13 +100,8 @@ def template_point_library(changes: str) -> tuple[str, Path]:
 
 
 def source_library(path: Path, name: str) -> Path:
-    """A kernel file whose first line is `// kfactory-flags: ...` (as `kfactory best`
-    writes it), built with those flags."""
-    text = path.read_text()
-    first = text.splitlines()[0]
-    if not first.startswith("// kfactory-flags:"):
-        raise SystemExit(f"{path}: the first line is not `// kfactory-flags: ...`")
-    return compile_library(name, text, tuple(first.split(":", 1)[1].split()))
+    """A kernel file (`native_harness.kernel_file`), built with the flags it names."""
+    return compile_library(name, *kernel_file(path))
 
 
 def campaign_top(home: Path, campaign: str, top: int, workdir: Path) -> list[Path]:
@@ -115,10 +112,7 @@ def campaign_top(home: Path, campaign: str, top: int, workdir: Path) -> list[Pat
     workdir.mkdir(parents=True, exist_ok=True)
     files = []
     for row in board.rows[:top]:
-        path = workdir / f"{campaign}_rank_{row.rank}.c"
-        flags = " ".join(row.written.flags)
-        path.write_text(f"// kfactory-flags: {flags}\n{row.written.source}")
-        files.append(path)
+        files.append(write_kernel(row.candidate, workdir / f"{campaign}_rank_{row.rank}.c"))
         print(f"campaign_rank_{row.rank}: {row.candidate_id} ({row.decided_by})", flush=True)
     return files
 

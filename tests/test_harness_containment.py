@@ -170,6 +170,74 @@ def test_a_kernel_the_driver_cannot_stop_is_rejected_as_unstoppable(
     arena.close()
 
 
+def _allowed_cpus(pid: int) -> list[set[int]]:
+    """Each thread's allowed CPUs, from /proc."""
+    masks = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                cpus: set[int] = set()
+                for part in line.split(":", 1)[1].strip().split(","):
+                    first, _, last = part.partition("-")
+                    cpus.update(range(int(first), int(last or first) + 1))
+                masks.append(cpus)
+    return masks
+
+
+def _one_call(
+    kf_cache: Path, tmp_path: Path, source: str, flags: tuple[str, ...]
+) -> tuple[list[set[int]], np.ndarray]:
+    """One call of `source` on an 8x256 softmax arena: its host's threads' allowed CPUs
+    after the call, and what it left in y."""
+    build = compile_kernel(
+        source, flags, prototype=SOFTMAX.c_signature(), cache_dir=kf_cache / "cpu-kernels"
+    )
+    assert isinstance(build, CompiledKernel), build
+    slots = layout([(8, 256), (8, 256)], 4, np.random.default_rng(0))
+    arena = Arena(slots[-1].end + 4096)
+    host = str(kernel_host(kf_cache / "cpu-kernels"))
+    with KernelProcess(
+        host,
+        build.library,
+        2,
+        2,
+        arena,
+        HostLimits(1 << 30, 30, 30.0),
+        tmp_path / "root",
+        tmp_path / "log",
+    ) as process:
+        process.guard(guard_ranges(slots), [])
+        process.call([s.offset for s in slots], [8, 256], "a first call")
+        masks = _allowed_cpus(process.pid)
+        y = arena.floats(slots[1]).copy()
+    arena.close()
+    return masks, y
+
+
+def test_the_host_binds_an_openmp_team_one_thread_per_cpu(kf_cache: Path, tmp_path: Path) -> None:
+    """Unbound, a team stopped and continued between calls woke with two threads on one
+    core about half the time (a timed softmax call up to twice as long). The host starts
+    the team before the kernel runs, thread t on the t-th CPU it may use."""
+    masks, _ = _one_call(kf_cache, tmp_path, (EXAMPLES / "softmax.c").read_text(), FLAGS)
+    usable = os.sched_getaffinity(0)
+    assert len(masks) == len(usable), f"one team thread per usable CPU: {masks}"
+    assert all(len(mask) == 1 for mask in masks), masks
+    assert set().union(*masks) == usable, masks
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
+                    reason="reads MXCSR, an x86-64 register")
+def test_every_team_thread_starts_from_the_default_floating_point_state(
+    kf_cache: Path, tmp_path: Path
+) -> None:
+    """The team is started before any call, after a -ffast-math library's constructor set
+    flush-to-zero on the host's thread: each thread starts from the default MXCSR, as the
+    host's own thread does at every call."""
+    _, y = _one_call(kf_cache, tmp_path, planted("reports_team_mxcsr"), (*FLAGS, "-ffast-math"))
+    team = len(os.sched_getaffinity(0))
+    assert [int(v) for v in y.reshape(-1)[:team]] == [0x1F80] * team
+
+
 def test_the_floating_point_state_is_reset_and_checked_around_every_call(
     cpu_backend: CpuBackend, kf_cache: Path
 ) -> None:

@@ -78,8 +78,9 @@ STOP_SECONDS = 10.0
 over (a shared 2-core CI machine), a thread can wait over a second for a core first."""
 HOST_ENV = {"OMP_PROC_BIND": "false", "GOMP_SPINCOUNT": "10000"}
 """The kernel's whole environment, the same whenever a kernel runs: nothing in it says
-whether a call is verified or timed. No thread binding: the filter refuses
-sched_setaffinity (a kernel chooses no cores of its own), so OpenMP must not ask for it."""
+whether a call is verified or timed. OpenMP binds no threads (the filter refuses
+sched_setaffinity: a kernel chooses no cores of its own); the host binds the team itself
+before the filter, one thread per usable CPU (`kernel_host.c`)."""
 
 
 def helper_cpu_ns() -> int:

@@ -89,6 +89,15 @@ STALLED = 3
 #: Leaderboard rows printed unless `--top` says otherwise.
 SHOWN = 10
 
+
+def _stopped_words(campaign_id: str) -> str:
+    """What a stopped run says: how to go on, and how to get an answer without going on."""
+    return (
+        "stopped; run the same command again to resume, or "
+        f"`kfactory best {campaign_id} --final-run` for a final answer from the kernels "
+        "timed so far"
+    )
+
 RUN_HELP = (
     "Run a campaign: search for the fastest correct kernel of a problem.\n\n"
     "With no --nats, everything runs here: an embedded nats-server, the recorder owning "
@@ -191,7 +200,7 @@ def run(
     try:
         code = run_command(
             lambda stop: _main(stop, spec, url, auth, settings),
-            "stopped; run the same command again to resume",
+            _stopped_words(spec.campaign_id),
         )
     except (ConnectionError, AuthError) as exc:
         raise UserError(str(exc)) from exc
@@ -283,7 +292,7 @@ async def _main(
             spec, joined.url, joined.auth, joined.swarm, stop, console, joined.hub_check, best_dir
         )
     if result is None:
-        console.print("stopped; run the same command again to resume")
+        console.print(_stopped_words(spec.campaign_id), markup=False)
         if settings.as_json:
             print(to_json({"campaign_id": spec.campaign_id, "stopped": True}), flush=True)
         return STOPPED

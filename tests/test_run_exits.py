@@ -119,6 +119,8 @@ def _stopped_in_one_line(process: subprocess.Popen[str], err: Lines) -> None:
     assert process.returncode in (0, 130, -signal.SIGINT), said
     assert len(said) <= 1, "\n".join(said)
     assert not any("Traceback" in line or "Error" in line for line in said), said
+    if process.returncode == 130:  # how to resume, and how to get an answer meanwhile
+        assert any("resume" in line and "--final-run" in line for line in said), said
 
 
 def test_a_sigint_while_it_starts_says_one_line(tmp_path: Path) -> None:

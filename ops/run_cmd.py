@@ -98,6 +98,7 @@ def _stopped_words(campaign_id: str) -> str:
         "timed so far"
     )
 
+
 RUN_HELP = (
     "Run a campaign: search for the fastest correct kernel of a problem.\n\n"
     "With no --nats, everything runs here: an embedded nats-server, the recorder owning "

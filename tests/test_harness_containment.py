@@ -8,12 +8,14 @@ kernel's process, fresh inputs for every timed call and randomly judged calls.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ import pytest
 
 from gpu_workers.benchmarking import BenchmarkRequest, benchmark
 from gpu_workers.cpu import kernel_process
-from gpu_workers.cpu.arena import Arena, guard_ranges, layout
+from gpu_workers.cpu.arena import Arena, Slot, guard_ranges, layout
 from gpu_workers.cpu.backend import DRIVER_ENV, CpuBackend
 from gpu_workers.cpu.build import CompiledKernel, compile_kernel
 from gpu_workers.cpu.kernel_process import HostLimits, KernelEnded, KernelProcess
@@ -140,6 +142,25 @@ def test_only_pthread_creates_clone_flags_are_allowed(
     assert rejection.evidence["syscall"] == "clone"
 
 
+@contextlib.contextmanager
+def _host_over(
+    kf_cache: Path, tmp_path: Path, library: str, shape: tuple[int, int]
+) -> Iterator[tuple[KernelProcess, Arena, list[Slot]]]:
+    """A kernel host for `library` over an x and y of `shape`, guard pages set."""
+    slots = layout([shape, shape], 4, np.random.default_rng(0))
+    arena = Arena(slots[-1].end + 4096)
+    host = str(kernel_host(kf_cache / "cpu-kernels"))
+    limits = HostLimits(1 << 30, 30, 30.0)
+    try:
+        with KernelProcess(
+            host, library, 2, 2, arena, limits, tmp_path / "root", tmp_path / "log"
+        ) as process:
+            process.guard(guard_ranges(slots), [])
+            yield process, arena, slots
+    finally:
+        arena.close()
+
+
 def test_a_kernel_the_driver_cannot_stop_is_rejected_as_unstoppable(
     kf_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -147,27 +168,13 @@ def test_a_kernel_the_driver_cannot_stop_is_rejected_as_unstoppable(
     reads as in state D) is the kernel's doing: rejected as `unstoppable`, never a harness
     error."""
     build = _compiled(kf_cache, "harness_spins_between_calls")
-    slots = layout([(4, 64), (4, 64)], 4, np.random.default_rng(0))
-    arena = Arena(slots[-1].end + 4096)
-    host = str(kernel_host(kf_cache / "cpu-kernels"))
-    with KernelProcess(
-        host,
-        build.library,
-        2,
-        2,
-        arena,
-        HostLimits(1 << 30, 30, 30.0),
-        tmp_path / "root",
-        tmp_path / "log",
-    ) as process:
-        process.guard(guard_ranges(slots), [])
+    with _host_over(kf_cache, tmp_path, build.library, (4, 64)) as (process, _, slots):
         monkeypatch.setattr(kernel_process, "STOP_SECONDS", 0.2)
         monkeypatch.setattr(kernel_process, "_state", lambda stat: "D")
         with pytest.raises(KernelEnded) as ended:
             process.call([s.offset for s in slots], [4, 64], "a first call")
         assert ended.value.reason == "unstoppable"
         assert "D" in ended.value.evidence["states"]
-    arena.close()
 
 
 def _allowed_cpus(pid: int) -> list[set[int]]:
@@ -193,24 +200,10 @@ def _one_call(
         source, flags, prototype=SOFTMAX.c_signature(), cache_dir=kf_cache / "cpu-kernels"
     )
     assert isinstance(build, CompiledKernel), build
-    slots = layout([(8, 256), (8, 256)], 4, np.random.default_rng(0))
-    arena = Arena(slots[-1].end + 4096)
-    host = str(kernel_host(kf_cache / "cpu-kernels"))
-    with KernelProcess(
-        host,
-        build.library,
-        2,
-        2,
-        arena,
-        HostLimits(1 << 30, 30, 30.0),
-        tmp_path / "root",
-        tmp_path / "log",
-    ) as process:
-        process.guard(guard_ranges(slots), [])
+    with _host_over(kf_cache, tmp_path, build.library, (8, 256)) as (process, arena, slots):
         process.call([s.offset for s in slots], [8, 256], "a first call")
         masks = _allowed_cpus(process.pid)
         y = arena.floats(slots[1]).copy()
-    arena.close()
     return masks, y
 
 
@@ -225,8 +218,7 @@ def test_the_host_binds_an_openmp_team_one_thread_per_cpu(kf_cache: Path, tmp_pa
     assert set().union(*masks) == usable, masks
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
-                    reason="reads MXCSR, an x86-64 register")
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="reads MXCSR, an x86-64 register")
 def test_every_team_thread_starts_from_the_default_floating_point_state(
     kf_cache: Path, tmp_path: Path
 ) -> None:

@@ -17,7 +17,7 @@ The four neutral ways and the kernels are interleaved round by round (each round
 every kernel in every way, the order rotating); the factory's runs follow. Each figure
 is the median over the calls. At 4096x4096 on a 2-core AVX2 EPYC the factory's figure was
 55-82% above the neutral one while the kernel host left its OpenMP threads to the
-scheduler, and 2-26% above once it bound them one per CPU.
+scheduler, and 2-32% above once it bound them one per CPU.
 
 Usage: python bench/harness_gap.py [--kernel FILE ...] [--rounds 15]
 (default: softmax_rows' best known point; a FILE has a `// kfactory-flags: ...` line, as

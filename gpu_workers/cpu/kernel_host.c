@@ -33,8 +33,8 @@
    refused with the errno.
 
    An OpenMP kernel's team is started before the run filter, one thread per CPU this
-   process may use, thread t bound to the t-th of them (the host's choice; the kernel
-   itself still has no affinity call). Unbound, a stopped and continued team woke with two
+   process may use, thread t bound to the t-th of them counted from the one the host
+   started on (the host's choice; the kernel itself still has no affinity call). Unbound, a stopped and continued team woke with two
    threads on one core about half the time, and a timed call took up to twice as long.
 
    The inputs' pages are read-only here (OP_READ_ONLY, before the first call): a write to
@@ -589,6 +589,15 @@ static int read_only(const struct kf_command *c) {
 typedef void (*kf_gomp_parallel)(void (*)(void *), void *, unsigned, unsigned);
 static int (*team_thread_number)(void);
 static cpu_set_t usable_cpus;
+static int first_cpu_index; /* of the CPU the host started on, among the usable ones */
+
+/* The usable CPU at `index` (modulo their count). */
+static int usable_cpu(int index) {
+    int wanted = index % CPU_COUNT(&usable_cpus);
+    for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; ++cpu)
+        if (CPU_ISSET(cpu, &usable_cpus) && seen++ == wanted) return cpu;
+    return -1;
+}
 
 static void bind_team_thread(void *unused) {
     (void)unused;
@@ -598,27 +607,29 @@ static void bind_team_thread(void *unused) {
     _mm_setcsr(KF_MXCSR_DEFAULT);
     __asm__ volatile("fninit");
 #endif
-    int wanted = team_thread_number() % CPU_COUNT(&usable_cpus);
-    for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; ++cpu) {
-        if (CPU_ISSET(cpu, &usable_cpus) && seen++ == wanted) {
-            cpu_set_t one;
-            CPU_ZERO(&one);
-            CPU_SET(cpu, &one);
-            sched_setaffinity(0, sizeof one, &one);
-            return;
-        }
-    }
+    int cpu = usable_cpu(first_cpu_index + team_thread_number());
+    if (cpu < 0) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    sched_setaffinity(0, sizeof one, &one);
 }
 
 /* Starts the team the kernel's parallel regions will reuse (libgomp keeps its threads),
-   thread t bound to the t-th usable CPU: the scheduler cannot wake two of them on one
-   core. A kernel without OpenMP has no team to bind. */
+   thread t bound to the t-th usable CPU counted from the one the host started on (where
+   the scheduler placed it: hosts started side by side, one thread each, stay spread),
+   so the scheduler cannot wake two of them on one core. A kernel without OpenMP has no
+   team to bind. */
 static void bind_openmp_team(void *library) {
     kf_gomp_parallel parallel = (kf_gomp_parallel)dlsym(library, "GOMP_parallel");
     team_thread_number = (int (*)(void))dlsym(library, "omp_get_thread_num");
+    unsigned here = 0;
     if (parallel == NULL || team_thread_number == NULL ||
         sched_getaffinity(0, sizeof usable_cpus, &usable_cpus) != 0)
         return;
+    if (syscall(SYS_getcpu, &here, NULL, NULL) == 0)
+        for (int index = 0; index < CPU_COUNT(&usable_cpus); ++index)
+            if (usable_cpu(index) == (int)here) first_cpu_index = index;
     parallel(bind_team_thread, NULL, 0, 0);
 }
 

@@ -34,8 +34,10 @@
 
    An OpenMP kernel's team is started before the run filter, one thread per CPU this
    process may use, thread t bound to the t-th of them counted from the one the host
-   started on (the host's choice; the kernel itself still has no affinity call). Unbound, a stopped and continued team woke with two
-   threads on one core about half the time, and a timed call took up to twice as long.
+   started on (the host's choice; the kernel itself still has no affinity call); a larger
+   team's extra threads are made by the first one, on its CPU. Unbound, a team stopped
+   and continued between calls woke with two threads on one core about half the time,
+   and a timed call took up to twice as long.
 
    The inputs' pages are read-only here (OP_READ_ONLY, before the first call): a write to
    one faults and is reported by the input's index (ST_INPUT_WRITTEN). The whole arena is

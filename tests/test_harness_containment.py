@@ -21,13 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_workers.benchmarking import BenchmarkRequest, benchmark
+from gpu_workers.benchmarking import BenchmarkRequest, benchmark, judge_calls
 from gpu_workers.cpu import kernel_process
+from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.arena import Arena, Slot, guard_ranges, layout
 from gpu_workers.cpu.backend import DRIVER_ENV, CpuBackend
 from gpu_workers.cpu.build import CompiledKernel, compile_kernel
 from gpu_workers.cpu.kernel_process import HostLimits, KernelEnded, KernelProcess
-from gpu_workers.cpu.trusted_build import fresh_inputs_library, kernel_host
+from gpu_workers.cpu.timing_run import Contender, cache_flush
+from gpu_workers.cpu.trusted_build import cache_flush_library, fresh_inputs_library, kernel_host
 from gpu_workers.results import BenchmarkResult, HostCalibration, Rejection
 from gpu_workers.verification import judge_runs, plan_trials, verify
 from kernels.builtin import BUILTIN
@@ -635,3 +637,53 @@ def test_a_kernel_wrong_on_one_call_in_40_is_caught_on_its_rows(
     assert isinstance(result, Rejection), result
     assert (result.stage, result.reason) == ("recheck", "wrong_value"), result
     assert re.fullmatch(r"timed call 79 \(rows [\d, ]+\)", result.evidence["when"]), result
+
+
+def test_every_timed_call_finds_its_buffers_placed_afresh(
+    kf_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where y starts relative to x (modulo 4 KiB) moved a softmax's time by up to 15%: a
+    run that kept one layout per contender ranked the final run's kernels by luck (four
+    runs of the same top four, four different orders). Each timed call gets a fresh
+    placement inside the same guarded slots, and the kept calls still judge right."""
+    cache = kf_cache / "cpu-kernels"
+    build = compile_kernel(
+        (EXAMPLES / "softmax.c").read_text(),
+        FLAGS,
+        prototype=SOFTMAX.c_signature(),
+        cache_dir=cache,
+    )
+    assert isinstance(build, CompiledKernel), build
+    job = p.BenchJob(
+        library=build.library,
+        incumbent_library=None,
+        kernel_host=p.KernelHostJob(
+            host=str(kernel_host(cache)),
+            address_space_bytes=1 << 30,
+            cpu_seconds=30,
+            wall_seconds=30.0,
+        ),
+        fresh_inputs_library=str(fresh_inputs_library(cache)),
+        cache_flush_library=str(cache_flush_library(cache)),
+        problem="softmax",
+        dtype="fp32",
+        shape={"rows": 8, "cols": 1000},
+        seed=5,
+        seeds=[6, 7],
+        recheck_seed=None,
+    )
+    monkeypatch.chdir(tmp_path)
+    secret = np.random.default_rng(job.seed)
+    kernel = Contender(SOFTMAX, job, build.library, secret, 3, cache_flush(job.cache_flush_library))
+    try:
+        placements = []
+        for n in range(16):
+            x, y = kernel.slots
+            placements.append((y.offset - x.offset) % 4096)
+            for s in kernel.slots:
+                assert s.start <= s.offset <= s.end - s.nbytes and s.offset % 64 == 0
+            kernel.timed(f"timed call {n}")
+        assert judge_calls(SOFTMAX, "fp32", kernel.judged()) is None
+    finally:
+        kernel.close()
+    assert len(set(placements)) >= 3, placements

@@ -5,7 +5,8 @@ and canary bytes in whatever lies between its data and those pages, on both side
 in its pages a buffer starts varies between layouts (64-byte steps): right after the
 guard page before it, as close to the guard page after it as alignment allows, or
 anywhere between, so a read past either end faults in some layouts, and a kernel cannot
-count on the slack around its data. An input's pages are read-only in the kernel's
+count on the slack around its data. A timed contender's buffers move before every call
+(`moved`). An input's pages are read-only in the kernel's
 process (`read_only_ranges`): the driver writes them through its own mapping. A canary
 word is a huge finite float (0x5A5A5A5A, about 1.5e16): read into a max or a sum, it
 ruins the result.
@@ -54,6 +55,14 @@ def slot_bytes(nbytes: int) -> int:
     return _pages(max(nbytes, 1) + PAGE) + 2 * PAGE
 
 
+def _placed(start: int, end: int, nbytes: int, rng: np.random.Generator) -> int:
+    """Where a buffer of `nbytes` starts between `start` and `end`: against either end, or
+    anywhere between, in 64-byte steps."""
+    room = (end - start - nbytes) // ALIGN
+    step = (0, room, int(rng.integers(0, room + 1)))[int(rng.integers(0, 3))]
+    return start + ALIGN * step
+
+
 def layout(
     shapes: Sequence[tuple[int, ...]], itemsize: int, rng: np.random.Generator, base: int = 0
 ) -> list[Slot]:
@@ -64,12 +73,20 @@ def layout(
         nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize if shape else itemsize
         span = slot_bytes(nbytes)
         start, end = at + PAGE, at + span - PAGE
-        room = (end - start - nbytes) // ALIGN
-        step = (0, room, int(rng.integers(0, room + 1)))[int(rng.integers(0, 3))]
-        offset = start + ALIGN * step
+        offset = _placed(start, end, nbytes, rng)
         slots.append(Slot(offset=offset, nbytes=nbytes, start=start, end=end, shape=shape))
         at += span
     return slots
+
+
+def moved(slots: Sequence[Slot], rng: np.random.Generator) -> list[Slot]:
+    """The same slots, each buffer placed afresh between its guards: where one buffer
+    starts relative to another (their addresses modulo 4 KiB) changed a softmax's time
+    by up to 15%, so a run that kept one layout per contender ranked them by its luck."""
+    return [
+        Slot(_placed(s.start, s.end, s.nbytes, rng), s.nbytes, s.start, s.end, s.shape)
+        for s in slots
+    ]
 
 
 def guard_ranges(slots: Sequence[Slot]) -> list[tuple[int, int]]:

@@ -46,7 +46,7 @@ import numpy.typing as npt
 from gpu_workers import runner_files as files
 from gpu_workers.benchmarking import judge_calls
 from gpu_workers.cpu import protocol as p
-from gpu_workers.cpu.arena import ITEMSIZE, Arena, layout, poison, slot_bytes
+from gpu_workers.cpu.arena import ITEMSIZE, Arena, layout, moved, poison, slot_bytes
 from gpu_workers.cpu.freed_memory import keep_freed_memory
 from gpu_workers.cpu.kernel_process import (
     KernelEnded,
@@ -173,7 +173,6 @@ class Contender:
         )
         names, outputs = [a.name for a in problem.args], [a.output for a in problem.args]
         self.process.protect(self.slots, names, outputs)
-        self.arena.fill_canaries(self.slots)
         self.refresh()
 
     def views(self) -> dict[str, FloatArray]:
@@ -183,7 +182,11 @@ class Contender:
         }
 
     def refresh(self) -> None:
-        """New inputs and poisoned outputs for the next call, none of them in any cache."""
+        """New inputs and poisoned outputs for the next call, none of them in any cache,
+        each buffer placed afresh in its slot (`arena.moved`: every contender's time is
+        over the same spread of layouts)."""
+        self.slots = moved(self.slots, self.secret)
+        self.arena.fill_canaries(self.slots)
         views = self.views()
         for a in self.problem.outputs:
             poison(views[a.name], p.POISON_BITS[0])

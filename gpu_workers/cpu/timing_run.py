@@ -365,8 +365,8 @@ class InterleavedRecheck:
     re-check keeps `recheck_count` distributions for that call's time, drawn from the
     secret (its cost scales with the kernel's time). Inputs are prepared before the timed
     window, `PREPARED_AHEAD` distributions at a time (a worker's first run fills its pool
-    here: 9 sets at softmax 4096x4096 took 21 s one by one); what the run ends before
-    reaching is re-checked after timing."""
+    here: a float64 reference and pass bands per set); what the run ends before reaching
+    is re-checked after timing."""
 
     def __init__(self, problem: Problem, job: p.BenchJob, secret: np.random.Generator) -> None:
         draws = recheck_draws(problem, job)

@@ -7,9 +7,8 @@ guard page before it, as close to the guard page after it as alignment allows, o
 anywhere between, so a read past either end faults in some layouts, and a kernel cannot
 count on the slack around its data; a timed contender's buffers move before every call
 (`moved`). An input's pages are read-only in the kernel's process (`read_only_ranges`):
-the driver writes them through its own mapping. A canary
-word is a huge finite float (0x5A5A5A5A, about 1.5e16): read into a max or a sum, it
-ruins the result.
+the driver writes them through its own mapping. A canary word is a huge finite float
+(0x5A5A5A5A, about 1.5e16): read into a max or a sum, it ruins the result.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class _Watch:
     said_asked: bool = False
     said_answer: bool = False
 
-    def step(self, campaign: Campaign, history: History) -> list[str]:
+    def step(self, campaign: Campaign) -> list[str]:
         """The lines to say now about the final run asked for."""
         lines = []
         requested = campaign.final_requested
@@ -174,7 +174,7 @@ async def _ask_and_wait(stop: asyncio.Event, campaign_id: str, joined: Joined) -
                 joined.swarm.check()
             if joined.hub_check is not None:
                 joined.hub_check()
-            for line in watch.step(campaign, history):
+            for line in watch.step(campaign):
                 console.print(line)
             if watch.done(campaign, history):
                 break

@@ -36,7 +36,6 @@ from eventstore.events import (
     CampaignStarted,
     CandidateProposed,
     Event,
-    FinalContender,
     FinalRankingTimed,
     FinalRunRequested,
     GenerationOpened,
@@ -58,7 +57,9 @@ from tests.test_final_run import (
     START,
     Campaign,
     assert_the_view_agrees,
+    log_final,
     lucky_campaign,
+    ranking_timed,
     softmax_repeated,
 )
 
@@ -309,31 +310,13 @@ def test_kfactory_audit_checks_a_final_run_s_device_and_contenders(
         contenders=[e.candidate_id for e in timed],
         reason="budget reached: 2 candidates",
     )
-    final = new_event(
-        FinalRankingTimed,
-        campaign_id="audited-final",
-        actor=BENCHMARKER,
-        cause=request,
-        target="cpu",
+    final = ranking_timed(
+        "audited-final",
+        request,
+        {e.candidate_id: (e.source_hash, e.median_ns) for e in timed},
+        [e.candidate_id for e in timed],
+        {"rows": 64, "cols": 1000},
         device=device,
-        seed=1,
-        shape={"rows": 64, "cols": 1000},
-        contenders=[
-            FinalContender(
-                candidate_id=e.candidate_id,
-                source_hash=e.source_hash,
-                mean_ns=e.median_ns,
-                median_ns=e.median_ns,
-                q1_ns=e.median_ns,
-                q3_ns=e.median_ns,
-                iqr_ns=0.0,
-                rounds=30,
-            )
-            for e in timed
-        ],
-        order=[e.candidate_id for e in timed],
-        rounds=30,
-        baseline="numpy float32",
     )
     home = tmp_path / "home"
     home.mkdir()
@@ -353,41 +336,11 @@ def test_kfactory_audit_checks_a_final_run_s_device_and_contenders(
 
 
 def answered(log: Campaign, request: Event, means_ms: dict[str, float]) -> FinalRankingTimed:
-    """The benchmarker's FinalRankingTimed of `request`, with these means (figures set here)."""
-    hashes = {
-        c.candidate_id: c.written.source_hash
-        for c in log.history.campaign_candidates(CAMPAIGN)
-        if c.written
-    }
-    final = log.emit(
-        new_event(
-            FinalRankingTimed,
-            campaign_id=CAMPAIGN,
-            actor=BENCHMARKER,
-            cause=request,
-            event_id=derived_event_id(request.event_id, "benchmarker", 0, key=b""),
-            target="cpu",
-            device="test-host",
-            seed=1,
-            shape={"rows": 64, "cols": 1000},
-            contenders=[
-                FinalContender(
-                    candidate_id=cid,
-                    source_hash=hashes[cid],
-                    mean_ns=mean * 1e6,
-                    median_ns=mean * 1e6,
-                    q1_ns=mean * 1e6,
-                    q3_ns=mean * 1e6,
-                    iqr_ns=0.0,
-                    rounds=30,
-                )
-                for cid, mean in means_ms.items()
-            ],
-            order=sorted(means_ms, key=lambda cid: means_ms[cid]),
-            rounds=30,
-            baseline="numpy float32",
-        )
-    )
+    """The benchmarker's FinalRankingTimed of `request`, under the id it derives, with these
+    means (figures set here), ordered by them."""
+    order = sorted(means_ms, key=lambda cid: means_ms[cid])
+    benchmarkers_id = derived_event_id(request.event_id, "benchmarker", 0, key=b"")
+    final = log_final(log, request, means_ms, order, event_id=benchmarkers_id)
     assert isinstance(final, FinalRankingTimed)
     return final
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -338,6 +339,58 @@ def assert_the_view_agrees(log: Campaign, path: Path) -> None:
     ]
 
 
+def ranking_timed(
+    campaign_id: str,
+    request: Event,
+    means_ns: dict[str, tuple[str, float]],
+    order: list[str],
+    shape: dict[str, int],
+    **fields: Any,
+) -> FinalRankingTimed:
+    """A FinalRankingTimed answering `request`: each contender (id: its source hash and
+    mean, a figure set here) with that mean as median and quartiles, over 30 rounds."""
+    return new_event(
+        FinalRankingTimed,
+        campaign_id=campaign_id,
+        actor=BENCHMARKER,
+        cause=request,
+        target="cpu",
+        seed=1,
+        shape=shape,
+        contenders=[
+            FinalContender(
+                candidate_id=cid,
+                source_hash=digest,
+                mean_ns=mean,
+                median_ns=mean,
+                q1_ns=mean,
+                q3_ns=mean,
+                iqr_ns=0.0,
+                rounds=30,
+            )
+            for cid, (digest, mean) in means_ns.items()
+        ],
+        order=order,
+        rounds=30,
+        baseline="numpy float32",
+        **{"device": "test-host", **fields},
+    )
+
+
+def log_final(
+    log: Campaign, request: Event, means_ms: dict[str, float], order: list[str], **fields: Any
+) -> Event:
+    """`ranking_timed` of the campaign's own kernels (a kernel it never wrote: a hash of
+    zeros), emitted into `log`."""
+    hashes = {
+        c.candidate_id: c.written.source_hash
+        for c in log.history.campaign_candidates(CAMPAIGN)
+        if c.written
+    }
+    means = {cid: (hashes.get(cid, "0" * 64), ms * 1e6) for cid, ms in means_ms.items()}
+    return log.emit(ranking_timed(CAMPAIGN, request, means, order, SMALL, **fields))
+
+
 def forged_final(log: Campaign, order: list[str], means_ms: dict[str, float]) -> Event:
     request = log.emit(
         new_event(
@@ -351,39 +404,7 @@ def forged_final(log: Campaign, order: list[str], means_ms: dict[str, float]) ->
             reason="budget reached: 3 candidates",
         )
     )
-    hashes = {
-        c.candidate_id: c.written.source_hash
-        for c in log.history.campaign_candidates(CAMPAIGN)
-        if c.written
-    }
-    return log.emit(
-        new_event(
-            FinalRankingTimed,
-            campaign_id=CAMPAIGN,
-            actor=BENCHMARKER,
-            cause=request,
-            target="cpu",
-            device="test-host",
-            seed=1,
-            shape=SMALL,
-            contenders=[
-                FinalContender(
-                    candidate_id=cid,
-                    source_hash=hashes.get(cid, "0" * 64),
-                    mean_ns=mean * 1e6,
-                    median_ns=mean * 1e6,
-                    q1_ns=mean * 1e6,
-                    q3_ns=mean * 1e6,
-                    iqr_ns=0.0,
-                    rounds=30,
-                )
-                for cid, mean in means_ms.items()
-            ],
-            order=order,
-            rounds=30,
-            baseline="numpy float32",
-        )
-    )
+    return log_final(log, request, means_ms, order)
 
 
 def test_an_order_that_is_not_by_the_run_s_means_is_caught_by_the_audit(tmp_path: Path) -> None:

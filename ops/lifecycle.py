@@ -91,6 +91,12 @@ def _cancel_the_rest(loop: asyncio.AbstractEventLoop) -> None:
         task.cancel()
     if pending:
         loop.run_until_complete(asyncio.wait(pending, timeout=UNWIND_GRACE))
+    for task in pending:
+        if not task.done():
+            # Left behind on purpose (e.g. waiting for a thread that cannot be cancelled;
+            # its work was left for redelivery): its end, whenever the collector finds
+            # it, is not news. `run_until_complete` lets its own task go the same way.
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
 
 
 def _close(loop: asyncio.AbstractEventLoop, stopped: bool, exit_status: int) -> None:

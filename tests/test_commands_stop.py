@@ -91,3 +91,46 @@ def test_interactive_commands_give_up_on_an_unreachable_hub_in_one_line(tmp_path
         assert line.startswith(
             f"kfactory: error: no NATS server reachable at {UNREACHABLE} after 10 s"
         ), f"{name}: {err}"
+
+
+#: A handler that, cancelled, waits for its thread (as the benchmarker's timing does); the
+#: stop's grace ends before the thread does, the loop closes, and the thread ends later.
+#: `_exit_now` is made to return so that the process lives on to see the thread end.
+ABANDONS_A_HANDLER = """
+import asyncio, gc, sys, time
+import ops.lifecycle as lifecycle
+
+lifecycle._exit_now = lambda status: None
+
+async def handler():
+    running = asyncio.get_running_loop().run_in_executor(None, time.sleep, 2.5)
+    try:
+        await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait({running})
+        raise
+
+async def body(stop):
+    asyncio.create_task(handler())
+    await asyncio.sleep(0)
+    stop.set()
+    await asyncio.sleep(60)
+
+try:
+    lifecycle.run_until_stopped(body)
+except lifecycle.Stopped:
+    pass
+time.sleep(3.5)
+gc.collect()
+print("exited", file=sys.stderr)
+"""
+
+
+def test_a_handler_left_behind_by_a_stop_is_let_go_without_a_word() -> None:
+    """A task still unwinding when the grace ends is abandoned on purpose (its work was
+    left for redelivery): its end, whenever it comes, says nothing on stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", ABANDONS_A_HANDLER], capture_output=True, text=True, timeout=60
+    )
+    said = done.stderr.splitlines()
+    assert said == ["kfactory: stopped", "exited"], done.stderr

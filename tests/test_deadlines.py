@@ -22,6 +22,9 @@ from tests.cpu_support import PLANTED
 
 HANGS = PLANTED / "hangs_at_timed_shape.c"
 TIMED = "rows=1024, cols=1024"
+#: Hangs at 4096 x 4096, where its call deadline is a minute or more: a short campaign
+#: always ends while it is timed (and, another source, it is not the seed already judged).
+HANGS_LONGER = PLANTED / "hangs_at_4096_squared.c"
 CHECK = (sys.executable, "-m", "ops.cli", "check", "--json")
 
 
@@ -48,13 +51,15 @@ def test_check_bench_rejects_a_kernel_that_hangs_at_the_timed_shape() -> None:
     assert TIMED in report["message"], report
 
 
-def _campaign(folder: Path, name: str, wall_time: str, seed: Path | None) -> Path:
+def _campaign(
+    folder: Path, name: str, wall_time: str, seed: Path | None, rows_cols: int = 1024
+) -> Path:
     path = folder / f"{name}.toml"
     sources = f'\n[seed]\nsources = ["{seed}"]\n' if seed is not None else ""
     path.write_text(
         f"""name = "{name}"
 problem = "softmax"
-shapes = [[1024, 1024]]
+shapes = [[{rows_cols}, {rows_cols}]]
 
 [budget]
 candidates = 1
@@ -96,7 +101,8 @@ def test_a_campaign_rejects_the_hanging_kernel_and_the_next_campaign_is_not_held
     assert len(rejected) == 1 and rejected[0][:2] == ("benchmark", "timeout"), rejected
     assert TIMED in str(rejected[0][2])
     # A campaign that ends (its wall time) while the kernel is timed; then another.
-    _run(_campaign(tmp_path, "cut-short", "6s", HANGS), home)
+    cut_short = _run(_campaign(tmp_path, "cut-short", "10s", HANGS_LONGER, 4096), home)
+    assert "finished: budget reached: wall time" in cut_short, cut_short
     out = _run(_campaign(tmp_path, "after", "200s", None), home)
     assert "finished: budget reached" in out, out
     timed = _rows(

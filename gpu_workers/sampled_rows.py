@@ -10,6 +10,11 @@ reference of just those rows is computed after timing (`Problem.rows_independent
 of every output depends only on the same row of the inputs that have that dim, and on
 the whole of those that do not).
 
+A call judged whole at a large shape is judged a block of rows at a time
+(`passes_in_row_blocks`) where that gives the whole's verdict: each block's float64
+reference, scale and comparison stay in cache, where the whole's temporaries are hundreds
+of MiB. A block that fails hands the call to the whole-array rules, which name the failure.
+
 The arithmetic. Each wrong call is checked on R = 8 rows drawn without replacement. A
 call wrong on at least half of its rows (a call skipped, or computed from other inputs,
 is wrong on all of them) escapes its own check with probability at most 2^-8 = 0.0039,
@@ -27,9 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpu_workers.protocols import JudgedCall
-from kernels.spec import Arrays, Problem
+from gpu_workers.quick_compare import every_element_passes
+from kernels.spec import Arrays, Problem, Tolerance
 
 ROWS_PER_CALL = 8
+BLOCK_ELEMENTS = 1 << 16
+"""Output elements per block of rows judged at once: its float64 temporaries stay in cache."""
 
 
 @dataclass
@@ -94,3 +102,44 @@ def needs_whole_inputs(problem: Problem) -> bool:
     again."""
     first = problem.dims[0]
     return any(a.dims[:1] != (first,) for a in problem.inputs)
+
+
+def judged_in_row_blocks(problem: Problem) -> bool:
+    """Whether a block of rows gets the verdict the whole call would: rows independent,
+    every output first-dim first and with a last axis of its own (two dims or more), and
+    the default error scale, which is per row of that last axis."""
+    return (
+        sampled(problem)
+        and problem.error_scale is None
+        and all(len(a.dims) >= 2 for a in problem.outputs)
+    )
+
+
+def passes_in_row_blocks(
+    problem: Problem, tolerance: Tolerance, inputs: Arrays, outputs: Arrays, poison_bits: int
+) -> bool:
+    """Whether every output element passes, judged `BLOCK_ELEMENTS` at a time along the
+    first dim (`judged_in_row_blocks` problems only). False where any block does not, or
+    where an output's shape is not the reference's: the whole-array rules then decide."""
+    first = problem.dims[0]
+    rows = len(outputs[problem.outputs[0].name])
+    per_row = max(outputs[a.name][:1].size for a in problem.outputs)
+    step = max(1, BLOCK_ELEMENTS // max(per_row, 1))
+    for start in range(0, rows, step):
+        block = {
+            a.name: inputs[a.name][start : start + step]
+            if a.dims[:1] == (first,)
+            else inputs[a.name]
+            for a in problem.inputs
+        }
+        expected = problem.expected(block)
+        scales = problem.scales(block, expected)
+        for a in problem.outputs:
+            got = outputs[a.name][start : start + step]
+            if got.shape != expected[a.name].shape:
+                return False
+            if not every_element_passes(
+                got, expected[a.name], scales[a.name], poison_bits, tolerance
+            ):
+                return False
+    return True

@@ -1,12 +1,16 @@
-"""The chunked all-pass comparison agrees with the whole-array rules on every case."""
+"""The chunked all-pass comparison, and a call judged in blocks of rows, agree with the
+whole-array rules on every case."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gpu_workers.quick_compare import CHUNK, all_pass
-from gpu_workers.verification import compare_whole
+from gpu_workers.benchmarking import judge_calls
+from gpu_workers.protocols import JudgedCall
+from gpu_workers.quick_compare import CHUNK, all_pass, every_element_passes
+from gpu_workers.sampled_rows import BLOCK_ELEMENTS, judged_in_row_blocks, passes_in_row_blocks
+from gpu_workers.verification import compare_outputs, compare_whole
 from kernels.builtin import BUILTIN
 
 POISON = 0x7FBADBAD
@@ -48,7 +52,104 @@ def test_the_quick_pass_accepts_exactly_what_the_whole_array_rules_accept(seed: 
             problem, tolerance, {"y": got}, POISON, "compare", None, {"y": expected}, {"y": scale}
         )
         assert (quick is not None) == (rejection is None), (name, rejection)
+        assert every_element_passes(got, expected, scale, POISON, tolerance) == (quick is not None)
         if quick is not None:
             assert quick.rel == pytest.approx(worst.rel)
             assert (quick.flat_index,) == worst.index
             assert quick.used == pytest.approx(worst.used) and 0 <= quick.used <= 1
+
+
+def _row_cases(problem_name: str) -> list[tuple[str, dict[str, np.ndarray], np.ndarray]]:
+    """(name, inputs, outputs) of one call: right, and wrong in ways the rules name, in
+    the first block, a middle one and the ragged last one."""
+    problem = BUILTIN[problem_name]
+    cols = 1000
+    step = BLOCK_ELEMENTS // cols
+    rows = 3 * step + 5
+    rng = np.random.default_rng(7)
+    inputs = {
+        a.name: rng.standard_normal([{"rows": rows, "cols": cols}[d] for d in a.dims]).astype(
+            np.float32
+        )
+        for a in problem.inputs
+    }
+    right = problem.expected(inputs)["y"].astype(np.float32)
+    cases = [("right", inputs, right)]
+    for name, (row, col), change in [
+        ("off_by_1e-3_first_block", (0, 3), lambda v: v * (1 + 1e-3)),
+        ("just_within_middle_block", (step + 2, 9), lambda v: v * (1 + 5e-5)),
+        ("nan_for_finite_last_block", (rows - 1, cols - 1), lambda v: np.nan),
+        ("inf_for_finite", (2 * step, 0), lambda v: np.inf),
+        ("unwritten", (3 * step + 1, 17), None),
+    ]:
+        got = right.copy()
+        if change is None:
+            got[row : row + 1, col : col + 1].view(np.uint32)[...] = POISON
+        else:
+            got[row, col] = change(got[row, col])
+        cases.append((name, inputs, got))
+    return cases
+
+
+@pytest.mark.parametrize("problem_name", ["softmax", "rmsnorm"])
+def test_a_call_judged_in_row_blocks_gets_the_whole_call_s_verdict(problem_name: str) -> None:
+    problem = BUILTIN[problem_name]
+    tolerance = problem.tolerances["fp32"]
+    assert judged_in_row_blocks(problem)
+    verdicts = []
+    for name, inputs, got in _row_cases(problem_name):
+        in_blocks = passes_in_row_blocks(problem, tolerance, inputs, {"y": got}, POISON)
+        whole, _ = compare_outputs(problem, tolerance, inputs, {"y": got}, POISON)
+        assert in_blocks == (whole is None), (name, whole)
+        verdicts.append(in_blocks)
+    assert verdicts == [True, False, True, False, False, False]
+
+
+def test_a_failure_found_in_blocks_is_named_as_the_whole_call_names_it() -> None:
+    problem = BUILTIN["softmax"]
+    name, inputs, got = _row_cases("softmax")[4]  # infinity at row 2 * step, col 0
+    call = JudgedCall(
+        when="timed call 5",
+        inputs=inputs,
+        outputs={"y": got},
+        inputs_after=inputs,
+        poison_bits=POISON,
+        seed=None,
+    )
+    rejection = judge_calls(problem, "fp32", [call])
+    whole, _ = compare_outputs(
+        problem,
+        problem.tolerances["fp32"],
+        inputs,
+        {"y": got},
+        POISON,
+        stage="recheck",
+        context={"when": "timed call 5"},
+    )
+    assert rejection is not None and whole is not None, name
+    assert (rejection.reason, rejection.message) == (whole.reason, whole.message)
+    assert f"y({2 * (BLOCK_ELEMENTS // 1000)}, 0) is inf" in rejection.message
+
+
+@pytest.mark.parametrize("problem_name", ["layernorm", "matmul", "gelu", "kda"])
+def test_problems_whose_scale_or_rows_a_block_would_change_are_judged_whole(
+    problem_name: str,
+) -> None:
+    """A custom error scale may read across rows, and a one-dim output's default scale is
+    its whole length's: a block could judge them otherwise."""
+    assert not judged_in_row_blocks(BUILTIN[problem_name])
+
+
+def test_an_infinite_scale_allows_no_more_than_the_rules_do() -> None:
+    """Where the scale is not finite the rules judge by |expected|: the plain check, which
+    would allow anything there, must leave that element to them."""
+    problem = BUILTIN["gelu"]
+    tolerance = problem.tolerances["fp32"]
+    expected = np.linspace(1.0, 2.0, 2 * CHUNK)
+    scale = np.abs(expected)
+    scale[CHUNK + 7] = np.inf
+    got = expected.astype(np.float32)
+    assert every_element_passes(got, expected, scale, POISON, tolerance)
+    got[CHUNK + 7] *= 1.01
+    assert all_pass(got, expected, scale, POISON, tolerance) is None
+    assert not every_element_passes(got, expected, scale, POISON, tolerance)

@@ -270,3 +270,43 @@ def test_a_point_recorded_before_a_parameter_existed_renders_the_kernel_it_did()
     assert template.render(recorded) != template.render({**point, "prefetch_pass": "exp"})
     with pytest.raises(InvalidParams, match="missing parameter unroll"):
         template.render({k: v for k, v in recorded.items() if k != "unroll"})
+
+
+def test_the_pipelined_sweep_keeps_two_row_buffers_and_one_block_of_rows() -> None:
+    softmax = TEMPLATES["softmax_rows"]
+    pipelined = {
+        **softmax.best_known,
+        "fuse": "pipelined",
+        "buffer": True,
+        "streaming": True,
+        "prefetch_pass": "output",
+    }
+    assert softmax.is_valid(pipelined)
+    for change in (
+        {"buffer": False, "streaming": False},
+        {"tile": 512},
+        {"schedule": "dynamic"},
+        {"prefetch_pass": "exp"},
+    ):
+        assert softmax.violations({**pipelined, **change}) == ["pipelined keeps two row buffers"]
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_a_pipelined_point_verifies_however_its_rows_split(
+    threads: int, cpu_backend: CpuBackend
+) -> None:
+    """Each thread's block of rows, one row or none included (the verifier's shapes start
+    at one row), with the stores streamed and the row two ahead prefetched."""
+    softmax = TEMPLATES["softmax_rows"]
+    point = {
+        **softmax.best_known,
+        "fuse": "pipelined",
+        "buffer": True,
+        "streaming": True,
+        "prefetch": 2,
+        "prefetch_pass": "output",
+        "threads": threads,
+    }
+    rendered = softmax.render(point)
+    verdict = verify(BUILTIN["softmax"], cpu_backend, rendered.source, rendered.flags)
+    assert verdict.verified, (point, verdict.seed, verdict.rejection)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
@@ -97,6 +97,9 @@ class Param:
     before: ParamValue | None = None
     """The value a point recorded before this parameter existed takes: the one that renders
     the kernel the template rendered then (None: a parameter from the start)."""
+    added: tuple[ParamValue, ...] = ()
+    """Choices added since the parameter first was: a search replayed as it ran before
+    them (`tests/decision_log.py`) leaves them out."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ class Template:
     """The hand-picked point. For cpu, the best found by hand (the kernels in
     `kernels/examples/`); for cuda, an unmeasured starting guess for H100/H200, written
     before any run on a GPU."""
+    known_elsewhere: tuple[dict[str, ParamValue], ...] = field(default=(), kw_only=True)
+    """Points measured fastest on other kinds of host, outside the space of some (an
+    explicit AVX-512 one): a search starts from each that is valid here as well."""
 
     def space(self) -> dict[str, tuple[ParamValue, ...]]:
         return {p.name: p.choices for p in self.params}

@@ -7,6 +7,7 @@ Record one from a campaign's home: `python -m tests.decision_log HOME CAMPAIGN_I
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,15 +30,20 @@ def read_log(name: str) -> list[Event]:
 
 class AsRecorded:
     """A space as a recorded swarm searched it: without the parameters added since (those
-    with a `before` value), which its points take at that value (`Template.completed`);
-    everything else is the space's own."""
+    with a `before` value), which its points take at that value (`Template.completed`),
+    and without the choices added since (`Param.added`); everything else is the space's
+    own."""
 
     def __init__(self, space: Template) -> None:
         self._space = space
 
     @property
     def params(self) -> tuple[Param, ...]:
-        return tuple(p for p in self._space.params if p.before is None)
+        return tuple(
+            dataclasses.replace(p, choices=tuple(c for c in p.choices if c not in p.added))
+            for p in self._space.params
+            if p.before is None
+        )
 
     def completed(self, params: Params) -> dict[str, ParamValue]:
         return dict(params)  # the search sees the points as recorded; render completes them

@@ -296,3 +296,20 @@ def test_a_template_search_starts_from_each_built_in_templates_best_known_point(
     templates = kernel_templates("softmax", "cpu", spec)
     assert [p.template for p in first] == [t.name for t in templates]
     assert [p.params for p in first] == [t.best_known for t in templates]
+
+
+@pytest.mark.parametrize("avx512", [True, False])
+def test_a_search_starts_from_points_known_on_other_hosts_that_this_one_can_run(
+    avx512: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """softmax_rows' fastest point on an AVX-512 Xeon is proposed beside its best known
+    point where the host has AVX-512, and never where it has not (its space lacks it)."""
+    monkeypatch.setattr(
+        "kernels.templates.host_has", lambda feature: avx512 or feature != "avx512f"
+    )
+    spec = CampaignSpec(name="c", problem="softmax")
+    template = next(t for t in kernel_templates("softmax", "cpu", spec) if t.name == "softmax_rows")
+    elsewhere = template.known_elsewhere[0]
+    assert elsewhere["isa"] == "avx512" and elsewhere["fuse"] == "pipelined"
+    started = [p.params for p in starting_points(spec) if p.template == "softmax_rows"]
+    assert started == ([template.best_known, elsewhere] if avx512 else [template.best_known])

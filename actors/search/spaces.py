@@ -103,8 +103,10 @@ def seed_points(campaign: CampaignSpec) -> list[Proposal]:
 
 def starting_points(campaign: CampaignSpec) -> list[Proposal]:
     """Generation 0 of a search from points: each space's best known point, the seeds' (as
-    they are) first."""
+    they are) first, and after it those known on other kinds of host that this one's
+    space holds."""
     return [
-        Proposal(t.name, dict(t.best_known))
+        Proposal(t.name, dict(point))
         for t in kernel_templates(campaign.problem, campaign.target, campaign)
+        for point in (t.best_known, *(p for p in t.known_elsewhere if t.is_valid(p)))
     ]

@@ -290,7 +290,10 @@ def test_two_spaces_of_one_name_are_refused(tmp_path: Path) -> None:
         design_spaces(_write_problem(tmp_path, spaces), "cpu")
 
 
-def test_a_template_search_starts_from_each_built_in_templates_best_known_point() -> None:
+def test_a_template_search_starts_from_each_built_in_templates_best_known_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("kernels.templates.host_has", lambda feature: feature != "avx512f")
     spec = CampaignSpec(problem="softmax")
     first = TemplateStrategy().first_points(spec)
     templates = kernel_templates("softmax", "cpu", spec)
@@ -302,8 +305,9 @@ def test_a_template_search_starts_from_each_built_in_templates_best_known_point(
 def test_a_search_starts_from_points_known_on_other_hosts_that_this_one_can_run(
     avx512: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """softmax_rows' fastest point on an AVX-512 Xeon is proposed beside its best known
-    point where the host has AVX-512, and never where it has not (its space lacks it)."""
+    """softmax_rows' fastest point on an AVX-512 Xeon is proposed after its best known
+    point where the host has AVX-512, and never where it has not (its space lacks it). The
+    LLM writer starts from the best known points alone: one elite per template."""
     monkeypatch.setattr(
         "kernels.templates.host_has", lambda feature: avx512 or feature != "avx512f"
     )
@@ -311,5 +315,9 @@ def test_a_search_starts_from_points_known_on_other_hosts_that_this_one_can_run(
     template = next(t for t in kernel_templates("softmax", "cpu", spec) if t.name == "softmax_rows")
     elsewhere = template.known_elsewhere[0]
     assert elsewhere["isa"] == "avx512" and elsewhere["fuse"] == "pipelined"
-    started = [p.params for p in starting_points(spec) if p.template == "softmax_rows"]
+    first = TemplateStrategy().first_points(spec)
+    started = [p.params for p in first if p.template == "softmax_rows"]
     assert started == ([template.best_known, elsewhere] if avx512 else [template.best_known])
+    assert [p.params for p in starting_points(spec) if p.template == "softmax_rows"] == [
+        template.best_known
+    ]

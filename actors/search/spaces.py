@@ -11,7 +11,9 @@ names must be unique among a problem's spaces, and only the spaces written for t
 campaign's dtype are searched. `kernels/user_spaces.py` builds the user's spaces.
 `seed_points`: each seed as it is; `starting_points`: generation 0 of a search from
 points, each space's best known point (a seed's is the seed as it is; a template's, a
-space's declared `best`), so a search never ends below what is already known.
+space's declared `best`), so a search never ends below what is already known;
+`known_elsewhere`: the points measured fastest on other kinds of host that this one's
+spaces hold (the template search proposes them next).
 """
 
 from __future__ import annotations
@@ -103,10 +105,18 @@ def seed_points(campaign: CampaignSpec) -> list[Proposal]:
 
 def starting_points(campaign: CampaignSpec) -> list[Proposal]:
     """Generation 0 of a search from points: each space's best known point, the seeds' (as
-    they are) first, and after it those known on other kinds of host that this one's
-    space holds."""
+    they are) first."""
+    return [
+        Proposal(t.name, dict(t.best_known))
+        for t in kernel_templates(campaign.problem, campaign.target, campaign)
+    ]
+
+
+def known_elsewhere(campaign: CampaignSpec) -> list[Proposal]:
+    """The points measured fastest on other kinds of host that this host's spaces hold."""
     return [
         Proposal(t.name, dict(point))
         for t in kernel_templates(campaign.problem, campaign.target, campaign)
-        for point in (t.best_known, *(p for p in t.known_elsewhere if t.is_valid(p)))
+        for point in t.known_elsewhere
+        if t.is_valid(point)
     ]

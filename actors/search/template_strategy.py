@@ -1,6 +1,7 @@
 """The template strategy (`writer.kind = "template"`): each generation is points of the
 problem's design spaces, the seed kernels as they are and each space's best known point
-first (`actors.search.spaces.starting_points`), then what the optuna search
+first (`actors.search.spaces.starting_points`), then the points known fastest on other
+kinds of host that this one's spaces hold (`known_elsewhere`), then what the optuna search
 (`actors.search.template_search`, warm-started by earlier campaigns) proposes."""
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from typing import Any
 
 from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Campaign, History
-from actors.search.spaces import starting_points
+from actors.search.spaces import known_elsewhere, starting_points
 from actors.search.strategy import Filled, GenerationInputs, Planned, Stalled, fresh_points
 from actors.search.template_search import Proposal, Space, TemplateSearch
 
 
 class TemplateStrategy:
     def first_points(self, spec: CampaignSpec) -> list[Proposal]:
-        return starting_points(spec)
+        return [*starting_points(spec), *known_elsewhere(spec)]
 
     def needs_known(self, generation: int, spaces: Sequence[Space]) -> bool:
         return bool(spaces)

@@ -308,7 +308,7 @@ SOFTMAX_ROWS = _stream_template(
     (
         Constraint(
             "online keeps no buffer",
-            "the online sweep stores nothing: buffer and tile belong to fuse none",
+            "the online sweep stores nothing: buffer and tile belong to the other structures",
             _online_keeps_no_buffer,
         ),
         Constraint(

@@ -630,8 +630,8 @@ static void bind_openmp_team(void *library) {
         sched_getaffinity(0, sizeof usable_cpus, &usable_cpus) != 0)
         return;
     if (syscall(SYS_getcpu, &here, NULL, NULL) == 0)
-        for (int index = 0; index < CPU_COUNT(&usable_cpus); ++index)
-            if (usable_cpu(index) == (int)here) first_cpu_index = index;
+        for (unsigned cpu = 0; cpu < here && cpu < CPU_SETSIZE; ++cpu)
+            first_cpu_index += CPU_ISSET(cpu, &usable_cpus) ? 1 : 0;
     parallel(bind_team_thread, NULL, 0, 0);
 }
 

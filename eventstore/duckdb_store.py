@@ -21,22 +21,25 @@ runs, opening the file raises StoreLocked.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import msgspec
-import pyarrow as pa
 
 from eventstore.codec import decode
 from eventstore.events import Event
 from eventstore.sql_guard import check_read_only
 from eventstore.store import EventStore, Fence, RawRow, Row, check_fence
 from eventstore.views import create_views
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -66,24 +69,29 @@ ALTER TABLE store_cursor ADD COLUMN IF NOT EXISTS lease_token BIGINT;
 ALTER TABLE store_cursor ADD COLUMN IF NOT EXISTS lease_scope VARCHAR;
 """
 
-_ARROW_SCHEMA = pa.schema(
-    [
-        ("position", pa.int64()),
-        ("event_id", pa.string()),
-        ("campaign_id", pa.string()),
-        ("type", pa.string()),
-        ("schema", pa.int32()),
-        ("ts", pa.timestamp("us", tz="UTC")),
-        ("actor_role", pa.string()),
-        ("actor_instance", pa.string()),
-        ("actor_host", pa.string()),
-        ("causation_id", pa.string()),
-        ("correlation_id", pa.string()),
-        ("stream_seq", pa.int64()),
-        ("payload", pa.string()),
-        ("chain_hash", pa.binary()),
-    ]
-)
+
+@functools.cache
+def _arrow_schema() -> pa.Schema:
+    import pyarrow as pa  # only a writer needs it: a read-only command starts sooner
+
+    return pa.schema(
+        [
+            ("position", pa.int64()),
+            ("event_id", pa.string()),
+            ("campaign_id", pa.string()),
+            ("type", pa.string()),
+            ("schema", pa.int32()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("actor_role", pa.string()),
+            ("actor_instance", pa.string()),
+            ("actor_host", pa.string()),
+            ("causation_id", pa.string()),
+            ("correlation_id", pa.string()),
+            ("stream_seq", pa.int64()),
+            ("payload", pa.string()),
+            ("chain_hash", pa.binary()),
+        ]
+    )
 
 
 class StoreLocked(RuntimeError):
@@ -230,6 +238,8 @@ class DuckDBEventStore(EventStore):
         return True
 
     def _stored_ids(self, event_ids: Iterable[str]) -> set[str]:
+        import pyarrow as pa
+
         ids = pa.table({"event_id": pa.array(list(event_ids), pa.string())})
         with self._lock:
             self._conn.register("kf_ids", ids)
@@ -371,6 +381,8 @@ class DuckDBEventStore(EventStore):
 
 
 def _to_arrow(rows: list[Row]) -> pa.Table:
+    import pyarrow as pa
+
     events = [row.event for row in rows]
     actors = [e.actor for e in events]
     columns = [
@@ -390,6 +402,9 @@ def _to_arrow(rows: list[Row]) -> pa.Table:
         [row.chain_hash for row in rows],
     ]
     return pa.Table.from_arrays(
-        [pa.array(col, type=field.type) for col, field in zip(columns, _ARROW_SCHEMA, strict=True)],
-        schema=_ARROW_SCHEMA,
+        [
+            pa.array(col, type=field.type)
+            for col, field in zip(columns, _arrow_schema(), strict=True)
+        ],
+        schema=_arrow_schema(),
     )

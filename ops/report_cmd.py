@@ -9,7 +9,6 @@ import typer
 from eventstore.events import SYSTEM_CAMPAIGN, HostCalibrated
 from gpu_workers.atomic_file import write_atomically
 from ops.options import HOME
-from ops.report import render_report
 from ops.store_access import open_history, rebuild_campaign
 
 REPORT_HELP = """Write a campaign's report as one HTML file that opens with no network.
@@ -36,6 +35,8 @@ def report(
             for _, e in snapshot.events(SYSTEM_CAMPAIGN, types=["HostCalibrated"])
             if isinstance(e, HostCalibrated)
         ]
+    from ops.report import render_report  # plotly: loaded by this command only
+
     page = render_report(rebuilt, calibrations)
     output.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(output, page.encode())

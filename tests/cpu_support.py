@@ -36,5 +36,7 @@ def cpu_backend(kf_cache: Path) -> CpuBackend:
 
 @pytest.fixture(scope="session")
 def calibration(kf_cache: Path) -> HostCalibration:
-    with locked(kf_cache):  # measured by one worker, read by the others
-        return load_or_calibrate(kf_cache)
+    # Measured by one worker, read by the others. A test session keeps the host busy: one
+    # run, not the runs and backoff that wait for a quiet host (it is kept for minutes).
+    with locked(kf_cache):
+        return load_or_calibrate(kf_cache, attempts=1)

@@ -24,30 +24,37 @@ from eventstore.codec import decode
 from eventstore.events import CandidateProposed, GenerationOpened
 from tests.decision_log import record
 from tests.evolve_history import write_problem
+from tests.session_share import locked, shared_dir
 from tests.test_swarm import sql
 
 NAME = "evolve-e2e"
+pytestmark = pytest.mark.xdist_group("evolve-campaign")  # its tests read one store
 
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    folder = tmp_path_factory.mktemp("evolve")
-    problem, seed = write_problem(folder)
-    home = folder / "home"
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "ops.cli", "run", "--problem", problem,
-            "--seed-source", str(seed), "--writer", "evolve", "--budget", "4",
-            "--per-generation", "3", "--shapes", "64x512", "--wall-time", "5m",
-            "--name", NAME, "--json", "--home", str(home),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={"PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return home, json.loads(done.stdout)
+    """Run once per session: a module fixture is set up again whenever its worker runs
+    another module's test between this module's."""
+    folder = shared_dir(tmp_path_factory, "evolve-campaign")
+    home, result_file = folder / "home", folder / "run.json"
+    with locked(folder):
+        if not result_file.exists():
+            problem, seed = write_problem(folder)
+            done = subprocess.run(
+                [
+                    sys.executable, "-m", "ops.cli", "run", "--problem", problem,
+                    "--seed-source", str(seed), "--writer", "evolve", "--budget", "4",
+                    "--per-generation", "3", "--shapes", "64x512", "--wall-time", "5m",
+                    "--name", NAME, "--json", "--home", str(home),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=400,
+                env={"PATH": "/usr/bin:/bin"},
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            result_file.write_text(done.stdout)
+    return home, json.loads(result_file.read_text())
 
 
 def test_operators_write_verified_children_that_record_their_lineage(

@@ -107,6 +107,24 @@ class Constraint:
     name: str
     doc: str
     holds: Callable[[Params], bool]
+    implies: Callable[[Params], dict[str, ParamValue]] | None = None
+    """For a structure that fixes parameters it ignores: the values it fixes at a point
+    (empty where it fixes none). The search sets them (`Template.canonical`) instead of
+    discarding the point, so such a structure is proposed as often as any other."""
+
+
+def implied(
+    name: str, doc: str, when: Callable[[Params], bool], values: Mapping[str, ParamValue]
+) -> Constraint:
+    """The constraint that where `when` holds, the parameters of `values` take those values."""
+
+    def holds(p: Params) -> bool:
+        return not when(p) or all(p[k] == v for k, v in values.items())
+
+    def implies(p: Params) -> dict[str, ParamValue]:
+        return dict(values) if when(p) else {}
+
+    return Constraint(name, doc, holds, implies)
 
 
 @dataclass(frozen=True)
@@ -166,6 +184,20 @@ class Template:
 
     def accepts(self, dtype: str) -> bool:
         return dtype in TARGET_DTYPES[self.target]
+
+    def canonical(self, params: Params) -> dict[str, ParamValue]:
+        """`params` with the values its structures fix set (`Constraint.implies`): one
+        kernel, whatever the point said of parameters that kernel ignores."""
+        point = dict(params)
+        for _ in self.constraints:  # an implied value may be what another reads
+            fixed = {**point}
+            for c in self.constraints:
+                if c.implies is not None:
+                    fixed.update(c.implies(fixed))
+            if fixed == point:
+                break
+            point = fixed
+        return point
 
     def completed(self, params: Params) -> dict[str, ParamValue]:
         """`params` with each parameter added since it was recorded at its `before` value,

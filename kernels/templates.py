@@ -52,6 +52,7 @@ from kernels.design_space import (
     ParamValue,
     Rendered,
     Template,
+    implied,
 )
 from kernels.host_isa import host_has
 
@@ -79,8 +80,8 @@ def _width_needs_avx512(p: Params) -> bool:
     return int(p["simdlen"]) <= 8 or "-march=native" in str(p["flags"])
 
 
-def _schedule_needs_threads(p: Params) -> bool:
-    return p["schedule"] == "static" or int(p["threads"]) != 1
+def _one_thread(p: Params) -> bool:
+    return int(p["threads"]) == 1
 
 
 def _prefetch_beyond_unrolled_body(p: Params) -> bool:
@@ -93,10 +94,11 @@ ROW_CONSTRAINTS: tuple[Constraint, ...] = (
         "simdlen 16 assumes AVX-512 (or two AVX2 registers), which only -march=native enables",
         _width_needs_avx512,
     ),
-    Constraint(
+    implied(
         "schedule only matters with threads",
         "a dynamic schedule on one thread is the static one with overhead",
-        _schedule_needs_threads,
+        _one_thread,
+        {"schedule": "static"},
     ),
     Constraint(
         "prefetch beyond the unrolled body",
@@ -179,8 +181,8 @@ def _stream_params() -> tuple[Param, ...]:
     )
 
 
-def _avx512_is_16_wide(p: Params) -> bool:
-    return p["isa"] != "avx512" or int(p["simdlen"]) == 16
+def _explicit_avx512(p: Params) -> bool:
+    return p["isa"] == "avx512"
 
 
 def _avx512_on_this_host(p: Params) -> bool:
@@ -189,10 +191,11 @@ def _avx512_on_this_host(p: Params) -> bool:
 
 STREAM_CONSTRAINTS: tuple[Constraint, ...] = (
     ROW_CONSTRAINTS[1],
-    Constraint(
+    implied(
         "explicit AVX-512 is 16 floats wide",
         "isa avx512 works on __m512 registers: simdlen 16",
-        _avx512_is_16_wide,
+        _explicit_avx512,
+        {"simdlen": 16},
     ),
     Constraint(
         "explicit AVX-512 only where the host has it",
@@ -202,21 +205,16 @@ STREAM_CONSTRAINTS: tuple[Constraint, ...] = (
 )
 
 
-def _online_keeps_no_buffer(p: Params) -> bool:
-    return p["fuse"] != "online" or (not p["buffer"] and int(p["tile"]) == 0)
+def _online(p: Params) -> bool:
+    return p["fuse"] == "online"
 
 
-def _pipelined_keeps_two_row_buffers(p: Params) -> bool:
-    return p["fuse"] != "pipelined" or (
-        bool(p["buffer"])
-        and int(p["tile"]) == 0
-        and p["schedule"] == "static"
-        and p["prefetch_pass"] == "output"
-    )
+def _pipelined(p: Params) -> bool:
+    return p["fuse"] == "pipelined"
 
 
-def _prefetch_pass_needs_a_prefetch(p: Params) -> bool:
-    return p["prefetch_pass"] == "output" or int(p["prefetch"]) > 0
+def _no_prefetch(p: Params) -> bool:
+    return int(p["prefetch"]) == 0
 
 
 def _softmax_streams_an_untouched_output(p: Params) -> bool:
@@ -306,23 +304,26 @@ SOFTMAX_ROWS = _stream_template(
         ),
     ),
     (
-        Constraint(
+        implied(
             "online keeps no buffer",
             "the online sweep stores nothing: buffer and tile belong to the other structures",
-            _online_keeps_no_buffer,
+            _online,
+            {"buffer": False, "tile": 0},
         ),
-        Constraint(
+        implied(
             "pipelined keeps two row buffers",
             "the pipelined sweep keeps its rows' exp values in two whole-row buffers, takes "
             "each thread's rows as one block (the static schedule), and its one sweep both "
             "computes and writes (prefetch_pass output names it)",
-            _pipelined_keeps_two_row_buffers,
+            _pipelined,
+            {"buffer": True, "tile": 0, "schedule": "static", "prefetch_pass": "output"},
         ),
-        Constraint(
+        implied(
             "the prefetching pass needs a prefetch",
             "prefetch_pass exp moves the prefetch of the row ahead: without one it is the "
             "same kernel as prefetch_pass output",
-            _prefetch_pass_needs_a_prefetch,
+            _no_prefetch,
+            {"prefetch_pass": "output"},
         ),
         Constraint(
             "streaming only to an untouched output",

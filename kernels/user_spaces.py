@@ -43,6 +43,7 @@ from kernels.design_space import (
     ParamValue,
     Rendered,
     Template,
+    implied,
 )
 
 DEFAULT_FLAGS = "-O3 -march=native"
@@ -231,8 +232,8 @@ def _hint_needs_native(p: Params) -> bool:
     return int(p["vector_width"]) == 0 or "-march=native" in str(p["flags"])
 
 
-def _schedule_needs_threads(p: Params) -> bool:
-    return int(p["threads"]) != 1 or p["schedule"] == AS_WRITTEN
+def _one_thread(p: Params) -> bool:
+    return int(p["threads"]) == 1
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,12 @@ def generic_space(name: str, problem: str, source: str, origin: str) -> GenericS
             Param("schedule", (AS_WRITTEN, "static", "dynamic", "guided"), "loop schedule"),
         ]
         constraints.append(
-            Constraint("schedule only matters with threads", "", _schedule_needs_threads)
+            implied(
+                "schedule only matters with threads",
+                "one thread runs the loop as written",
+                _one_thread,
+                {"schedule": AS_WRITTEN},
+            )
         )
         as_is |= {"threads": 0, "schedule": AS_WRITTEN}
     return GenericSpace(

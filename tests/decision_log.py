@@ -31,8 +31,9 @@ def read_log(name: str) -> list[Event]:
 class AsRecorded:
     """A space as a recorded swarm searched it: without the parameters added since (those
     with a `before` value), which its points take at that value (`Template.completed`),
-    and without the choices added since (`Param.added`); everything else is the space's
-    own."""
+    without the choices added since (`Param.added`), and discarding a point whose
+    structures fix values it does not hold (before `Template.canonical`); everything else
+    is the space's own."""
 
     def __init__(self, space: Template) -> None:
         self._space = space
@@ -47,6 +48,9 @@ class AsRecorded:
 
     def completed(self, params: Params) -> dict[str, ParamValue]:
         return dict(params)  # the search sees the points as recorded; render completes them
+
+    def canonical(self, params: Params) -> dict[str, ParamValue]:
+        return dict(params)  # the recorded search discarded a point its structures fix
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._space, name)

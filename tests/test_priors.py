@@ -47,6 +47,9 @@ class Space:
     def is_valid(self, params: Any) -> bool:
         return True
 
+    def canonical(self, params: Any) -> dict[str, Any]:
+        return dict(params)  # no structure fixes a parameter
+
     def completed(self, params: Any) -> dict[str, Any]:
         return dict(params)  # no parameter was added after the points were recorded
 

@@ -5,7 +5,9 @@ Every settled candidate of the same problem and target (this campaign and earlie
 is added to a fresh study as a finished trial: its value is the measured speedup, 0 for
 a rejected kernel, so TPE learns to leave failing regions. Points that break a space's
 constraints, were already proposed in the dedupe scope, or fall in a region a lesson
-says to avoid are told as pruned and never proposed.
+says to avoid are told as pruned and never proposed. A point first takes the values its
+structures fix (`Template.canonical`): a structure that ignores some parameters is
+proposed as often as any other, not pruned for what it ignores.
 
 A generation is asked of one study (multivariate TPE, seeded by the search seed and the
 generation) with the constant liar: each point asked is left running, so TPE treats it
@@ -61,6 +63,7 @@ class Space(Protocol):
     @property
     def params(self) -> Sequence[ParamSpec]: ...
     def is_valid(self, params: Any) -> bool: ...
+    def canonical(self, params: Any) -> dict[str, Any]: ...
     def completed(self, params: Any) -> dict[str, Any]: ...
 
 
@@ -164,10 +167,12 @@ class TemplateSearch:
                 break
             trial = study.ask()
             template = str(trial.suggest_categorical(TEMPLATE, list(self.spaces)))
-            params = {
-                p.name: trial.suggest_categorical(f"{template}.{p.name}", list(p.choices))
-                for p in self.spaces[template].params
-            }
+            params = self.spaces[template].canonical(
+                {
+                    p.name: trial.suggest_categorical(f"{template}.{p.name}", list(p.choices))
+                    for p in self.spaces[template].params
+                }
+            )
             proposal = Proposal(template, params)
             if (
                 not self.spaces[template].is_valid(params)
@@ -220,7 +225,7 @@ class TemplateSearch:
             if len(chosen) == count:
                 return
             space = self.spaces[rng.choice(list(self.spaces))]
-            params = {p.name: rng.choice(list(p.choices)) for p in space.params}
+            params = space.canonical({p.name: rng.choice(list(p.choices)) for p in space.params})
             proposal = Proposal(space.name, params)
             if space.is_valid(params) and proposal.key not in chosen and not taken(proposal):
                 chosen[proposal.key] = proposal

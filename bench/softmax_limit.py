@@ -85,7 +85,8 @@ def hand_library(structure: int, exp: int) -> tuple[str, Path]:
 
 
 def template_point_library(changes: str) -> tuple[str, Path]:
-    """softmax_rows at its best known point with `changes` ("param=value,..."), built."""
+    """softmax_rows at its best known point with `changes` ("param=value,..."), and the
+    values its structures fix (`Template.canonical`: fuse=pipelined is enough), built."""
     template = TEMPLATES["softmax_rows"]
     point = dict(template.best_known)
     for change in changes.split(","):
@@ -94,7 +95,7 @@ def template_point_library(changes: str) -> tuple[str, Path]:
             raise SystemExit(f"--point {changes}: softmax_rows has no parameter {key!r}")
         old = point[key]
         point[key] = text == "True" if isinstance(old, bool) else type(old)(text)
-    rendered = template.render(point)
+    rendered = template.render(template.canonical(point))
     name = "point_" + changes.replace("=", "_").replace(",", "_")
     return name, compile_library(name, rendered.source, rendered.flags)
 
@@ -151,7 +152,8 @@ def main() -> None:
         action="append",
         default=[],
         help="a softmax_rows point to time too: its best known point with these changes, "
-        "e.g. prefetch=1,prefetch_pass=exp (repeat for more points)",
+        "and the values its structures fix, e.g. prefetch=1,prefetch_pass=exp or "
+        "fuse=pipelined,streaming=True (repeat for more points)",
     )
     parser.add_argument(
         "--shared-memory",

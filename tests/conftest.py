@@ -13,10 +13,11 @@ tests that need an NVIDIA GPU and pycuda, skipped with the reason elsewhere; and
 pytest-timeout's `timeout` (300 s unless a test says). `make test` spreads the rest over
 three pytest-xdist workers with `--dist loadgroup`, so a test that must not run beside
 another can name an `xdist_group`. What a session builds once (the recorded campaign of
-`tests/recorded_campaign.py`, the compile cache and calibration of `tests/cpu_support.py`)
-is built by the first worker that needs it, under a file lock, in a folder all workers
-share (`tests/session_share.py`). No test asserts on how fast the host is: a "within N s"
-bound is generous enough for a busy host.
+`tests/recorded_campaign.py`, the evolve campaign of `tests/test_evolve_campaign.py`, the
+compile cache and calibration of `tests/cpu_support.py`) is built by the first worker
+that needs it, under a file lock, in a folder all workers share
+(`tests/session_share.py`). No test asserts on how fast the host is: a "within N s" bound
+is generous enough for a busy host.
 """
 
 from __future__ import annotations

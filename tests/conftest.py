@@ -16,8 +16,10 @@ another can name an `xdist_group`. What a session builds once (the recorded camp
 `tests/recorded_campaign.py`, the evolve campaign of `tests/test_evolve_campaign.py`, the
 compile cache and calibration of `tests/cpu_support.py`) is built by the first worker
 that needs it, under a file lock, in a folder all workers share
-(`tests/session_share.py`). No test asserts on how fast the host is: a "within N s" bound
-is generous enough for a busy host.
+(`tests/session_share.py`). That compile cache and calibration serve everything a test
+runs: the session sets KFACTORY_CACHE_DIR to it, so no test reads or writes the user's
+cache. No test asserts on how fast the host is: a "within N s" bound is generous enough
+for a busy host.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from bus.server import EmbeddedNatsServer
 from eventstore.events import ActorRef, CampaignStarted, HostCalibrated, new_event
 from ops.hub import Hub, running_hub
 from ops.logging import configure_logging
+from tests.cpu_support import kf_cache
+
+__all__ = ["kf_cache"]  # a fixture every session uses (below)
 
 configure_logging()
 
@@ -41,6 +46,16 @@ configure_logging()
 CLI_ACTOR = ActorRef(role="cli", instance="cli-1", host="localhost")
 BENCH_ACTOR = ActorRef(role="benchmarker", instance="benchmarker-1", host="localhost")
 TEST_ACTOR = CLI_ACTOR
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(kf_cache: Path) -> Iterator[None]:
+    """Whatever a test runs (actors in this process, `kfactory` in a subprocess) compiles
+    and calibrates in the session's cache: never in the user's ~/.cache/kfactory, whose
+    kernels and calibration would otherwise decide what a test measures."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KFACTORY_CACHE_DIR", str(kf_cache))
+        yield
 
 
 @pytest.fixture(autouse=True)

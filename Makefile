@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow check bench bench-kt clean
+.PHONY: run test test-slow check bench bench-kt bench-host clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ $(KT)/.installed: $(STAMP)
 
 bench-kt: $(KT)/.installed
 	$(BIN)/python bench/kernel_tuner_softmax.py
+
+# This host's row of bench/results/hosts.md: Kernel Tuner, a campaign, the neutral run.
+bench-host: $(KT)/.installed
+	$(BIN)/python bench/host_figures.py
 
 clean:
 	rm -rf $(VENV) .kfactory .pytest_cache .mypy_cache .ruff_cache

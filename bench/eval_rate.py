@@ -216,7 +216,7 @@ def swarm_rate(
         load_after = os.getloadavg()
         if done.returncode != 0:
             raise SystemExit(f"the campaign failed ({done.returncode}): {done.stderr[-2000:]}")
-        found = _settling(work / "home" / "events.duckdb", name)
+        found = settling(work / "home" / "events.duckdb", name)
     span = found["last_settled_s"]
     rate = found["settled"] / (span / 60) if span > 0 else 0.0
     print(
@@ -240,7 +240,7 @@ def swarm_rate(
     }
 
 
-def _settling(store: Path, campaign: str) -> dict[str, Any]:
+def settling(store: Path, campaign: str) -> dict[str, Any]:
     """From the recorded campaign: when kernels were first written and each candidate
     settled, and what each timing saw."""
     db = duckdb.connect(str(store), read_only=True)

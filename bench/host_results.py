@@ -2,10 +2,12 @@
 
 A figure from one kind of host says nothing of another (an AVX2 EPYC and an AVX-512 Xeon
 rank the same kernels differently), so each bench that measures a headline figure adds
-it to its host kind's row: `record(figures, command)`. The kind is the CPU model, its
-widest vector ISA (AVX-512 where the CPU flags list avx512f, else AVX2, else SSE) and its
-core count. The rows live in `bench/results/hosts.json` and are rendered to
-`bench/results/hosts.md`, the two files of bench/results/ that git keeps.
+it to its host kind's row: `record(figures, command)`. The kind is the CPU model with its
+family and model number (a virtual machine's model name can hide the generation: a Zen 2
+and a Zen 4 EPYC are both "AMD EPYC"), its widest vector ISA (AVX-512 where the CPU flags
+list avx512f, else AVX2, else SSE) and its core count. The rows live in
+`bench/results/hosts.json` and are rendered to `bench/results/hosts.md`, the two files of
+bench/results/ that git keeps; `make bench-host` measures this host's whole row.
 
 Usage: python bench/host_results.py    # prints the table (and this host's kind)
 """
@@ -36,7 +38,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
         "{:.3f}",
     ),
     "of_softmax_bound": (
-        "promoted best, of the bound max(copy, softmax arithmetic)",
+        "promoted best, of the bound max(fastest copy call, softmax arithmetic)",
+        "{:.0%}",
+    ),
+    "of_bound_in_its_round": (
+        "promoted best, of that bound with the copy of its own round (median per round)",
         "{:.0%}",
     ),
     "of_exp_bound": ("promoted best, of the looser max(copy, exps alone)", "{:.0%}"),
@@ -55,12 +61,36 @@ def isa() -> str:
     return "SSE"
 
 
+def family_and_model() -> str:
+    """The CPU's family and model number from /proc/cpuinfo ("" where it does not say)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+    except OSError:
+        return ""
+    if "cpu family" not in fields or "model" not in fields:
+        return ""
+    return f"family {fields['cpu family']}, model {fields['model']}"
+
+
 def host_kind() -> dict[str, Any]:
-    return {"cpu_model": cpu_model(), "isa": isa(), "cores": os.cpu_count() or 1}
+    return {
+        "cpu_model": cpu_model(),
+        "family_and_model": family_and_model(),
+        "isa": isa(),
+        "cores": os.cpu_count() or 1,
+    }
 
 
-def _key(kind: dict[str, Any]) -> str:
-    return f"{kind['cpu_model']}, {kind['isa']}, {kind['cores']} cores"
+def cpu_name(kind: dict[str, Any]) -> str:
+    family = kind.get("family_and_model")  # rows measured before it was kept lack it
+    return f"{kind['cpu_model']} ({family})" if family else str(kind["cpu_model"])
+
+
+def key(kind: dict[str, Any]) -> str:
+    return f"{cpu_name(kind)}, {kind['isa']}, {kind['cores']} cores"
 
 
 def load() -> dict[str, dict[str, Any]]:
@@ -75,7 +105,7 @@ def record(figures: dict[str, float], command: str) -> Path:
         raise ValueError(f"not a column of the host table: {sorted(unknown)}")
     rows = load()
     kind = host_kind()
-    row = rows.setdefault(_key(kind), {**kind, "figures": {}})
+    row = rows.setdefault(key(kind), {**kind, "figures": {}})
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     for name, value in figures.items():
         row["figures"][name] = {
@@ -110,12 +140,12 @@ def render(rows: dict[str, dict[str, Any]]) -> str:
     ]
     for key in sorted(rows):
         row = rows[key]
-        cells = [row["cpu_model"], row["isa"], str(row["cores"])]
+        cells = [cpu_name(row), row["isa"], str(row["cores"])]
         cells += [_cell(name, row["figures"]) for name in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    print(f"this host: {_key(host_kind())}\n")
+    print(f"this host: {key(host_kind())}\n")
     print(render(load()), end="")

@@ -89,14 +89,13 @@ register_commands(app, COMMAND_MODULES)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kfactory` console script (`argv` None: the process's own)."""
-    try:
-        return _main(argv)
-    finally:
-        if argv is None and threading.current_thread() is threading.main_thread():
-            # The command is done: a Ctrl-C from here on ends the process at once and
-            # silently (the default action), never as a KeyboardInterrupt raised inside
-            # the interpreter's shutdown, which would print a traceback.
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if argv is None and threading.current_thread() is threading.main_thread():
+        # A Ctrl-C outside a command's own stop (`ops.lifecycle`, which hands this back
+        # when its body ends) ends the process at once and silently (the default action),
+        # never as a KeyboardInterrupt raised wherever the interpreter is, as the command
+        # ends or in the interpreter's shutdown, which would print a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return _main(argv)
 
 
 def _main(argv: list[str] | None) -> int:

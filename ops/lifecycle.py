@@ -43,32 +43,55 @@ def run_until_stopped(
     exit_status: int = STOPPED,
 ) -> T:
     """Run `body(stop)`; raises Stopped if a signal cut it short (its result is lost),
-    saying `stopped` on stderr first (the process may end before the caller can)."""
+    saying `stopped` on stderr first (the process may end before the caller can). A
+    signal after the body ended gets the handler the process had before (`kfactory`'s:
+    the default action), never the body's stop: the command's outcome is decided."""
     loop = asyncio.new_event_loop()
+    signalled = False
     try:
         asyncio.set_event_loop(loop)
         stop = asyncio.Event()
         signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
         if threading.current_thread() is not threading.main_thread():
             signals = ()  # only the main thread receives signals (a test runs us in another)
+        before = {sig: signal.getsignal(sig) for sig in signals}
         for sig in signals:
             loop.add_signal_handler(sig, stop.set)
         main = loop.create_task(body(stop))
         try:
-            result = loop.run_until_complete(_bounded(main, stop, exit_status))
+            result, signalled = loop.run_until_complete(_bounded(main, stop, exit_status))
         except (asyncio.CancelledError, ConnectStopped):
+            signalled = True
             print(f"kfactory: {stopped}", file=sys.stderr, flush=True)
             raise Stopped() from None
         finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
+            _hand_back(loop, before)
             _cancel_the_rest(loop)
         return result
     finally:
-        _close(loop, stopped=stop.is_set(), exit_status=exit_status)
+        _close(loop, stopped=signalled, exit_status=exit_status)
 
 
-async def _bounded(main: asyncio.Task[T], stop: asyncio.Event, exit_status: int) -> T:
+def _hand_back(loop: asyncio.AbstractEventLoop, before: dict[signal.Signals, Any]) -> None:
+    """Give each signal back the handler it had before the loop took it. Blocked while
+    that happens, so one that comes meanwhile waits for that handler, and is neither the
+    loop's (a stop the body will never see) nor Python's KeyboardInterrupt in between."""
+    if not before:
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(before))
+    try:
+        for sig, handler in before.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(before))
+
+
+async def _bounded(main: asyncio.Task[T], stop: asyncio.Event, exit_status: int) -> tuple[T, bool]:
+    """The body's result, and whether a signal came before it ended (one that comes
+    after is not the body's: its outcome stands)."""
+    signalled: list[bool] = []  # as the body ended
+    main.add_done_callback(lambda _: signalled.append(stop.is_set()))
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({main, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -80,7 +103,7 @@ async def _bounded(main: asyncio.Task[T], stop: asyncio.Event, exit_status: int)
         if not main.done():
             print("kfactory: did not stop within 2 s of the signal; exiting", file=sys.stderr)
             _exit_now(exit_status)
-        return main.result()
+        return main.result(), signalled[0] if signalled else stop.is_set()
     finally:
         stopping.cancel()
 

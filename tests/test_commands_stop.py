@@ -134,3 +134,60 @@ def test_a_handler_left_behind_by_a_stop_is_let_go_without_a_word() -> None:
     )
     said = done.stderr.splitlines()
     assert said == ["kfactory: stopped", "exited"], done.stderr
+
+
+#: A body that ends with a thread still busy, and a Ctrl-C that reaches its loop as it
+#: ends: queued by the body's last step, so the loop sees it once the body is done.
+A_SIGNAL_AS_THE_BODY_ENDS = """
+import asyncio, os, signal, sys, time
+import ops.lifecycle as lifecycle
+
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # as `kfactory` runs its commands
+
+async def body(stop):
+    loop = asyncio.get_running_loop()
+    loop.run_in_executor(None, time.sleep, 1.0)  # a compile or a timing, still running
+    loop.call_soon(os.kill, os.getpid(), signal.SIGINT)
+    return 0
+
+print("returned", lifecycle.run_until_stopped(body), file=sys.stderr)
+"""
+
+
+def test_a_signal_that_comes_as_the_body_ends_leaves_its_outcome_alone() -> None:
+    """The command's outcome was decided: it returns it (after its threads end), instead
+    of exiting as stopped without a word."""
+    done = subprocess.run(
+        [sys.executable, "-c", A_SIGNAL_AS_THE_BODY_ENDS], capture_output=True, timeout=60
+    )
+    assert (done.returncode, done.stderr.decode().splitlines()) == (0, ["returned 0"])
+
+
+#: A Ctrl-C after the body ended, once the loop has handed its signals back.
+A_SIGNAL_AFTER_THE_BODY = """
+import os, signal, sys
+import ops.lifecycle as lifecycle
+
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # as `kfactory` runs its commands
+cancel_the_rest = lifecycle._cancel_the_rest
+
+def interrupted_meanwhile(loop):
+    os.kill(os.getpid(), signal.SIGINT)
+    cancel_the_rest(loop)
+
+lifecycle._cancel_the_rest = interrupted_meanwhile
+
+async def body(stop):
+    return 0
+
+print("returned", lifecycle.run_until_stopped(body), file=sys.stderr)
+"""
+
+
+def test_a_signal_after_the_body_gets_the_handler_the_process_had() -> None:
+    """`kfactory`'s: the default action, at once and silently; not a KeyboardInterrupt
+    raised wherever the interpreter is (a traceback), nor a stop nobody sees."""
+    done = subprocess.run(
+        [sys.executable, "-c", A_SIGNAL_AFTER_THE_BODY], capture_output=True, timeout=60
+    )
+    assert (done.returncode, done.stderr) == (-signal.SIGINT, b"")

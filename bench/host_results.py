@@ -138,8 +138,7 @@ def render(rows: dict[str, dict[str, Any]]) -> str:
         "| CPU | ISA | cores | " + " | ".join(title for title, _ in COLUMNS.values()) + " |",
         "|---|---|---|" + "---|" * len(COLUMNS),
     ]
-    for key in sorted(rows):
-        row = rows[key]
+    for row in (rows[name] for name in sorted(rows)):
         cells = [cpu_name(row), row["isa"], str(row["cores"])]
         cells += [_cell(name, row["figures"]) for name in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")

@@ -34,9 +34,22 @@ def cpu_backend(kf_cache: Path) -> CpuBackend:
     return CpuBackend(cache_dir=kf_cache / "cpu-kernels", verify_limits=TEST_LIMITS)
 
 
-@pytest.fixture(scope="session")
-def calibration(kf_cache: Path) -> HostCalibration:
+def _session_calibration(kf_cache: Path) -> HostCalibration:
     # Measured by one worker, read by the others. A test session keeps the host busy: one
     # run, not the runs and backoff that wait for a quiet host (it is kept for minutes).
     with locked(kf_cache):
         return load_or_calibrate(kf_cache, attempts=1)
+
+
+@pytest.fixture(scope="session")
+def calibration(kf_cache: Path) -> HostCalibration:
+    return _session_calibration(kf_cache)
+
+
+@pytest.fixture
+def calibrated_now(kf_cache: Path) -> HostCalibration:
+    """The session's calibration, fresh for the next minutes (measured again if the kept
+    one ran out): a campaign the test starts finds it and spends none of its wall time
+    calibrating, which holds the device, and so the verifier, for up to a minute on a
+    busy host."""
+    return _session_calibration(kf_cache)

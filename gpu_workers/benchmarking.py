@@ -123,6 +123,26 @@ def judge_calls(problem: Problem, dtype: str, calls: list[JudgedCall]) -> Reject
     return None
 
 
+def passes_on_bands(problem: Problem, call: JudgedCall) -> bool:
+    """True when `call` passes `judge_calls` on its pass bands alone (`gpu_workers.pass_band`):
+    its inputs unchanged and every output inside its band. No reference and no copy is made,
+    so a timing run can judge a re-check call on the arena itself, between timed calls. False
+    says nothing: `judge_calls` decides."""
+    return (
+        call.bands is not None
+        and all(
+            np.array_equal(
+                bits(call.inputs[a.name].reshape(-1)), bits(call.inputs_after[a.name].reshape(-1))
+            )
+            for a in problem.inputs
+        )
+        and all(
+            within(call.outputs[a.name], call.bands[a.name], call.poison_bits)
+            for a in problem.outputs
+        )
+    )
+
+
 def _every_element_passes(problem: Problem, tolerance: Tolerance, call: JudgedCall) -> bool:
     """The verdict alone, the cheapest way there is: by the pass bands a re-check set keeps,
     in blocks of rows, or whole; `compare_outputs` then names a failure."""

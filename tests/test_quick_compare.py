@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_workers.benchmarking import judge_calls
+from gpu_workers.benchmarking import judge_calls, passes_on_bands
+from gpu_workers.pass_band import pass_band
 from gpu_workers.protocols import JudgedCall
 from gpu_workers.quick_compare import CHUNK, all_pass, every_element_passes
 from gpu_workers.sampled_rows import BLOCK_ELEMENTS, judged_in_row_blocks, passes_in_row_blocks
@@ -153,3 +154,40 @@ def test_an_infinite_scale_allows_no_more_than_the_rules_do() -> None:
     got[CHUNK + 7] *= 1.01
     assert all_pass(got, expected, scale, POISON, tolerance) is None
     assert not every_element_passes(got, expected, scale, POISON, tolerance)
+
+
+def test_a_call_passed_on_its_bands_is_one_the_judge_passes_with_its_inputs_unchanged() -> None:
+    """`passes_on_bands` (the timing run's check of a re-check call in the arena) passes
+    a call only where `judge_calls` does; a changed input fails it even when every output
+    is in its band; without bands it decides nothing."""
+    problem = BUILTIN["softmax"]
+    tolerance = problem.tolerances["fp32"]
+    rng = np.random.default_rng(3)
+    inputs = {"x": rng.standard_normal((8, 64)).astype(np.float32)}
+    expected = problem.expected(inputs)
+    bands = {"y": pass_band(expected["y"], problem.scales(inputs, expected)["y"], tolerance)}
+    right = expected["y"].astype(np.float32)
+    wrong = right.copy()
+    wrong[3, 5] *= 1.5
+    changed = inputs["x"].copy()
+    changed.view(np.uint32)[2, 7] ^= 1
+
+    def call(outputs: np.ndarray, after: np.ndarray, with_bands: bool = True) -> JudgedCall:
+        return JudgedCall(
+            when="re-check",
+            inputs=inputs,
+            outputs={"y": outputs},
+            inputs_after={"x": after},
+            poison_bits=POISON,
+            seed=1,
+            bands=bands if with_bands else None,
+        )
+
+    assert passes_on_bands(problem, call(right, inputs["x"].copy()))
+    assert judge_calls(problem, "fp32", [call(right, inputs["x"].copy())]) is None
+    assert not passes_on_bands(problem, call(wrong, inputs["x"].copy()))
+    assert judge_calls(problem, "fp32", [call(wrong, inputs["x"].copy())]) is not None
+    assert not passes_on_bands(problem, call(right, changed))
+    judged = judge_calls(problem, "fp32", [call(right, changed)])
+    assert judged is not None and judged.reason == "input_modified"
+    assert not passes_on_bands(problem, call(right, inputs["x"].copy(), with_bands=False))

@@ -7,7 +7,9 @@ judged on a few rows drawn from the check's secret after it (`gpu_workers.sample
 and a few calls, drawn the same way, in full. After timing, the same loaded kernel is
 re-checked on every distribution of the problem at the timed shape, from the timed calls'
 poison. The driver judges what it kept (it holds the inputs and outputs), with the
-benchmarker's own rule.
+benchmarker's own rule. A re-check call whose set has pass bands (the worker's pool) is
+judged on them in the arena as soon as it returns (`passes_on_bands`): only a call they do
+not pass is read back and judged in full, so a passing re-check maps no fresh pages.
 
 - The kernel, and the incumbent in a host of its own, each have one input set in their
   arena (`Contender`), read-only in their process; the baseline rotates over
@@ -44,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpu_workers import runner_files as files
-from gpu_workers.benchmarking import judge_calls
+from gpu_workers.benchmarking import judge_calls, passes_on_bands
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.arena import ITEMSIZE, Arena, layout, moved, poison, slot_bytes
 from gpu_workers.cpu.freed_memory import keep_freed_memory
@@ -126,6 +128,14 @@ class Kept:
     inputs_after: Arrays
 
 
+def mapped(shape: tuple[int, ...]) -> FloatArray:
+    """A float32 array whose pages are mapped now: a fresh page costs more than the copy
+    into it on a VM (np.empty and np.zeros map each page at its first write)."""
+    array = np.empty(shape, np.float32)
+    array.fill(0.0)
+    return array
+
+
 Flush = Callable[[npt.NDArray[np.generic]], None]
 
 
@@ -165,6 +175,14 @@ class Contender:
         self.fresh = FreshInputs(problem, job, secret)
         self.recipe: Recipe = ()
         self.kept: list[Kept] = []
+        self.spare = [
+            (
+                {a.name: mapped(a.shape(job.shape)) for a in problem.outputs},
+                {a.name: mapped(a.shape(job.shape)) for a in problem.inputs},
+            )
+            for _ in range(judge)
+        ]
+        """The kept calls' copies, mapped in the set-up: no fresh pages in the timed window."""
         self.rows_checked = judge > 0 and sampled(problem)
         self.row_samples: list[tuple[RowSample, Recipe]] = []
         self._stack = contextlib.ExitStack()
@@ -204,22 +222,16 @@ class Contender:
             self.row_samples.append((sample, self.recipe))
         slot = call if call < self.judge else int(self.secret.integers(0, call + 1))
         if slot < self.judge:  # Algorithm R
-            views = self.views()
             if len(self.kept) < self.judge:
-                kept = Kept(
-                    call=call,
-                    recipe=self.recipe,
-                    outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
-                    inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
-                )
+                kept = Kept(call, self.recipe, *self.spare.pop())
                 self.kept.append(kept)
-            else:  # the call it replaces gives up its arrays: no fresh pages mid-window
+            else:  # the call it replaces gives up its arrays
                 evicted = self.kept[slot]
-                for name, array in (*evicted.outputs.items(), *evicted.inputs_after.items()):
-                    np.copyto(array, views[name])
                 kept = Kept(call, self.recipe, evicted.outputs, evicted.inputs_after)
                 self.kept[slot] = kept
-            for array in (*kept.outputs.values(), *kept.inputs_after.values()):
+            views = self.views()
+            for name, array in (*kept.outputs.items(), *kept.inputs_after.items()):
+                np.copyto(array, views[name])
                 self.flush(array)  # the next call does not pay for writing them back
         self.refresh()
         return ns
@@ -252,8 +264,14 @@ class Contender:
             for k in sorted(self.kept, key=lambda k: k.call)
         ]
 
-    def run_once(self, inputs: Arrays, what: str, seed: int) -> JudgedCall:
-        """One call on `inputs`, its outputs read back for judging."""
+    def run_once(
+        self, inputs: Arrays, what: str, seed: int, reference: Reference
+    ) -> JudgedCall | None:
+        """One call on `inputs`: None when it passed on its pass bands, judged in the arena
+        at once (`passes_on_bands`); else the call, its outputs and inputs read back for
+        `judge_calls`. Reading them back costs fresh pages, 128 MiB a call at softmax
+        4096x4096 (on a 2-core VM, more time than the kernel's call and the band check
+        together), so only a call the bands do not pass is read back."""
         views = self.views()
         for a in self.problem.outputs:
             poison(views[a.name], p.POISON_BITS[0])  # as every timed call's
@@ -261,14 +279,23 @@ class Contender:
             views[a.name][...] = inputs[a.name]
         self.process.call([s.offset for s in self.slots], self.dims, what)
         self._check_canaries(what)
-        return JudgedCall(
+        expected, scales, bands = reference
+        call = JudgedCall(
             when=what,
             inputs=inputs,
-            outputs={a.name: views[a.name].copy() for a in self.problem.outputs},
-            inputs_after={a.name: views[a.name].copy() for a in self.problem.inputs},
+            outputs={a.name: views[a.name] for a in self.problem.outputs},
+            inputs_after={a.name: views[a.name] for a in self.problem.inputs},
             poison_bits=p.POISON_BITS[0],
             seed=seed,
+            expected=expected,
+            scales=scales,
+            bands=bands,
         )
+        if passes_on_bands(self.problem, call):
+            return None
+        call.outputs = {name: array.copy() for name, array in call.outputs.items()}
+        call.inputs_after = {name: array.copy() for name, array in call.inputs_after.items()}
+        return call
 
     def _check_canaries(self, what: str) -> None:
         for arg, slot in zip(self.problem.args, self.slots, strict=True):
@@ -402,9 +429,9 @@ class InterleavedRecheck:
             f"re-check among the timed calls (call {kernel.process.calls}): "
             f"{distribution} inputs at {kernel.job.shape}"
         )
-        call = kernel.run_once(inputs, f"{what}, seed {seed}", seed)
-        call.expected, call.scales, call.bands = reference
-        self.done.append(call)
+        call = kernel.run_once(inputs, f"{what}, seed {seed}", seed, reference)
+        if call is not None:
+            self.done.append(call)
         self.distributions.append(distribution)
         kernel.refresh()
 
@@ -454,9 +481,9 @@ def _judge_and_recheck(
             inputs, reference, seed = prepared.pop(index).result()
             what = f"re-check after timing: {distribution} inputs at {job.shape}, seed {seed}"
             files.write_progress(what)
-            call = kernel.run_once(inputs, what, seed)
-            call.expected, call.scales, call.bands = reference
-            pending.append(judges.submit(judge_calls, problem, job.dtype, [call]))
+            call = kernel.run_once(inputs, what, seed, reference)
+            if call is not None:
+                pending.append(judges.submit(judge_calls, problem, job.dtype, [call]))
             rechecked.append(distribution)
         preparers.shutdown(cancel_futures=True)
         return next((r for f in pending if (r := f.result()) is not None), None)

@@ -611,6 +611,13 @@ def _final_figure(final: dict[str, Any] | None) -> str:
     return f"{final['mean_ms']:.3f} ({final['iqr_ms']:.3f})"
 
 
+def point(params: dict[str, Any]) -> str:
+    """A point as `name=value` words, a value with spaces quoted: `flags='-O3 -march=native'`."""
+    return " ".join(
+        f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}" for k, v in params.items()
+    )
+
+
 def _print_results(result: dict[str, Any], top: int = SHOWN) -> None:
     """The leaderboard's `top` rows and the summary, on stdout (`kfactory run > out.txt`
     keeps them)."""
@@ -621,7 +628,6 @@ def _print_results(result: dict[str, Any], top: int = SHOWN) -> None:
         "rank",
         "candidate",
         "template",
-        "params",
         "median ms",
         "IQR ms",
         "speedup",
@@ -638,7 +644,6 @@ def _print_results(result: dict[str, Any], top: int = SHOWN) -> None:
             str(row["rank"]),
             short_id(candidate),
             row["template"],
-            " ".join(f"{k}={v}" for k, v in row["params"].items()),
             f"{row['median_ms']:.3f}",
             f"{row['iqr_ms']:.3f}",
             f"{row['speedup']:.2f}x",
@@ -665,6 +670,13 @@ def _print_results(result: dict[str, Any], top: int = SHOWN) -> None:
         )
     out.print(board)
     if result["leaderboard"]:
+        out.print("their points, in full:", markup=False)
+        for row in result["leaderboard"][:top]:
+            out.print(
+                f"  {short_id(str(row['candidate']))} {row['template']}: {point(row['params'])}",
+                markup=False,
+                highlight=False,
+            )
         out.print(
             "median, IQR and speedup (over the baseline timed in the same run) are each "
             "kernel's own timing run's. Rank 1 is the best: the last kernel promoted, by a "

@@ -24,6 +24,7 @@ from eventstore.store import Recorded
 from ops.report import _roofline_figure, render_report
 from ops.run_cmd import _print_results as print_results
 from ops.run_cmd import _result as run_result
+from ops.run_cmd import point
 
 LOG = Path(__file__).parent / "recorded" / "softmax-two-generations.jsonl"
 CAMPAIGN = "recorded-softmax"
@@ -121,3 +122,18 @@ def test_the_report_has_readable_axes_timing_distributions_and_the_host() -> Non
     assert 'id="timings"' in html
     for said in ("Test CPU 9000", "x86-64 avx2 fma", device):
         assert said in html
+
+
+def test_the_leaderboard_prints_every_point_in_full(capsys: pytest.CaptureFixture[str]) -> None:
+    """A point has a dozen parameters: in a column of the table they were cut short
+    (`schedule=stat…`); each shown row's point is printed whole below it."""
+    result = run_result(_history(), CAMPAIGN, Console(file=io.StringIO()))
+    print_results(result, 10)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "…" not in printed
+    for row in result["leaderboard"]:
+        words = point(row["params"])
+        assert f"{row['template']}: {words}" in printed, words
+        assert all(f"{k}=" in words for k in row["params"])
+    quoted = point({"threads": 2, "flags": "-O3 -march=native"})
+    assert quoted == "threads=2 flags='-O3 -march=native'"

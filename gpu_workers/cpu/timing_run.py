@@ -25,11 +25,12 @@ not pass is read back and judged in full, so a passing re-check maps no fresh pa
   timed rounds are over (`close_window`). It records the handshake (the median of 21
   `nop`s) and the contention of the window (`ContentionMeter`: the host's busy CPU time
   less its kernels' and its own between calls).
-- A kept call that replaces an earlier one takes over its arrays, so no fresh pages are
-  needed mid-window; once the window is closed the driver keeps the memory it frees
-  (`freed_memory`). `JUDGES` (1) thread judges the kept calls while the re-check runs,
-  `PREPARED_AHEAD` (2) distributions' inputs (from the secret pool, `recheck_pool`)
-  prepared in threads meanwhile.
+- The kept calls' arrays are mapped in the set-up, and a kept call that replaces an
+  earlier one takes over its arrays, so no fresh pages are needed mid-window (on a VM a
+  fresh page costs more than the copy into it); once the window is closed the driver
+  keeps the memory it frees (`freed_memory`). `JUDGES` (1) thread judges the kept calls
+  while the re-check runs, `PREPARED_AHEAD` (2) distributions' inputs (from the secret
+  pool, `recheck_pool`) prepared in threads meanwhile.
 """
 
 from __future__ import annotations

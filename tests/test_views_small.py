@@ -134,6 +134,5 @@ def test_the_leaderboard_prints_every_point_in_full(capsys: pytest.CaptureFixtur
     for row in result["leaderboard"]:
         words = point(row["params"])
         assert f"{row['template']}: {words}" in printed, words
-        assert all(f"{k}=" in words for k in row["params"])
     quoted = point({"threads": 2, "flags": "-O3 -march=native"})
     assert quoted == "threads=2 flags='-O3 -march=native'"

@@ -217,8 +217,7 @@ def swarm_rate(
         if done.returncode != 0:
             raise SystemExit(f"the campaign failed ({done.returncode}): {done.stderr[-2000:]}")
         found = settling(work / "home" / "events.duckdb", name)
-    span = found["last_settled_s"]
-    rate = found["settled"] / (span / 60) if span > 0 else 0.0
+    span, rate = found["last_settled_s"], found["per_minute"]
     print(
         f"{label}: {found['settled']} candidates settled in {span:.0f} s of campaign "
         f"= {rate:.2f} per minute ({found['timed']} timed, {found['rejected']} rejected; "
@@ -230,7 +229,6 @@ def swarm_rate(
         "problem": problem,
         "shape": shape,
         "candidates": candidates,
-        "per_minute": rate,
         "wall_seconds": wall,
         "load_average_before": load_before,
         "load_average_after": load_after,
@@ -242,7 +240,7 @@ def swarm_rate(
 
 def settling(store: Path, campaign: str) -> dict[str, Any]:
     """From the recorded campaign: when kernels were first written and each candidate
-    settled, and what each timing saw."""
+    settled, the candidates settled per minute over that span, and what each timing saw."""
     db = duckdb.connect(str(store), read_only=True)
     try:
         (first,) = db.execute(
@@ -262,12 +260,14 @@ def settling(store: Path, campaign: str) -> dict[str, Any]:
     finally:
         db.close()
     timed = [r for r in rows if r[0] == "BenchmarkCompleted"]
+    span = float(rows[-1][1]) if rows else 0.0
     return {
         "settled": len(rows),
         "timed": len(timed),
         "rejected": len(rows) - len(timed),
         "settled_at_s": [round(float(r[1]), 1) for r in rows],
-        "last_settled_s": float(rows[-1][1]) if rows else 0.0,
+        "last_settled_s": span,
+        "per_minute": len(rows) / (span / 60) if span > 0 else 0.0,
         "timing_attempts": [int(r[2]) if r[2] is not None else None for r in timed],
         "contention_cores": [round(float(r[3]), 2) if r[3] is not None else None for r in timed],
     }

@@ -68,7 +68,7 @@ def main() -> None:
         settled = settling(home / "events.duckdb", CAMPAIGN)
         if not settled["last_settled_s"]:
             raise SystemExit(f"the campaign in {home} settled no candidate")
-        rate = settled["settled"] / (settled["last_settled_s"] / 60)
+        rate = settled["per_minute"]
         print(
             f"\n{settled['settled']} candidates settled in {settled['last_settled_s']:.0f} s: "
             f"{rate:.2f} per minute"

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpu_workers.cpu.calibrate import cpu_model  # noqa: E402
-from kernels.host_isa import host_has  # noqa: E402
+from kernels.host_isa import cpuinfo, host_has  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TABLE_JSON = RESULTS / "hosts.json"
@@ -63,13 +63,7 @@ def isa() -> str:
 
 def family_and_model() -> str:
     """The CPU's family and model number from /proc/cpuinfo ("" where it does not say)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            fields.setdefault(name.strip(), value.strip())
-    except OSError:
-        return ""
+    fields = cpuinfo()
     if "cpu family" not in fields or "model" not in fields:
         return ""
     return f"family {fields['cpu family']}, model {fields['model']}"

@@ -1,4 +1,5 @@
-"""What the host's CPU can run: its x86 feature flags, read once from /proc/cpuinfo. A CPU
+"""What the host's CPU is and can run: its /proc/cpuinfo fields, read once, and its x86
+feature flags among them. A CPU
 space's restriction reads it so that an explicit AVX-512 point is only searched on a host
 that can run it (elsewhere it would compile only with -mavx512f and then fault)."""
 
@@ -9,14 +10,25 @@ from pathlib import Path
 
 
 @functools.cache
-def host_cpu_flags() -> frozenset[str]:
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("model name", "cpu family", "model",
+    "flags", ...); empty where the host has no such file."""
+    fields: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return frozenset()
+        return fields
+    for line in text.splitlines():
+        if not line.strip():  # the first processor's block ends here
+            break
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+@functools.cache
+def host_cpu_flags() -> frozenset[str]:
+    return frozenset(cpuinfo().get("flags", "").split())
 
 
 def host_has(feature: str) -> bool:

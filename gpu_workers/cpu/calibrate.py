@@ -31,6 +31,7 @@ from gpu_workers.results import HostCalibration
 from gpu_workers.runner_files import read_reply, write_request
 from gpu_workers.sandbox import Limits, run_sandboxed, sandbox_dir
 from gpu_workers.sandbox_outcome import contention
+from kernels.host_isa import cpuinfo
 
 CALIBRATION_SOURCE = Path(__file__).with_name("calibration.c")
 COPY_BYTES = 512 << 20
@@ -43,13 +44,7 @@ class CalibrationError(RuntimeError):
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpuinfo().get("model name") or platform.processor() or "unknown"
 
 
 def llc_bytes() -> int:

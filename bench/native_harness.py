@@ -18,7 +18,6 @@ import mmap
 import os
 import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,12 +30,14 @@ import optuna
 from actors.search.llm.extract import split_flags
 from gpu_workers.cpu.timing_run import Flush, cache_flush
 from gpu_workers.cpu.trusted_build import cache_flush_library
+from gpu_workers.held_folder import HeldFolder
 from kernels.design_space import ParamValue, Template
 from kernels.spec import Problem
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-BUILD_DIR = Path(tempfile.mkdtemp(prefix="kf-native-"))
+_BUILD = HeldFolder("kf-native-")  # removed at exit, or by the next bench if this one is killed
+BUILD_DIR = _BUILD.path
 
 
 def load_average() -> list[float]:

@@ -5,8 +5,9 @@ campaign's shape (16 M elements for softmax 4096x4096) drawing those inputs and 
 their float64 references costs more than the timing itself, and is the same work for
 every candidate. The pool keeps, for each distribution, `SETS` (2) input sets drawn from
 seeds no one is told, as .npy files in one private folder the worker creates (mode 0700)
-and removes; a set is filled the first time a re-check draws it, so a campaign computes
-them a few times, not once per candidate. For fp32 a set keeps, instead of its float64
+and removes (a killed worker's is removed by the next pool made on the host); a set is
+filled the first time a re-check draws it, so a campaign computes them a few times, not
+once per candidate. For fp32 a set keeps, instead of its float64
 reference, each output's pass band (`gpu_workers.pass_band`): outputs inside it pass on
 float32 comparisons, and only for an output outside it is the reference made again
 (other dtypes keep the reference and error scale). Each re-check draws, per distribution,
@@ -26,11 +27,11 @@ import os
 import secrets
 import shutil
 import tempfile
-import weakref
 from pathlib import Path
 
 import numpy as np
 
+from gpu_workers.held_folder import HeldFolder
 from gpu_workers.pass_band import Band, pass_band
 from kernels.spec import Arrays, Problem
 
@@ -128,11 +129,12 @@ def entry(
 
 
 class RecheckPool:
-    """The pool's folder, private to this worker and removed with it."""
+    """The pool's folder, private to this worker and removed with it; if the worker is
+    killed, by the next pool made on this host (`gpu_workers.held_folder`)."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="kf-recheck-pool-"))  # mode 0700
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
+        self._held = HeldFolder("kf-recheck-pool-")
+        self.folder = self._held.path
 
     def close(self) -> None:
-        self._cleanup()
+        self._held.release()

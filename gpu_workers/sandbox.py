@@ -15,13 +15,11 @@ import ctypes
 import importlib
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -68,16 +66,6 @@ class SandboxOutcome(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
-
-
-@contextlib.contextmanager
-def sandbox_dir(prefix: str = "kf-sandbox-") -> Iterator[Path]:
-    """A fresh private temp dir for one child; removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _project_root() -> str:

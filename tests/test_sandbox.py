@@ -11,24 +11,24 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from gpu_workers.held_folder import held_folder
 from gpu_workers.sandbox import (
     ORPHANED_EXIT,
     Limits,
     SandboxOutcome,
     run_sandboxed,
-    sandbox_dir,
 )
 
 LIMITS = Limits(cpu_seconds=2, address_space_bytes=2 << 30, wall_seconds=3.0)
 
 
 def probe(what: str, limits: Limits = LIMITS) -> SandboxOutcome:
-    with sandbox_dir() as workdir:
+    with held_folder("kf-sandbox-test-") as workdir:
         return run_sandboxed("tests.sandbox_probes", [what], workdir=workdir, limits=limits)
 
 
 def test_a_well_behaved_child_runs_in_its_own_temp_dir() -> None:
-    with sandbox_dir() as workdir:
+    with held_folder("kf-sandbox-test-") as workdir:
         outcome = run_sandboxed("tests.sandbox_probes", ["cwd"], workdir=workdir, limits=LIMITS)
         assert outcome.ok
         assert Path(outcome.stdout.strip()).resolve() == workdir.resolve()

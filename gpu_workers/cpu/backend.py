@@ -18,6 +18,7 @@ from gpu_workers.cpu.static import file_reader_check, source_check, static_check
 from gpu_workers.cpu.timing_run import arena_bytes
 from gpu_workers.cpu.toolchain import nan_safe
 from gpu_workers.cpu.trusted_build import cache_flush_library, fresh_inputs_library, kernel_host
+from gpu_workers.held_folder import held_folder
 from gpu_workers.protocols import (
     CompileOutcome,
     FinalRequest,
@@ -31,7 +32,7 @@ from gpu_workers.protocols import (
 from gpu_workers.recheck_pool import RecheckPool
 from gpu_workers.results import Mechanism, Rejection, SandboxReport
 from gpu_workers.runner_files import expect_reply, write_request
-from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
+from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed
 from gpu_workers.sandbox_outcome import contention
 from gpu_workers.verification import new_seed
 from kernels.spec import Problem
@@ -128,7 +129,7 @@ class CpuBackend:
     ) -> RunOutcome:
         names = [a.name for a in problem.args]
         outputs = [a.output for a in problem.args]
-        with sandbox_dir(RUN_DIR_PREFIX) as workdir:
+        with held_folder(RUN_DIR_PREFIX) as workdir:
             jobs = []
             for trial in trials:
                 for name, array in trial.inputs.items():
@@ -192,7 +193,7 @@ class CpuBackend:
             half_width=request.half_width,
             **self._run_settings(request),
         )
-        with sandbox_dir(RUN_DIR_PREFIX) as workdir:
+        with held_folder(RUN_DIR_PREFIX) as workdir:
             outcome = self._run_timed(job, workdir, request)
             reply = expect_reply(workdir, p.Reply, p.BenchReply)
             return TimingRun(
@@ -227,7 +228,7 @@ class CpuBackend:
             max_seconds=request.max_seconds,
             **self._run_settings(request),
         )
-        with sandbox_dir(RUN_DIR_PREFIX) as workdir:
+        with held_folder(RUN_DIR_PREFIX) as workdir:
             outcome = self._run_timed(job, workdir, request)
             reply = expect_reply(workdir, p.Reply, p.FinalReply)
         return FinalSamples(

@@ -27,9 +27,10 @@ from gpu_workers.calibration_cache import cached_calibration, is_quiet
 from gpu_workers.compile_failure import CompileFailure
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.build import compile_kernel
+from gpu_workers.held_folder import held_folder
 from gpu_workers.results import HostCalibration
 from gpu_workers.runner_files import read_reply, write_request
-from gpu_workers.sandbox import Limits, run_sandboxed, sandbox_dir
+from gpu_workers.sandbox import Limits, run_sandboxed
 from gpu_workers.sandbox_outcome import contention
 from kernels.host_isa import cpuinfo
 
@@ -161,7 +162,7 @@ def _measure_once(cache_dir: Path | None, sizes: CalibrationSizes) -> HostCalibr
         sgemm_n=sizes.sgemm_n,
         fma_iterations=sizes.fma_iterations,
     )
-    with sandbox_dir("kf-calibrate-") as workdir:
+    with held_folder("kf-calibrate-") as workdir:
         write_request(workdir, job)
         outcome = run_sandboxed(
             "gpu_workers.cpu.runner",

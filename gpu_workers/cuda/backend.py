@@ -43,6 +43,7 @@ from gpu_workers.cuda.nvcc import (
 )
 from gpu_workers.cuda.static import source_check, static_check
 from gpu_workers.cuda.timing import CudaTiming, default_rechecks, read_timing, timing_run
+from gpu_workers.held_folder import held_folder
 from gpu_workers.protocols import (
     CompileOutcome,
     FinalRequest,
@@ -61,7 +62,7 @@ from gpu_workers.runner_files import (
     read_reply,
     write_request,
 )
-from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed, sandbox_dir
+from gpu_workers.sandbox import Limits, SandboxOutcome, run_sandboxed
 from gpu_workers.sandbox_outcome import sandbox_failure
 from kernels.cuda_launch import LaunchError, LaunchPlan, parse_launch_plan
 from kernels.spec import Problem
@@ -139,7 +140,7 @@ class CudaBackend:
             bad = _bad_buffers(plan, trial.shape)
             if bad is not None:
                 return RunOutcome(rejection=bad)
-        with sandbox_dir("kf-cuda-verify-") as workdir:
+        with held_folder("kf-cuda-verify-") as workdir:
             jobs = []
             for trial in trials:
                 for name, array in trial.inputs.items():
@@ -337,7 +338,7 @@ def run_timing(
     killed (`call_clock`), the kernel rejected as `timeout`: the runner's own check ends
     it at the deadline unless its host thread is stuck."""
     poison = p.POISON_BITS[job.dtype]
-    with sandbox_dir("kf-cuda-bench-") as workdir:
+    with held_folder("kf-cuda-bench-") as workdir:
         overran = deadline_watch(workdir, job.call_timeout_s, grace_s)
 
         def watching() -> None:

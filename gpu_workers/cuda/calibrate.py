@@ -34,9 +34,10 @@ from gpu_workers.cuda.device import (
     device_index,
     require_gpu,
 )
+from gpu_workers.held_folder import held_folder
 from gpu_workers.results import HostCalibration
 from gpu_workers.runner_files import read_reply, write_request
-from gpu_workers.sandbox import Limits, run_sandboxed, sandbox_dir
+from gpu_workers.sandbox import Limits, run_sandboxed
 from gpu_workers.sandbox_outcome import contention
 
 COPY_BYTES = 1 << 30
@@ -85,7 +86,7 @@ def measure() -> HostCalibration:
         matmul_library=matmul_library(require_gpu()),
         repeats=REPEATS,
     )
-    with sandbox_dir("kf-cuda-calibrate-") as workdir:
+    with held_folder("kf-cuda-calibrate-") as workdir:
         write_request(workdir, job)
         outcome = run_sandboxed(
             RUNNER, [], workdir=workdir, limits=CALIBRATE_LIMITS, env=cuda_env()

@@ -21,10 +21,9 @@ shape), with a cold compile cache, and splits the wall time into phases:
   timing, judging the timed calls and the re-check of every distribution at the shape).
 
 With --warm-pool the worker's re-check pool is filled first (not counted): the re-check
-then costs what it does once a campaign has drawn every set. After the first in-process
-timing run this process keeps the memory it frees, as a driver does after its window
-(`gpu_workers/cpu/freed_memory.py`): later repeats' baselines pay less for fresh pages than
-a driver's do.
+then costs what it does once a campaign has drawn every set. This process runs in the
+driver's environment (`gpu_workers.cpu.backend.DRIVER_ENV`): it keeps the memory it frees,
+so later repeats pay less for fresh pages in their set-up than a driver does.
 
 Prints a table; writes bench/results/eval_cost.json.
 """
@@ -295,7 +294,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     # The driver's code runs in this process, so it runs in the driver's environment, which
-    # the C library reads at start-up (MALLOC_ARENA_MAX): started again with it if need be.
+    # the C library reads at start-up (MALLOC_ARENA_MAX, GLIBC_TUNABLES): started again
+    # with it if need be.
     if any(os.environ.get(name) != value for name, value in DRIVER_ENV.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **DRIVER_ENV})
     problem = load_problem(args.problem)

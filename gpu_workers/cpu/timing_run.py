@@ -27,10 +27,11 @@ not pass is read back and judged in full, so a passing re-check maps no fresh pa
   less its kernels' and its own between calls).
 - The kept calls' arrays are mapped in the set-up, and a kept call that replaces an
   earlier one takes over its arrays, so no fresh pages are needed mid-window (on a VM a
-  fresh page costs more than the copy into it); once the window is closed the driver
-  keeps the memory it frees (`freed_memory`). `JUDGES` (1) thread judges the kept calls
-  while the re-check runs, `PREPARED_AHEAD` (2) distributions' inputs (from the secret
-  pool, `recheck_pool`) prepared in threads meanwhile.
+  fresh page costs more than the copy into it). The driver keeps the memory it frees
+  (`backend.DRIVER_ENV`), so the baseline's arrays are not fresh pages after its first
+  call either. `JUDGES` (1) thread judges the kept calls while the re-check runs,
+  `PREPARED_AHEAD` (2) distributions' inputs (from the secret pool, `recheck_pool`)
+  prepared in threads meanwhile.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ from gpu_workers import runner_files as files
 from gpu_workers.benchmarking import judge_calls, passes_on_bands
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.arena import ITEMSIZE, Arena, layout, moved, poison, slot_bytes
-from gpu_workers.cpu.freed_memory import keep_freed_memory
 from gpu_workers.cpu.kernel_process import (
     KernelEnded,
     ended_rejection,
@@ -622,7 +622,6 @@ def bench(job: p.BenchJob) -> p.BenchReply:
         cpu_after = kernel.process.cpu_seconds()
         contention = meter.contention()
         files.close_window()
-        keep_freed_memory()
         if incumbent is not None:
             incumbent.close()
             contenders.remove(incumbent)

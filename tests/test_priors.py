@@ -13,6 +13,7 @@ from typing import Any
 
 from actors.campaign.campaign_file import CampaignSpec
 from actors.campaign.history import Candidate, History, param_key
+from actors.campaign.ranking import relative_speeds
 from actors.roles.planner import decide_planner
 from actors.runtime import Reactions
 from actors.search.priors import prior_of, shape_similarity
@@ -78,6 +79,7 @@ class Campaigns:
         point: dict[str, Any],
         *,
         speedup: float | None = None,
+        median_ns: float | None = None,
         rejected_at: str | None = None,
         shape: tuple[int, int] = (256, 4096),
         device: str = "vm",
@@ -107,7 +109,7 @@ class Campaigns:
         timed = new_event(
             BenchmarkCompleted,
             source_hash="",
-            median_ns=1e6 / value,
+            median_ns=1e6 / value if median_ns is None else median_ns,
             iqr_ns=0.0,
             baseline="numpy",
             baseline_ns=1e6,
@@ -233,10 +235,10 @@ def test_a_campaign_after_the_recorded_one_starts_from_its_best_points() -> None
     for position, event in enumerate(log, 1):
         history.apply(position, event)
     recorded = history.campaign_candidates("recorded")
-    best_speedup = max(c.speedup or 0.0 for c in recorded)
+    speeds = relative_speeds(recorded)  # 1 for the fastest
     near = sorted(
-        (c for c in recorded if (c.speedup or 0.0) >= PRIOR_FLOOR * best_speedup),
-        key=lambda c: -(c.speedup or 0.0),
+        (c for c in recorded if speeds.get(c.candidate_id, 0.0) >= PRIOR_FLOOR),
+        key=lambda c: -speeds[c.candidate_id],
     )
     assert near, "the recorded campaign timed kernels"
     started: Event = new_event(
@@ -274,3 +276,24 @@ def test_a_campaign_after_the_recorded_one_starts_from_its_best_points() -> None
     assert [e.param_key for e in again.events if isinstance(e, CandidateProposed)] == [
         p.param_key for p in proposed
     ]
+
+
+def test_a_kernel_counts_by_its_speed_not_by_its_runs_baseline() -> None:
+    """y is twice as fast as x, but x's run met a slow baseline (its pages were fresh, the
+    host was busy): x's speedup is the higher. Both the prior and the campaign's own study
+    go by speed."""
+    x, y = POINTS[0], POINTS[1]
+    campaigns = Campaigns()
+    for campaign in ("earlier", "b"):
+        campaigns.add(campaign, x, speedup=3.0, median_ns=2e6)
+        campaigns.add(campaign, y, speedup=2.0, median_ns=1e6)
+    campaigns.add("b", POINTS[2], rejected_at="compare")
+
+    prior = prior_of(campaigns.candidates, "b", None)
+    assert [key for key, _ in prior.ranked(0.0)] == [param_key("toy", y), param_key("toy", x)]
+    assert [o.quality for o in prior.outcomes] == [0.5, 1.0]
+
+    study = TemplateSearch([SPACE], seed=3)._study(campaigns.candidates, 1, prior, "b")
+    told = [(t.params["toy.a"], t.params["toy.b"], t.value) for t in study.trials]
+    earlier = [(x["a"], x["b"], 0.5), (y["a"], y["b"], 1.0)]  # then this campaign's own
+    assert told == [*earlier, *earlier, (POINTS[2]["a"], POINTS[2]["b"], 0.0)]

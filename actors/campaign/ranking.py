@@ -128,6 +128,25 @@ def own_times(candidates: list[Candidate]) -> dict[str, OwnTime]:
     return {c.candidate_id: _own_time(c, times[c.candidate_id]) for c in timed}
 
 
+def relative_speeds(candidates: list[Candidate]) -> dict[str, float]:
+    """Each timed kernel's speed relative to the fastest timed at its shape, by candidate
+    id: the fastest own time (`own_times`) over its own, 1 for the fastest. What the
+    template search and its priors tell optuna: kernels at one shape are timed on the same
+    kind of memory, while a speedup also divides by one run's baseline, whose time moves
+    with the host (in campaigns at softmax 4096x4096, speedup and speed ranked the 15
+    fastest kernels alike at only 0.44-0.53)."""
+    by_shape: dict[Shape, list[Candidate]] = {}
+    for c in candidates:
+        if c.benchmark is not None:
+            by_shape.setdefault(shape_key(c), []).append(c)
+    speeds: dict[str, float] = {}
+    for same_shape in by_shape.values():
+        times = {cid: own.median_ns for cid, own in own_times(same_shape).items()}
+        fastest = min(times.values())
+        speeds |= {cid: fastest / t if t > 0 else 0.0 for cid, t in times.items()}
+    return speeds
+
+
 def _own_time(candidate: Candidate, times: list[float]) -> OwnTime:
     """A kernel's own time over the times of the runs that timed it (its own first)."""
     assert candidate.benchmark is not None

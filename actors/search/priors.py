@@ -3,10 +3,10 @@ prior a new campaign's search starts from.
 
 Each earlier campaign of the same problem, target and dtype is one context: its
 candidates, timed at its own shape on its own hosts. Within a context a point's quality
-is its speedup over the context's best (1 for that best, 0 for a kernel that was
-rejected), so contexts at different shapes and on different hosts, whose speedups differ
-in scale, speak in one unit. A context counts by its similarity to the campaign being
-searched:
+is its speed relative to the context's fastest kernel (1 for that kernel, 0 for a kernel
+that was rejected; `actors.campaign.ranking.relative_speeds`), so contexts at different
+shapes and on different hosts, whose times differ in scale, speak in one unit. A context
+counts by its similarity to the campaign being searched:
 - shape: the geometric mean over extents of smaller over larger (1 for the same shape;
   unknown counts 1/2);
 - host: 1 when the context was timed on a device this campaign has been timed on, 1/2
@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from actors.campaign.history import Candidate
+from actors.campaign.ranking import relative_speeds
 
 WRONG_KERNEL_STAGES = ("compile", "static", "run", "compare")
 """Stages whose rejection says the kernel itself is wrong (other stages, such as timing
@@ -47,7 +48,7 @@ class Outcome:
 
     candidate: Candidate
     quality: float
-    """Speedup over its context's best speedup; 0 if rejected."""
+    """Speed relative to its context's fastest kernel; 0 if rejected."""
     weight: float
     """Its context's similarity to the campaign searched (0..1]."""
 
@@ -141,11 +142,8 @@ def prior_of(history: Sequence[Candidate], campaign_id: str, shape: Sequence[int
         weight = shape_similarity(context.shape(), here_shape)
         if here_devices and not (context.devices() & here_devices):
             weight *= OTHER_HOST
-        best = max((c.speedup or 0.0 for c in context.timed()), default=0.0)
-        outcomes = [
-            Outcome(c, (c.speedup or 0.0) / best if best > 0 else 0.0, weight)
-            for c in context.candidates
-        ]
+        speeds = relative_speeds(context.candidates)
+        outcomes = [Outcome(c, speeds.get(c.candidate_id, 0.0), weight) for c in context.candidates]
         weighted.append((weight, order, outcomes))
     weighted.sort(key=lambda w: (w[0], w[1]))
     return Prior([o for _, _, outcomes in weighted for o in outcomes])

@@ -2,8 +2,10 @@
 rebuilt from the replayed history at every generation.
 
 Every settled candidate of the same problem and target (this campaign and earlier ones)
-is added to a fresh study as a finished trial: its value is the measured speedup, 0 for
-a rejected kernel, so TPE learns to leave failing regions. Points that break a space's
+is added to a fresh study as a finished trial: its value is its speed relative to the
+fastest kernel timed at its shape (`actors.campaign.ranking.relative_speeds`: not its
+speedup, which also divides by one run's baseline), 0 for a rejected kernel, so TPE learns
+to leave failing regions. Points that break a space's
 constraints, were already proposed in the dedupe scope, or fall in a region a lesson
 says to avoid are told as pruned and never proposed. A point first takes the values its
 structures fix (`Template.canonical`): a structure that ignores some parameters is
@@ -16,9 +18,9 @@ proposing near-copies. When TPE keeps suggesting known points, the rest of the
 generation is sampled uniformly from the spaces (`_fill_randomly`).
 
 What earlier campaigns measured (other shapes, other hosts) is a prior (`actors.search.priors`):
-- their outcomes enter the study as speedups over each campaign's own best, least
+- their outcomes enter the study as speeds relative to each campaign's own fastest, least
   similar campaign first, so TPE's weighting of older trials counts them least; this
-  campaign's own follow, as speedups over its best;
+  campaign's own follow, relative to its fastest;
 - until this campaign has timed a kernel, its generation starts with the points earlier
   campaigns found within `PRIOR_FLOOR` of their best, best first (enqueued in the study);
 - a point an earlier campaign rejected as a wrong kernel is never proposed.
@@ -38,6 +40,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from actors.campaign.history import Candidate, param_key
+from actors.campaign.ranking import relative_speeds
 from actors.search.priors import Prior, prior_of
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -123,16 +126,13 @@ class TemplateSearch:
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
         settled = [c for c in history if c.settled and not c.duplicate]
-        if prior.empty:
-            for candidate in settled:
-                self._tell(study, candidate, candidate.speedup or 0.0)
-            return study
-        for outcome in prior.outcomes:
-            self._tell(study, outcome.candidate, outcome.quality)
-        own = [c for c in settled if c.proposal.campaign_id == campaign_id]
-        best = max((c.speedup or 0.0 for c in own), default=0.0)
-        for candidate in own:
-            self._tell(study, candidate, (candidate.speedup or 0.0) / best if best > 0 else 0.0)
+        if not prior.empty:
+            for outcome in prior.outcomes:
+                self._tell(study, outcome.candidate, outcome.quality)
+            settled = [c for c in settled if c.proposal.campaign_id == campaign_id]
+        speeds = relative_speeds(settled)
+        for candidate in settled:
+            self._tell(study, candidate, speeds.get(candidate.candidate_id, 0.0))
         return study
 
     def propose(

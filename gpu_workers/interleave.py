@@ -6,7 +6,8 @@ round: its samples still spread evenly over the whole timed window (the CPU driv
 `BASELINE_EVERY`, 3, or `BASELINE_EVERY_WITH_INCUMBENT`, 6, in gpu_workers.cpu.protocol).
 
 Against an incumbent the rounds are paired. When to stop is `gpu_workers.stopping`'s rule:
-once the kernel's mean is known closely enough, or it has lost to the incumbent."""
+once the kernel's mean is known closely enough, or it has lost to the incumbent, and the
+baseline has `MIN_BASELINE_CALLS` calls."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ from gpu_workers.stopping import HALF_WIDTH, MAX_RUNS, Stopping, StoppingRule
 Call = Callable[[int], int]
 """One timed call on input set `i`, returning its nanoseconds."""
 MAX_WARMUP_CALLS = 10_000
+MIN_BASELINE_CALLS = 5
+"""A run that stops with fewer baseline calls (a head-to-head lost in 8 rounds had 2) calls
+the baseline alone until it has these, unless it reached its time cap: a speedup over two
+baseline calls, one of them slow, was twice what the kernel reproduced."""
 
 
 @dataclass
@@ -50,7 +55,8 @@ def interleave(
 ) -> Samples:
     """Warm up (`warmup` calls and `warmup_seconds`; the baseline once), then time rounds
     until the stopping rule (`gpu_workers.stopping`) says so. The baseline is called in
-    every `baseline_every`-th round (the first one included)."""
+    every `baseline_every`-th round (the first one included), and then alone until it has
+    `MIN_BASELINE_CALLS` calls (the kernel is timed no further)."""
     samples = Samples()
     progress("warm-up")
     warm_started = time.perf_counter()
@@ -90,6 +96,8 @@ def interleave(
             into.append(call(i))
         stopping.add(samples.kernel_ns[-1], samples.incumbent_ns[-1] if incumbent else None)
         round_index += 1
+    while samples.stopped != "max seconds" and len(samples.baseline_ns) < MIN_BASELINE_CALLS:
+        samples.baseline_ns.append(baseline(len(samples.baseline_ns) % input_sets))
     samples.timed_seconds = time.perf_counter() - started
     return samples
 

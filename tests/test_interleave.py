@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpu_workers.interleave import interleave
+from gpu_workers.interleave import MIN_BASELINE_CALLS, interleave
 from gpu_workers.stopping import LOSS_RATIO, LOSS_ROUNDS
 
 
@@ -81,14 +81,14 @@ def test_the_baseline_joins_every_nth_round_spread_over_the_whole_window() -> No
         1,
         warmup=3,
         warmup_seconds=0.0,
-        min_runs=9,
+        min_runs=15,
         min_seconds=0.0,
         max_seconds=60.0,
         progress=lambda _: None,
         baseline_every=3,
     )
-    assert len(samples.kernel_ns) == len(samples.incumbent_ns) == 9
-    assert len(samples.baseline_ns) == 3
+    assert len(samples.kernel_ns) == len(samples.incumbent_ns) == 15
+    assert len(samples.baseline_ns) == 5 == MIN_BASELINE_CALLS
     warm, timed = calls[:7], calls[7:]  # three warm-up rounds, the baseline in the first
     assert warm.count("baseline") == 1 and warm.count("kernel") == 3
     rounds, current = [], []
@@ -97,7 +97,7 @@ def test_the_baseline_joins_every_nth_round_spread_over_the_whole_window() -> No
         if len(current) == (3 if len(rounds) % 3 == 0 else 2):
             rounds.append(current)
             current = []
-    assert ["baseline" in r for r in rounds] == [True, False, False] * 3
+    assert ["baseline" in r for r in rounds] == [True, False, False] * 5
     assert {r[0] for r in rounds} == {"kernel", "baseline", "incumbent"}  # order rotates
 
 
@@ -145,3 +145,37 @@ def test_without_an_incumbent_nothing_is_lost() -> None:
         progress=lambda _: None,
     )
     assert len(samples.kernel_ns) == 12
+
+
+def test_a_run_that_stops_early_still_times_the_baseline_enough_calls() -> None:
+    """A kernel that lost at once, with the baseline in every 6th round: the kernel and
+    the incumbent are timed no further, and the baseline alone until it has
+    MIN_BASELINE_CALLS calls."""
+    calls: list[str] = []
+
+    def contender(name: str, ns: int) -> Callable[[int], int]:
+        def call(i: int) -> int:
+            calls.append(name)
+            return ns
+
+        return call
+
+    slow = int(LOSS_RATIO * 100) + 1
+    samples = interleave(
+        contender("kernel", slow),
+        contender("baseline", 1000),
+        contender("incumbent", 100),
+        2,
+        warmup=0,
+        warmup_seconds=0.0,
+        min_runs=30,
+        min_seconds=0.0,
+        max_seconds=60.0,
+        progress=lambda _: None,
+        baseline_every=6,
+    )
+    assert samples.stopped == "lost"
+    assert len(samples.kernel_ns) == len(samples.incumbent_ns) == LOSS_ROUNDS
+    assert len(samples.baseline_ns) == MIN_BASELINE_CALLS
+    added = MIN_BASELINE_CALLS - -(-LOSS_ROUNDS // 6)  # beyond every 6th round's
+    assert calls[-added:] == ["baseline"] * added and calls[-added - 1] != "baseline"

@@ -6,8 +6,9 @@ round: its samples still spread evenly over the whole timed window (the CPU driv
 `BASELINE_EVERY`, 3, or `BASELINE_EVERY_WITH_INCUMBENT`, 6, in gpu_workers.cpu.protocol).
 
 Against an incumbent the rounds are paired. When to stop is `gpu_workers.stopping`'s rule:
-once the kernel's mean is known closely enough, or it has lost to the incumbent, and the
-baseline has `MIN_BASELINE_CALLS` calls."""
+once the kernel's mean is known closely enough, or it has lost to the incumbent. A run
+that stops with fewer than `MIN_BASELINE_CALLS` baseline calls then calls the baseline
+alone until it has them."""
 
 from __future__ import annotations
 

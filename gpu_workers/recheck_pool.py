@@ -7,11 +7,11 @@ every candidate. The pool keeps, for each distribution, `SETS` (2) input sets dr
 seeds no one is told, as .npy files in one private folder the worker creates (mode 0700)
 and removes (a killed worker's is removed by the next pool made on the host); a set is
 filled the first time a re-check draws it, so a campaign computes them a few times, not
-once per candidate. For fp32 a set keeps, instead of its float64
-reference, each output's pass band (`gpu_workers.pass_band`): outputs inside it pass on
-float32 comparisons, and only for an output outside it is the reference made again
-(other dtypes keep the reference and error scale). Each re-check draws, per distribution,
-one set from its own secret seed.
+once per candidate. For fp32 a set keeps, instead of its float64 reference, each output's
+pass band (`gpu_workers.pass_band`): outputs inside it pass on float32 comparisons, and
+only for an output outside it is the reference made again (other dtypes keep the
+reference and error scale). Each re-check draws, per distribution, one set from its own
+secret seed.
 
 Why this keeps the rule: a kernel cannot predict which inputs it gets. Its process sees
 an empty read-only root and may open nothing (seccomp), so it can neither read the pool

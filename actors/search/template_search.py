@@ -5,11 +5,11 @@ Every settled candidate of the same problem and target (this campaign and earlie
 is added to a fresh study as a finished trial: its value is its speed relative to the
 fastest kernel timed at its shape (`actors.campaign.ranking.relative_speeds`: not its
 speedup, which also divides by one run's baseline), 0 for a rejected kernel, so TPE learns
-to leave failing regions. Points that break a space's
-constraints, were already proposed in the dedupe scope, or fall in a region a lesson
-says to avoid are told as pruned and never proposed. A point first takes the values its
-structures fix (`Template.canonical`): a structure that ignores some parameters is
-proposed as often as any other, not pruned for what it ignores.
+to leave failing regions. Points that break a space's constraints, were already proposed
+in the dedupe scope, or fall in a region a lesson says to avoid are told as pruned and
+never proposed. A point first takes the values its structures fix (`Template.canonical`):
+a structure that ignores some parameters is proposed as often as any other, not pruned
+for what it ignores.
 
 A generation is asked of one study (multivariate TPE, seeded by the search seed and the
 generation) with the constant liar: each point asked is left running, so TPE treats it
@@ -22,7 +22,8 @@ What earlier campaigns measured (other shapes, other hosts) is a prior (`actors.
   similar campaign first, so TPE's weighting of older trials counts them least; this
   campaign's own follow, relative to its fastest;
 - until this campaign has timed a kernel, its generation starts with the points earlier
-  campaigns found within `PRIOR_FLOOR` of their best, best first (enqueued in the study);
+  campaigns found within `PRIOR_FLOOR` of their fastest, fastest first (enqueued in the
+  study);
 - a point an earlier campaign rejected as a wrong kernel is never proposed.
 With no earlier campaign the study is the one described first, and costs nothing more.
 """

@@ -8,21 +8,23 @@ from gpu_workers.interleave import MIN_BASELINE_CALLS, interleave
 from gpu_workers.stopping import LOSS_RATIO, LOSS_ROUNDS
 
 
+def recorded(calls: list[tuple[str, int]], name: str, ns: int) -> Callable[[int], int]:
+    """A contender that takes `ns` a call and records its name and input set in `calls`."""
+
+    def call(i: int) -> int:
+        calls.append((name, i))
+        return ns
+
+    return call
+
+
 def test_contenders_take_turns_on_each_input_set_and_rotate_who_goes_first() -> None:
     calls: list[tuple[str, int]] = []
-
-    def contender(name: str, ns: int) -> Callable[[int], int]:
-        def call(i: int) -> int:
-            calls.append((name, i))
-            return ns
-
-        return call
-
     stages: list[str] = []
     samples = interleave(
-        contender("kernel", 1),
-        contender("baseline", 2),
-        contender("incumbent", 3),
+        recorded(calls, "kernel", 1),
+        recorded(calls, "baseline", 2),
+        recorded(calls, "incumbent", 3),
         2,
         warmup=2,
         warmup_seconds=0.0,
@@ -65,19 +67,11 @@ def test_without_an_incumbent_it_stops_at_the_time_cap_after_three_runs() -> Non
 
 
 def test_the_baseline_joins_every_nth_round_spread_over_the_whole_window() -> None:
-    calls: list[str] = []
-
-    def contender(name: str) -> Callable[[int], int]:
-        def call(i: int) -> int:
-            calls.append(name)
-            return 2 if name == "incumbent" else 1  # the kernel wins every round
-
-        return call
-
+    log: list[tuple[str, int]] = []
     samples = interleave(
-        contender("kernel"),
-        contender("baseline"),
-        contender("incumbent"),
+        recorded(log, "kernel", 1),
+        recorded(log, "baseline", 1),
+        recorded(log, "incumbent", 2),  # the kernel wins every round
         1,
         warmup=3,
         warmup_seconds=0.0,
@@ -87,6 +81,7 @@ def test_the_baseline_joins_every_nth_round_spread_over_the_whole_window() -> No
         progress=lambda _: None,
         baseline_every=3,
     )
+    calls = [name for name, _ in log]
     assert len(samples.kernel_ns) == len(samples.incumbent_ns) == 15
     assert len(samples.baseline_ns) == 5 == MIN_BASELINE_CALLS
     warm, timed = calls[:7], calls[7:]  # three warm-up rounds, the baseline in the first
@@ -151,20 +146,11 @@ def test_a_run_that_stops_early_still_times_the_baseline_enough_calls() -> None:
     """A kernel that lost at once, with the baseline in every 6th round: the kernel and
     the incumbent are timed no further, and the baseline alone until it has
     MIN_BASELINE_CALLS calls."""
-    calls: list[str] = []
-
-    def contender(name: str, ns: int) -> Callable[[int], int]:
-        def call(i: int) -> int:
-            calls.append(name)
-            return ns
-
-        return call
-
-    slow = int(LOSS_RATIO * 100) + 1
+    log: list[tuple[str, int]] = []
     samples = interleave(
-        contender("kernel", slow),
-        contender("baseline", 1000),
-        contender("incumbent", 100),
+        recorded(log, "kernel", int(LOSS_RATIO * 100) + 1),
+        recorded(log, "baseline", 1000),
+        recorded(log, "incumbent", 100),
         2,
         warmup=0,
         warmup_seconds=0.0,
@@ -177,5 +163,6 @@ def test_a_run_that_stops_early_still_times_the_baseline_enough_calls() -> None:
     assert samples.stopped == "lost"
     assert len(samples.kernel_ns) == len(samples.incumbent_ns) == LOSS_ROUNDS
     assert len(samples.baseline_ns) == MIN_BASELINE_CALLS
+    calls = [name for name, _ in log]
     added = MIN_BASELINE_CALLS - -(-LOSS_ROUNDS // 6)  # beyond every 6th round's
     assert calls[-added:] == ["baseline"] * added and calls[-added - 1] != "baseline"

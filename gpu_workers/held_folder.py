@@ -3,7 +3,7 @@
 A worker that is killed (SIGKILL from the OOM killer, a supervisor or `kill -9`) runs no
 finalizer, so whatever it kept in the temp folder would stay there for good: a re-check
 pool is about 1 GiB at softmax 4096x4096. A held folder keeps an exclusive `flock` on a
-file inside it for as long as its maker holds it open. The kernel drops that lock when the
+file inside it for as long as its maker holds it open. The OS drops that lock when the
 maker dies, however it dies, and every folder later made with the same prefix first
 removes the ones whose lock it can take.
 

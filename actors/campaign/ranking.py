@@ -133,8 +133,8 @@ def relative_speeds(candidates: list[Candidate]) -> dict[str, float]:
     id: the fastest own time (`own_times`) over its own, 1 for the fastest. What the
     template search and its priors tell optuna: kernels at one shape are timed on the same
     kind of memory, while a speedup also divides by one run's baseline, whose time moves
-    with the host (in campaigns at softmax 4096x4096, speedup and speed ranked the 15
-    fastest kernels alike at only 0.44-0.53)."""
+    with the host (in eight campaigns at softmax 4096x4096 on one host, speedup and speed
+    ranked the 15 fastest kernels alike at only 0.44 to 0.88)."""
     by_shape: dict[Shape, list[Candidate]] = {}
     for c in candidates:
         if c.benchmark is not None:

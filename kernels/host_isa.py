@@ -1,7 +1,7 @@
 """What the host's CPU is and can run: its /proc/cpuinfo fields, read once, and its x86
-feature flags among them. A CPU
-space's restriction reads it so that an explicit AVX-512 point is only searched on a host
-that can run it (elsewhere it would compile only with -mavx512f and then fault)."""
+feature flags among them. A CPU space's restriction reads the flags so that an explicit
+AVX-512 point is only searched on a host that can run it (elsewhere it would compile only
+with -mavx512f and then fault)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ the baseline. An ending of the host is the kernel's doing and is raised as Kerne
   prints them. `HOST_ENV` and the root folder's name are the same in every run: nothing
   tells a kernel whether it is verified or timed.
 - `helper_cpu_ns`: CPU time the driver's other threads used while a call was timed, which
-  took those cores from the kernel; the timing run counts it as contention.
+  took those cores from the kernel (`other_threads`); the timing run counts it as
+  contention.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from gpu_workers.cpu import other_threads
 from gpu_workers.cpu import protocol as p
 from gpu_workers.cpu.arena import Arena, Slot, guard_ranges, read_only_ranges
 from gpu_workers.results import Mechanism, Rejection, Stage
@@ -81,13 +83,6 @@ HOST_ENV = {"OMP_PROC_BIND": "false", "GOMP_SPINCOUNT": "10000"}
 whether a call is verified or timed. OpenMP binds no threads (the filter refuses
 sched_setaffinity: a kernel chooses no cores of its own); the host binds the team itself
 before the filter, one thread per usable CPU (`kernel_host.c`)."""
-
-
-def helper_cpu_ns() -> int:
-    """CPU time of every thread of this process but the calling one: while the caller
-    waits for a kernel's call, what the harness's other threads (a thread pool still
-    spinning after its work) take from the cores the kernel runs on."""
-    return time.process_time_ns() - time.thread_time_ns()
 
 
 class KernelEnded(Exception):
@@ -158,8 +153,8 @@ class KernelProcess:
         self.log = log
         self.calls = 0
         self.helper_cpu_ns = 0
-        self._read_only_names: list[str] = []
         """CPU time the driver's other threads used while this kernel's calls were timed."""
+        self._read_only_names: list[str] = []
         root.mkdir(mode=0o755, exist_ok=True)
         command_r, self._command = os.pipe()
         self._reply, reply_w = os.pipe()
@@ -290,7 +285,7 @@ class KernelProcess:
 
     def _roundtrip(self, command: bytes, what: str) -> tuple[int, int, int, int]:
         self._continue()
-        helpers = helper_cpu_ns()
+        helpers = other_threads.snapshot()
         started = time.perf_counter_ns()
         self._start_call_clock()
         try:
@@ -302,7 +297,7 @@ class KernelProcess:
         finally:
             self._call_deadline = None
         elapsed = time.perf_counter_ns() - started
-        self.helper_cpu_ns += helper_cpu_ns() - helpers
+        self.helper_cpu_ns += other_threads.used_since(helpers)
         status, mxcsr, detail = REPLY.unpack(reply)
         if status == ST_FORBIDDEN_SYSCALL:
             self._forbidden(detail, what)

@@ -21,7 +21,7 @@ from gpu_workers.cpu.backend import CpuBackend
 from gpu_workers.cpu.calibrate import CalibrationError as CpuCalibrationError
 from gpu_workers.cpu.calibrate import cpu_model
 from gpu_workers.cpu.calibrate import load_or_calibrate as calibrate_cpu
-from gpu_workers.cpu.toolchain import default_cache_dir
+from gpu_workers.cpu.toolchain import default_cache_dir, nan_safe
 from gpu_workers.cuda.backend import VERIFY_LIMITS as CUDA_VERIFY_LIMITS
 from gpu_workers.cuda.backend import CudaBackend
 from gpu_workers.cuda.calibrate import CalibrationError as GpuCalibrationError
@@ -74,6 +74,10 @@ class Target:
     """The device a worker on this host uses, for its heartbeat."""
     default_flags: tuple[str, ...]
     """The compiler flags of a kernel that names none (`// kfactory-flags:`)."""
+    built_flags: Callable[[tuple[str, ...]], tuple[str, ...]]
+    """The flags its back end builds, verifies and times a kernel with, given the kernel's
+    own: a file that hands the kernel on names these, so a plain compiler builds what was
+    verified."""
     source_suffix: str
     """The file suffix of its kernel sources."""
     source_language: str
@@ -125,6 +129,7 @@ CPU = Target(
     device_index=_host_cores,
     device_label=cpu_model,
     default_flags=("-O3", "-march=native", "-fopenmp"),
+    built_flags=nan_safe,
     source_suffix=".c",
     source_language="c",
     llm_brief=(
@@ -151,6 +156,7 @@ CUDA = Target(
     device_index=device_index,
     device_label=_gpu_label,
     default_flags=("-O3",),
+    built_flags=tuple,
     source_suffix=".cu",
     source_language="cuda",
     llm_brief=None,

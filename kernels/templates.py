@@ -617,13 +617,16 @@ def example_kernel(problem: str, target: str = "cpu", dtype: str = "fp32") -> Re
     return EXAMPLES[target].choose(problem, target, dtype)
 
 
-def example_file_text(problem: str) -> str:
-    """The text of `kernels/examples/<problem>.c`: flags line, provenance, source."""
+def example_file_text(
+    problem: str, built_flags: Callable[[tuple[str, ...]], tuple[str, ...]]
+) -> str:
+    """The text of `kernels/examples/<problem>.c`: flags line (the point's flags as the
+    CPU back end builds with them: `built_flags`), provenance, source."""
     rendered = example_kernel(problem)
     if rendered is None:
         raise KeyError(problem)
     template = TEMPLATES[EXAMPLE_TEMPLATES[problem]]
     return (
-        f"// kfactory-flags: {' '.join(rendered.flags)}\n"
+        f"// kfactory-flags: {' '.join(built_flags(rendered.flags))}\n"
         f"// {problem}: template {template.name} at {template.best_known}\n" + rendered.source
     )

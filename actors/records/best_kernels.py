@@ -1,5 +1,6 @@
 """A campaign's best kernels as files that `kfactory check` and a plain compiler take as
-they are: a `// kfactory-flags:` line, a provenance line, then the recorded source.
+they are: a `// kfactory-flags:` line (the flags it was built with when verified and
+timed: `Target.built_flags`), a provenance line, then the recorded source.
 
 `kfactory best` writes them in leaderboard order (`ranked`: the best first, then the
 others by own time); `kfactory run` writes the winner to `<home>/best/`. A kernel a
@@ -35,7 +36,7 @@ def kernel_text(candidate: Candidate, lineage: Sequence[Step] = ()) -> str:
     assert written is not None and timed is not None
     figure = figure_of(timed)
     return (
-        f"// kfactory-flags: {' '.join(written.flags)}\n"
+        f"// kfactory-flags: {' '.join(built_flags(candidate))}\n"
         f"// {candidate.candidate_id}: {written.problem} ({written.dtype}) on {written.target}; "
         f"{figure.median_ns / 1e6:.4f} ms median (IQR {figure.iqr_ns / 1e6:.4f} ms), "
         f"{figure.speedup:.2f}x over {timed.baseline} in the same run; "
@@ -44,6 +45,13 @@ def kernel_text(candidate: Candidate, lineage: Sequence[Step] = ()) -> str:
         + lineage_comment(lineage)
         + written.source
     )
+
+
+def built_flags(candidate: Candidate) -> tuple[str, ...]:
+    """The flags the kernel was built with when it was verified and timed."""
+    written = candidate.written
+    assert written is not None
+    return target_of(written.target).built_flags(tuple(written.flags))
 
 
 def envelope_comment(problem: str) -> str:
@@ -84,12 +92,13 @@ def describe(row: Row, path: Path | None, baseline: CampaignBaseline | None) -> 
     """A leaderboard row's figure (`median_ns`, `iqr_ns`, `speedup`: its own run's), and
     the ranking's, named for what they are: `pooled_median_ns` over every run that timed
     it, the campaign's `baseline` and the speedup over that; how its rank was decided, and
-    its figures in the final run that placed it."""
+    its figures in the final run that placed it. Its `flags` are those it was built with
+    (`built_flags`), as the file's flags line names them."""
     return {
         "candidate_id": row.candidate_id,
         "template": row.template,
         "params": row.params,
-        "flags": row.written.flags,
+        "flags": list(built_flags(row.candidate)),
         "source_hash": row.source_hash,
         "speedup": row.speedup,
         "median_ns": row.median_ns,

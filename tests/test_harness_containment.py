@@ -509,6 +509,34 @@ def test_the_driver_reuses_the_memory_it_frees() -> None:
     assert in_thread < 8 and in_main < 8, (in_thread, in_main)
 
 
+def test_a_re_check_read_back_mid_window_leaves_the_baseline_its_freed_memory() -> None:
+    """The baseline frees its temporaries after each call; a re-check call read back
+    before its next call is held until timing is over. The baseline's next temporaries
+    must still find memory it freed, not fresh pages."""
+    code = (
+        "import resource, numpy as np\n"
+        "from gpu_workers.cpu.timing_run import off_heap_copy\n"
+        "faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "outputs = np.ones(1 << 24, np.float32)\n"
+        "np.exp(outputs) + 1.0\n"  # the baseline's call: temporaries made, then freed
+        "held = off_heap_copy(outputs)\n"
+        "before = faults()\n"
+        "np.exp(outputs) + 1.0\n"
+        "print(faults() - before, held.sum() == outputs.size)\n"
+    )
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(EXAMPLES.parent.parent)}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**env, **DRIVER_ENV},
+    )
+    count, copied = out.stdout.split()
+    assert copied == "True"
+    assert int(count) < 8, f"{count} page faults for temporaries the baseline had freed"
+
+
 def test_a_driver_thread_running_while_a_call_is_timed_is_counted(
     kf_cache: Path, tmp_path: Path
 ) -> None:

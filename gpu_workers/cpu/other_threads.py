@@ -7,8 +7,8 @@ not as the process's CPU time less the caller's: under a CPU-time limit (RLIMIT_
 the sandbox sets) Linux reads the process's time from a counter that lags its running
 thread by up to a scheduler tick, so a caller that computed for milliseconds before a call
 (the driver timing the baseline) showed that work as another thread's, during the call.
-On a 2-core host that read 0.24 to 0.39 cores of phantom contention in every timing run at
-softmax 512x2048, and each was timed three times over.
+On a 2-core host that read 0.22 to 0.43 cores of phantom contention in every timing run at
+softmax 512x2048 on an idle host, and nearly every run was repeated twice more.
 """
 
 from __future__ import annotations
